@@ -1,0 +1,177 @@
+// KernelBackend: the small interface every device implements (CPU now, CUDA next).
+// It speaks raw StridedViews, never Tensors, so kernels stay below the tensor layer.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+
+#include "ringdilated/kernels/strided.h"
+
+namespace rd::kernels {
+
+// Elementwise ops of one input. Float ops accept any floating dtype; kNeg and kAbs also
+// accept integers. Output dtype equals input dtype.
+enum class UnaryOp : uint8_t {
+  kNeg,
+  kAbs,
+  kExp,
+  kLog,
+  kSqrt,
+  kRsqrt,
+  kTanh,
+  kSigmoid,
+  kRelu,
+  kGeluTanh,  // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+  kGeluErf,   // 0.5 x (1 + erf(x / sqrt(2)))
+  kSilu,
+  kPowScalar,  // x ^ UnaryParams::scalar
+  kClamp,      // min(max(x, lo), hi); either bound may be absent
+  kGeluTanhGrad,  // d/dx of kGeluTanh (used by the backward pass)
+  kGeluErfGrad,   // d/dx of kGeluErf
+};
+
+struct UnaryParams {
+  double scalar = 0.0;
+  std::optional<double> lo;
+  std::optional<double> hi;
+};
+
+// Elementwise ops of two inputs, broadcast already applied through zero strides.
+// Arithmetic ops: out dtype == input dtype (the tensor layer promotes first).
+// Comparisons: inputs share a dtype, out is kBool.
+enum class BinaryOp : uint8_t {
+  kAdd,
+  kSub,
+  kMul,
+  kDiv,
+  kPow,
+  kMaximum,
+  kMinimum,
+  kEq,
+  kNe,
+  kLt,
+  kLe,
+  kGt,
+  kGe,
+  kLogicalAnd,
+};
+
+constexpr bool is_comparison(BinaryOp op) {
+  return op == BinaryOp::kEq || op == BinaryOp::kNe || op == BinaryOp::kLt ||
+         op == BinaryOp::kLe || op == BinaryOp::kGt || op == BinaryOp::kGe;
+}
+
+// Reductions over the dims whose bit is set in `dims_mask`. The output view has the same
+// ndim as the input, with size 1 in every reduced dim.
+enum class ReduceOp : uint8_t {
+  kSum,
+  kMean,
+  kMax,
+  kMin,
+  kArgMax,     // output int64, index along the single reduced dim (first maximum)
+  kArgMin,     // output int64, index along the single reduced dim (first minimum)
+  kLogSumExp,  // max-shifted; all -inf gives -inf
+};
+
+// Random fills from a counter-based Philox4x32-10 stream, so that every device produces the
+// same numbers for the same (seed, offset). Element i of the logical (row-major) order uses
+// counter offset + i.
+enum class Distribution : uint8_t {
+  kUniform,    // [a, b)
+  kNormal,     // mean a, stddev b
+  kBernoulli,  // 1 with probability a, else 0
+};
+
+// Row-major batched GEMM: C[b] = alpha * op(A[b]) @ op(B[b]) + beta * C[b].
+// op(X) is X or X^T as the trans flag says. Leading dims are row strides of the stored
+// (untransposed) matrices; their column stride is 1.
+struct GemmArgs {
+  DType dtype = DType::kFloat32;  // of A, B and C
+  bool trans_a = false;
+  bool trans_b = false;
+  int64_t m = 0, n = 0, k = 0;
+  const void* a = nullptr;
+  const void* b = nullptr;
+  void* c = nullptr;
+  int64_t lda = 0, ldb = 0, ldc = 0;
+  int64_t batch = 1;
+  int64_t stride_a = 0, stride_b = 0, stride_c = 0;  // elements between batch entries
+  double alpha = 1.0;
+  double beta = 0.0;
+};
+
+class KernelBackend {
+ public:
+  virtual ~KernelBackend() = default;
+  virtual const char* name() const = 0;
+
+  // --- data movement ---
+  // out[i] = value, converted to out's dtype.
+  virtual void fill(const StridedView& out, double value) = 0;
+  // out[i] = start + i * step in logical order.
+  virtual void arange(const StridedView& out, double start, double step) = 0;
+  // out[i] = in[i] with dtype conversion; shapes equal, any strides (in may broadcast).
+  virtual void copy(const StridedView& out, const StridedView& in) = 0;
+  // out[i] += in[i]; out may alias itself (overlapping strides), adds are applied in order.
+  virtual void accumulate(const StridedView& out, const StridedView& in) = 0;
+  virtual void random(const StridedView& out, Distribution dist, double a, double b,
+                      uint64_t seed, uint64_t offset) = 0;
+
+  // --- elementwise ---
+  virtual void unary(UnaryOp op, const StridedView& out, const StridedView& in,
+                     const UnaryParams& params) = 0;
+  virtual void binary(BinaryOp op, const StridedView& out, const StridedView& a,
+                      const StridedView& b) = 0;
+  // out = cond ? a : b; cond is kBool, a/b/out share a dtype.
+  virtual void where(const StridedView& out, const StridedView& cond, const StridedView& a,
+                     const StridedView& b) = 0;
+
+  // --- reductions and scans ---
+  virtual void reduce(ReduceOp op, const StridedView& out, const StridedView& in,
+                      uint32_t dims_mask) = 0;
+  // Inclusive prefix sum along `dim`; reverse=true scans from the end.
+  virtual void cumsum(const StridedView& out, const StridedView& in, int dim, bool reverse) = 0;
+
+  // --- linear algebra ---
+  virtual void gemm(const GemmArgs& args) = 0;
+
+  // --- row-wise fused ops on contiguous [rows, cols] data ---
+  // Softmax (or log-softmax when `log`) of each row.
+  virtual void softmax(void* out, const void* in, DType dtype, int64_t rows, int64_t cols,
+                       bool log) = 0;
+  // grad_in = y * (g - sum(g*y)) for softmax; g - exp(y) * sum(g) for log-softmax.
+  virtual void softmax_backward(void* grad_in, const void* grad_out, const void* out,
+                                DType dtype, int64_t rows, int64_t cols, bool log) = 0;
+  // Layer norm (rms=false) or RMS norm (rms=true) over each row. weight/bias may be null.
+  // mean (unused for rms) and rstd are float32 [rows] outputs kept for the backward pass.
+  virtual void norm(void* out, float* mean, float* rstd, const void* in, const void* weight,
+                    const void* bias, DType dtype, int64_t rows, int64_t cols, double eps,
+                    bool rms) = 0;
+  // Backward of norm(). grad_weight/grad_bias are float32 [cols] and may be null; they are
+  // overwritten, not accumulated.
+  virtual void norm_backward(void* grad_in, float* grad_weight, float* grad_bias,
+                             const void* grad_out, const void* in, const float* mean,
+                             const float* rstd, const void* weight, DType dtype, int64_t rows,
+                             int64_t cols, bool rms) = 0;
+
+  // --- indexing ---
+  // out.select(dim, i) = in.select(dim, index[i]); index is int64 1-D. Bounds are checked by
+  // the caller.
+  virtual void index_select(const StridedView& out, const StridedView& in, int dim,
+                            const StridedView& index) = 0;
+  // out.select(dim, index[i]) += src.select(dim, i).
+  virtual void index_add(const StridedView& out, int dim, const StridedView& index,
+                         const StridedView& src) = 0;
+  // out[..., i_dim, ...] = in[..., index[..., i_dim, ...], ...]; index has out's shape.
+  virtual void gather(const StridedView& out, const StridedView& in, int dim,
+                      const StridedView& index) = 0;
+  // out[..., index[i], ...] = src[i] (accumulate=false) or += src[i] (accumulate=true),
+  // for every element i of index; src has index's shape.
+  virtual void scatter(const StridedView& out, int dim, const StridedView& index,
+                       const StridedView& src, bool accumulate) = 0;
+};
+
+// The CPU implementation (kernels/cpu). Always available.
+KernelBackend& cpu_backend();
+
+}  // namespace rd::kernels

@@ -1,0 +1,62 @@
+// The library's one error model: rd::Error exceptions carrying an ErrorCode and a message
+// that names the op, the argument and the offending shapes or values.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace rd {
+
+enum class ErrorCode : uint8_t {
+  kInvalidArgument,  // a value is out of its domain (negative size, bad option, ...)
+  kShapeMismatch,    // shapes cannot be combined
+  kDTypeMismatch,    // a dtype is not supported or dtypes disagree
+  kDeviceMismatch,   // tensors live on different devices, or the device is unavailable
+  kOutOfRange,       // an index or dim is outside its bounds
+  kOutOfMemory,      // an allocator could not satisfy a request
+  kIo,               // a file could not be read or written
+  kCorruptFile,      // a file's contents break its format
+  kAutograd,         // misuse of the autograd graph (second backward, no grad_fn, ...)
+  kUnimplemented,    // a valid request this build cannot serve
+  kInternal,         // a bug in the library
+};
+
+std::string_view error_code_name(ErrorCode code);
+
+class Error : public std::runtime_error {
+ public:
+  Error(ErrorCode code, const std::string& message)
+      : std::runtime_error(message), code_(code) {}
+  ErrorCode code() const { return code_; }
+
+ private:
+  ErrorCode code_;
+};
+
+// "[2, 3, 4]": shapes in messages always print this way.
+inline std::string shape_str(std::span<const int64_t> shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
+inline std::string shape_str(const std::vector<int64_t>& shape) {
+  return shape_str(std::span<const int64_t>(shape));
+}
+
+}  // namespace rd
+
+// RD_CHECK(cond, code, pieces...): throws rd::Error(code, StrCat(pieces...)) when cond fails.
+// Messages start with the op name, e.g. RD_CHECK(ok, kShapeMismatch, "matmul: ...").
+#define RD_CHECK(cond, code, ...)                                               \
+  do {                                                                          \
+    if (!(cond)) [[unlikely]] {                                                 \
+      throw ::rd::Error(::rd::ErrorCode::code, ::absl::StrCat(__VA_ARGS__));    \
+    }                                                                           \
+  } while (false)
+
+#define RD_FAIL(code, ...) throw ::rd::Error(::rd::ErrorCode::code, ::absl::StrCat(__VA_ARGS__))

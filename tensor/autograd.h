@@ -1,0 +1,90 @@
+// Reverse-mode autograd: graph nodes, the iterative backward engine and grad-mode guards.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ringdilated/tensor/tensor.h"
+
+namespace rd::autograd {
+
+// An edge to output `output_nr` of the node that produced an input; node is null when that
+// input needs no gradient.
+struct Edge {
+  std::shared_ptr<Node> node;
+  int output_nr = 0;
+};
+
+// One step of the backward graph: given the gradients of its outputs (undefined where no
+// gradient flowed), returns one gradient per input (undefined where the input needs none).
+// Saved tensors live in the closure and are dropped by release().
+class Node {
+ public:
+  using BackwardFn = std::function<std::vector<Tensor>(const std::vector<Tensor>& grads)>;
+  using SingleBackwardFn = std::function<std::vector<Tensor>(const Tensor& grad)>;
+
+  Node(std::string name, int num_outputs, std::vector<Edge> next, BackwardFn fn)
+      : name_(std::move(name)),
+        num_outputs_(num_outputs),
+        next_(std::move(next)),
+        fn_(std::move(fn)) {}
+  virtual ~Node() = default;
+
+  const std::string& name() const { return name_; }
+  int num_outputs() const { return num_outputs_; }
+  const std::vector<Edge>& next_edges() const { return next_; }
+  virtual std::vector<Tensor> apply(const std::vector<Tensor>& grad_outputs);
+  // Frees saved tensors; a later apply() fails with kAutograd.
+  virtual void release();
+  bool released() const { return released_; }
+
+ protected:
+  std::string name_;
+  int num_outputs_;
+  std::vector<Edge> next_;
+  BackwardFn fn_;
+  bool released_ = false;
+};
+
+// Whether ops record graph nodes on this thread.
+bool grad_enabled();
+
+// Turns recording off (or on) for the guard's lifetime, on this thread.
+class GradModeGuard {
+ public:
+  explicit GradModeGuard(bool enabled);
+  ~GradModeGuard();
+  GradModeGuard(const GradModeGuard&) = delete;
+  GradModeGuard& operator=(const GradModeGuard&) = delete;
+
+ private:
+  bool previous_;
+};
+
+class NoGradGuard : public GradModeGuard {
+ public:
+  NoGradGuard() : GradModeGuard(false) {}
+};
+
+// Runs the backward pass from `roots` seeded with `grads` (undefined means ones for a
+// scalar). Iterative: graph depth is bounded only by memory. Without retain_graph, every
+// node it ran is released afterwards.
+void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads = {},
+              bool retain_graph = false);
+
+// For op implementations: true when grad mode is on and any input requires grad.
+bool needs_grad(std::initializer_list<const Tensor*> inputs);
+bool needs_grad(const std::vector<Tensor>& inputs);
+
+// For op implementations: makes `output` the result of a node named `name` over `inputs`,
+// whose gradients `fn` computes from the output's gradient (never called with an undefined
+// one). Call only when needs_grad(inputs).
+void record(const Tensor& output, std::string name, const std::vector<Tensor>& inputs,
+            Node::SingleBackwardFn fn);
+// The same for a node with several outputs.
+void record(const std::vector<Tensor>& outputs, std::string name,
+            const std::vector<Tensor>& inputs, Node::BackwardFn fn);
+
+}  // namespace rd::autograd

@@ -1,0 +1,132 @@
+// Tensor ops, each differentiable where it makes sense. Binary ops broadcast (NumPy rules)
+// and promote dtypes; a double operand takes the tensor's dtype. Every op validates its
+// inputs and throws rd::Error naming the op, the argument and the offending shapes/values.
+#pragma once
+
+#include <optional>
+#include <vector>
+
+#include "ringdilated/tensor/tensor.h"
+
+namespace rd {
+
+// --- elementwise ---
+Tensor add(const Tensor& a, const Tensor& b, double alpha = 1.0);  // a + alpha * b
+Tensor sub(const Tensor& a, const Tensor& b, double alpha = 1.0);  // a - alpha * b
+Tensor mul(const Tensor& a, const Tensor& b);
+Tensor div(const Tensor& a, const Tensor& b);
+Tensor pow(const Tensor& a, const Tensor& b);
+Tensor pow(const Tensor& a, double exponent);
+Tensor maximum(const Tensor& a, const Tensor& b);
+Tensor minimum(const Tensor& a, const Tensor& b);
+Tensor add(const Tensor& a, double b);
+Tensor sub(const Tensor& a, double b);
+Tensor mul(const Tensor& a, double b);
+Tensor div(const Tensor& a, double b);
+Tensor neg(const Tensor& x);
+Tensor abs(const Tensor& x);
+Tensor exp(const Tensor& x);
+Tensor log(const Tensor& x);
+Tensor sqrt(const Tensor& x);
+Tensor rsqrt(const Tensor& x);
+Tensor square(const Tensor& x);
+Tensor tanh(const Tensor& x);
+Tensor sigmoid(const Tensor& x);
+Tensor relu(const Tensor& x);
+enum class GeluApproximation { kNone, kTanh };
+Tensor gelu(const Tensor& x, GeluApproximation approximation = GeluApproximation::kNone);
+Tensor silu(const Tensor& x);
+Tensor clamp(const Tensor& x, std::optional<double> min, std::optional<double> max);
+// cond ? a : b, broadcasting all three; cond must be bool.
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
+Tensor where(const Tensor& cond, const Tensor& a, double b);
+
+// Comparisons give bool tensors; not differentiable.
+Tensor eq(const Tensor& a, const Tensor& b);
+Tensor ne(const Tensor& a, const Tensor& b);
+Tensor lt(const Tensor& a, const Tensor& b);
+Tensor le(const Tensor& a, const Tensor& b);
+Tensor gt(const Tensor& a, const Tensor& b);
+Tensor ge(const Tensor& a, const Tensor& b);
+Tensor eq(const Tensor& a, double b);
+Tensor ne(const Tensor& a, double b);
+Tensor lt(const Tensor& a, double b);
+Tensor le(const Tensor& a, double b);
+Tensor gt(const Tensor& a, double b);
+Tensor ge(const Tensor& a, double b);
+Tensor logical_and(const Tensor& a, const Tensor& b);
+Tensor logical_not(const Tensor& a);
+
+Tensor operator+(const Tensor& a, const Tensor& b);
+Tensor operator-(const Tensor& a, const Tensor& b);
+Tensor operator*(const Tensor& a, const Tensor& b);
+Tensor operator/(const Tensor& a, const Tensor& b);
+Tensor operator-(const Tensor& x);
+Tensor operator+(const Tensor& a, double b);
+Tensor operator-(const Tensor& a, double b);
+Tensor operator*(const Tensor& a, double b);
+Tensor operator/(const Tensor& a, double b);
+Tensor operator+(double a, const Tensor& b);
+Tensor operator-(double a, const Tensor& b);
+Tensor operator*(double a, const Tensor& b);
+Tensor operator/(double a, const Tensor& b);
+
+// --- reductions: over `dims` (negative allowed; empty means all dims) ---
+Tensor sum(const Tensor& x, std::vector<int64_t> dims = {}, bool keepdim = false);
+Tensor mean(const Tensor& x, std::vector<int64_t> dims = {}, bool keepdim = false);
+Tensor max(const Tensor& x, std::vector<int64_t> dims = {}, bool keepdim = false);
+Tensor min(const Tensor& x, std::vector<int64_t> dims = {}, bool keepdim = false);
+Tensor logsumexp(const Tensor& x, std::vector<int64_t> dims = {}, bool keepdim = false);
+// Variance with Bessel's correction by default (correction = 1).
+Tensor var(const Tensor& x, std::vector<int64_t> dims = {}, int64_t correction = 1,
+           bool keepdim = false);
+Tensor argmax(const Tensor& x, int64_t dim, bool keepdim = false);
+Tensor argmin(const Tensor& x, int64_t dim, bool keepdim = false);
+
+// --- linear algebra ---
+// NumPy matmul: 1-D operands are promoted and the added dim removed; batch dims broadcast.
+Tensor matmul(const Tensor& a, const Tensor& b);
+// [B, n, k] @ [B, k, m] -> [B, n, m]; no broadcasting.
+Tensor bmm(const Tensor& a, const Tensor& b);
+
+// --- neural-network ops ---
+Tensor softmax(const Tensor& x, int64_t dim);
+Tensor log_softmax(const Tensor& x, int64_t dim);
+// Normalizes over the trailing dims given by normalized_shape. weight/bias may be undefined.
+Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight = {},
+                  const Tensor& bias = {}, double eps = 1e-5);
+Tensor rms_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight = {},
+                double eps = 1e-6);
+// Rows of weight [V, E] picked by integer `indices` of any shape -> [..., E].
+Tensor embedding(const Tensor& weight, const Tensor& indices);
+// Zeroes each element with probability p and scales survivors by 1/(1-p), when training.
+Tensor dropout(const Tensor& x, double p, bool training, Generator& gen);
+enum class Reduction { kNone, kMean, kSum };
+// logits [N, C] (or [C]), integer targets [N] (or []). Targets equal to ignore_index add
+// nothing; kMean divides by the number of targets not ignored (0/0 gives NaN, as PyTorch).
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index = -100,
+                     Reduction reduction = Reduction::kMean);
+
+// --- joining, splitting and indexing ---
+Tensor cat(const std::vector<Tensor>& tensors, int64_t dim = 0);
+Tensor stack(const std::vector<Tensor>& tensors, int64_t dim = 0);
+// Pieces of `split_size` along dim (the last may be smaller); views.
+std::vector<Tensor> split(const Tensor& x, int64_t split_size, int64_t dim = 0);
+std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, int64_t dim = 0);
+std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int64_t dim = 0);
+Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index);
+Tensor gather(const Tensor& x, int64_t dim, const Tensor& index);
+// Copies of x with src written (scatter) or added (scatter_add) at index along dim. With
+// scatter, duplicate indices keep an unspecified one of the written values.
+Tensor scatter(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src);
+Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src);
+Tensor masked_fill(const Tensor& x, const Tensor& mask, double value);
+// Keeps elements on and below (tril) / above (triu) the k-th diagonal of the last two dims.
+Tensor tril(const Tensor& x, int64_t k = 0);
+Tensor triu(const Tensor& x, int64_t k = 0);
+Tensor cumsum(const Tensor& x, int64_t dim);
+
+// True when a and b have equal shapes and every |a - b| <= atol + rtol * |b|.
+bool allclose(const Tensor& a, const Tensor& b, double rtol = 1e-5, double atol = 1e-8);
+
+}  // namespace rd
