@@ -4,13 +4,11 @@
 
 #include <cstdint>
 #include <span>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 
 namespace rd {
 
@@ -40,9 +38,23 @@ class Error : public std::runtime_error {
   ErrorCode code_;
 };
 
+// Concatenates anything streamable (strings, string_views, numbers) into one message.
+// Used instead of absl::StrCat because Debian's Abseil does not take std::string_view.
+template <class... Pieces>
+std::string str_cat(const Pieces&... pieces) {
+  std::ostringstream out;
+  out.precision(10);
+  (out << ... << pieces);
+  return out.str();
+}
+
 // "[2, 3, 4]": shapes in messages always print this way.
 inline std::string shape_str(std::span<const int64_t> shape) {
-  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+  std::ostringstream out;
+  out << "[";
+  for (size_t i = 0; i < shape.size(); ++i) out << (i ? ", " : "") << shape[i];
+  out << "]";
+  return out.str();
 }
 inline std::string shape_str(const std::vector<int64_t>& shape) {
   return shape_str(std::span<const int64_t>(shape));
@@ -50,13 +62,13 @@ inline std::string shape_str(const std::vector<int64_t>& shape) {
 
 }  // namespace rd
 
-// RD_CHECK(cond, code, pieces...): throws rd::Error(code, StrCat(pieces...)) when cond fails.
+// RD_CHECK(cond, code, pieces...): throws rd::Error(code, str_cat(pieces...)) when cond fails.
 // Messages start with the op name, e.g. RD_CHECK(ok, kShapeMismatch, "matmul: ...").
 #define RD_CHECK(cond, code, ...)                                               \
   do {                                                                          \
     if (!(cond)) [[unlikely]] {                                                 \
-      throw ::rd::Error(::rd::ErrorCode::code, ::absl::StrCat(__VA_ARGS__));    \
+      throw ::rd::Error(::rd::ErrorCode::code, ::rd::str_cat(__VA_ARGS__));    \
     }                                                                           \
   } while (false)
 
-#define RD_FAIL(code, ...) throw ::rd::Error(::rd::ErrorCode::code, ::absl::StrCat(__VA_ARGS__))
+#define RD_FAIL(code, ...) throw ::rd::Error(::rd::ErrorCode::code, ::rd::str_cat(__VA_ARGS__))

@@ -80,7 +80,9 @@ bool needs_grad(const std::vector<Tensor>& inputs);
 
 // For op implementations: makes `output` the result of a node named `name` over `inputs`,
 // whose gradients `fn` computes from the output's gradient (never called with an undefined
-// one). Call only when needs_grad(inputs).
+// one). Call only when needs_grad(inputs). `fn` runs with grad mode off.
+// Never capture `output` itself in fn: output -> node -> fn -> output is a reference cycle
+// that leaks the graph. Capture output.detach() instead (same storage, no grad_fn).
 void record(const Tensor& output, std::string name, const std::vector<Tensor>& inputs,
             Node::SingleBackwardFn fn);
 // The same for a node with several outputs.

@@ -152,6 +152,7 @@ class Tensor {
 
  private:
   const TensorImpl& checked() const;
+  Tensor view_as_reshape_of_same_layout(const Shape& shape) const;
   std::shared_ptr<TensorImpl> impl_;
 };
 

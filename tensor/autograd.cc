@@ -1,0 +1,216 @@
+// The backward engine: dependency counting over the reachable graph, then a ready queue.
+// Iterative throughout, so graph depth is limited by memory, not the call stack.
+#include "ringdilated/tensor/autograd.h"
+
+#include <deque>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "ringdilated/tensor/ops.h"
+#include "ringdilated/tensor/shape_util.h"
+
+namespace rd::autograd {
+
+namespace {
+
+thread_local bool grad_mode_enabled = true;
+
+// The sink of a leaf that requires grad: adds incoming gradients into leaf.grad.
+class AccumulateGrad : public Node {
+ public:
+  explicit AccumulateGrad(const std::shared_ptr<TensorImpl>& leaf)
+      : Node("AccumulateGrad", 1, {}, nullptr), leaf_(leaf) {}
+
+  std::vector<Tensor> apply(const std::vector<Tensor>& grads) override {
+    std::shared_ptr<TensorImpl> leaf = leaf_.lock();
+    if (leaf == nullptr || !grads[0].defined()) return {};
+    Tensor grad = grads[0].to(leaf->dtype);
+    RD_CHECK(grad.shape() == leaf->shape, kInternal, "backward: gradient of shape ",
+             shape_str(grad.shape()), " reached a leaf of shape ", shape_str(leaf->shape));
+    if (leaf->grad == nullptr) {
+      // A private copy: the incoming tensor may be shared with other leaves' gradients,
+      // and users modify .grad in place (clipping, zeroing).
+      leaf->grad = grad.clone().impl_ptr();
+    } else {
+      leaf->grad = add(Tensor(leaf->grad), grad).impl_ptr();
+    }
+    return {};
+  }
+  // A leaf's accumulator holds no saved tensors; it stays usable across backward passes.
+  void release() override {}
+
+ private:
+  std::weak_ptr<TensorImpl> leaf_;
+};
+
+std::shared_ptr<Node> grad_accumulator(const Tensor& leaf) {
+  TensorImpl* impl = leaf.impl();
+  std::shared_ptr<Node> node = impl->grad_accumulator.lock();
+  if (node == nullptr) {
+    node = std::make_shared<AccumulateGrad>(leaf.impl_ptr());
+    impl->grad_accumulator = node;
+  }
+  return node;
+}
+
+Edge edge_to(const Tensor& t) {
+  if (!t.defined() || !t.requires_grad()) return Edge{};
+  if (t.grad_fn() != nullptr) return Edge{t.grad_fn(), t.impl()->output_nr};
+  return Edge{grad_accumulator(t), 0};
+}
+
+Tensor sum_gradients(const Tensor& existing, const Tensor& incoming) {
+  if (!existing.defined()) return incoming;
+  return add(existing, incoming);
+}
+
+}  // namespace
+
+std::vector<Tensor> Node::apply(const std::vector<Tensor>& grad_outputs) {
+  RD_CHECK(!released_, kAutograd, "backward: node '", name_,
+           "' was already run and its saved tensors freed; pass retain_graph=true to the first "
+           "backward to run through the graph again");
+  return fn_(grad_outputs);
+}
+
+void Node::release() {
+  fn_ = nullptr;
+  released_ = true;
+}
+
+bool grad_enabled() { return grad_mode_enabled; }
+
+GradModeGuard::GradModeGuard(bool enabled) : previous_(grad_mode_enabled) {
+  grad_mode_enabled = enabled;
+}
+GradModeGuard::~GradModeGuard() { grad_mode_enabled = previous_; }
+
+bool needs_grad(std::initializer_list<const Tensor*> inputs) {
+  if (!grad_mode_enabled) return false;
+  for (const Tensor* t : inputs) {
+    if (t->defined() && t->requires_grad()) return true;
+  }
+  return false;
+}
+
+bool needs_grad(const std::vector<Tensor>& inputs) {
+  if (!grad_mode_enabled) return false;
+  for (const Tensor& t : inputs) {
+    if (t.defined() && t.requires_grad()) return true;
+  }
+  return false;
+}
+
+void record(const std::vector<Tensor>& outputs, std::string name,
+            const std::vector<Tensor>& inputs, Node::BackwardFn fn) {
+  std::vector<Edge> edges;
+  edges.reserve(inputs.size());
+  for (const Tensor& input : inputs) edges.push_back(edge_to(input));
+  auto node = std::make_shared<Node>(std::move(name), static_cast<int>(outputs.size()),
+                                     std::move(edges), std::move(fn));
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    TensorImpl* impl = outputs[i].impl();
+    impl->grad_fn = node;
+    impl->output_nr = static_cast<int>(i);
+    impl->requires_grad = true;
+  }
+}
+
+void record(const Tensor& output, std::string name, const std::vector<Tensor>& inputs,
+            Node::SingleBackwardFn fn) {
+  size_t num_inputs = inputs.size();
+  record(std::vector<Tensor>{output}, std::move(name), inputs,
+         [fn = std::move(fn), num_inputs](const std::vector<Tensor>& grads) {
+           if (!grads[0].defined()) return std::vector<Tensor>(num_inputs);
+           return fn(grads[0]);
+         });
+}
+
+void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads,
+              bool retain_graph) {
+  RD_CHECK(grads.empty() || grads.size() == roots.size(), kInvalidArgument, "backward: got ",
+           grads.size(), " gradients for ", roots.size(), " tensors");
+  NoGradGuard no_grad;
+
+  // Seed gradients, one per root edge.
+  std::vector<std::pair<Edge, Tensor>> seeds;
+  for (size_t i = 0; i < roots.size(); ++i) {
+    const Tensor& root = roots[i];
+    RD_CHECK(root.defined() && root.requires_grad(), kAutograd, "backward: tensor ", i, " (",
+             root.str(), ") does not require grad and has no grad_fn");
+    Tensor grad = grads.empty() ? Tensor() : grads[i];
+    if (!grad.defined()) {
+      RD_CHECK(root.numel() == 1, kAutograd,
+               "backward: a gradient can be created implicitly only for a single-element "
+               "output; pass one for shape ",
+               shape_str(root.shape()));
+      grad = ones_like(root);
+    }
+    RD_CHECK(grad.shape() == root.shape(), kShapeMismatch, "backward: gradient shape ",
+             shape_str(grad.shape()), " differs from the output shape ", shape_str(root.shape()));
+    seeds.emplace_back(edge_to(root), grad);
+  }
+
+  // Count, for each reachable node, how many edges point at it.
+  std::unordered_map<Node*, int> dependencies;
+  std::vector<std::shared_ptr<Node>> reachable;
+  {
+    std::unordered_set<Node*> seen;
+    std::vector<Node*> stack;
+    for (auto& [edge, grad] : seeds) {
+      if (seen.insert(edge.node.get()).second) {
+        stack.push_back(edge.node.get());
+        reachable.push_back(edge.node);
+      }
+    }
+    while (!stack.empty()) {
+      Node* node = stack.back();
+      stack.pop_back();
+      for (const Edge& next : node->next_edges()) {
+        if (next.node == nullptr) continue;
+        ++dependencies[next.node.get()];
+        if (seen.insert(next.node.get()).second) {
+          stack.push_back(next.node.get());
+          reachable.push_back(next.node);
+        }
+      }
+    }
+  }
+
+  // Gradient buffers, one slot per node output.
+  std::unordered_map<Node*, std::vector<Tensor>> buffers;
+  auto add_to_buffer = [&buffers](const Edge& edge, const Tensor& grad) {
+    std::vector<Tensor>& slots = buffers[edge.node.get()];
+    if (slots.empty()) slots.resize(edge.node->num_outputs());
+    slots[edge.output_nr] = sum_gradients(slots[edge.output_nr], grad);
+  };
+  for (auto& [edge, grad] : seeds) add_to_buffer(edge, grad);
+
+  std::deque<std::shared_ptr<Node>> ready;
+  for (const auto& node : reachable) {
+    if (dependencies[node.get()] == 0) ready.push_back(node);
+  }
+  while (!ready.empty()) {
+    std::shared_ptr<Node> node = ready.front();
+    ready.pop_front();
+    std::vector<Tensor> inputs = std::move(buffers[node.get()]);
+    buffers.erase(node.get());
+    if (inputs.empty()) inputs.resize(node->num_outputs());
+    std::vector<Tensor> input_grads = node->apply(inputs);
+    const std::vector<Edge>& next = node->next_edges();
+    RD_CHECK(input_grads.size() == next.size() || next.empty(), kInternal, "backward: node '",
+             node->name(), "' returned ", input_grads.size(), " gradients for ", next.size(),
+             " inputs");
+    for (size_t i = 0; i < next.size(); ++i) {
+      if (next[i].node == nullptr) continue;
+      if (input_grads[i].defined()) add_to_buffer(next[i], input_grads[i]);
+      if (--dependencies[next[i].node.get()] == 0) ready.push_back(next[i].node);
+    }
+  }
+
+  if (!retain_graph) {
+    for (const auto& node : reachable) node->release();
+  }
+}
+
+}  // namespace rd::autograd

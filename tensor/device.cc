@@ -1,0 +1,46 @@
+// Runtime device queries and the device -> kernel backend dispatch.
+#include "ringdilated/tensor/device.h"
+
+#include "ringdilated/tensor/dispatch.h"
+#include "ringdilated/tensor/shape_util.h"
+
+#if defined(RD_WITH_CUDA)
+#include "ringdilated/kernels/cuda/device_info.h"
+#endif
+
+namespace rd {
+
+bool cuda_available() {
+#if defined(RD_WITH_CUDA)
+  return kernels::cuda::device_count() > 0;
+#else
+  return false;
+#endif
+}
+
+kernels::KernelBackend& backend_for(Device device) {
+  if (device.is_cpu()) return kernels::cpu_backend();
+#if defined(RD_WITH_CUDA)
+  RD_FAIL(kUnimplemented, "backend_for: the CUDA kernel backend is not implemented yet (",
+          device.str(), ")");
+#else
+  RD_FAIL(kDeviceMismatch, "backend_for: this build has no CUDA backend (asked for ",
+          device.str(), "); configure with RD_CUDA=AUTO or ON on a machine with nvcc");
+#endif
+}
+
+kernels::StridedView kernel_view(const Tensor& t, const char* op) {
+  RD_CHECK(t.dim() <= kernels::kMaxDims, kInvalidArgument, op, ": tensors may have at most ",
+           kernels::kMaxDims, " dims, got ", t.dim(), " (shape ", shape_str(t.shape()), ")");
+  kernels::StridedView v;
+  v.data = t.raw_data();
+  v.dtype = t.dtype();
+  v.ndim = static_cast<int>(t.dim());
+  for (int d = 0; d < v.ndim; ++d) {
+    v.shape[d] = t.shape()[d];
+    v.strides[d] = t.strides()[d];
+  }
+  return v;
+}
+
+}  // namespace rd

@@ -1,0 +1,122 @@
+// Matrix products: matmul (NumPy semantics, batch broadcasting) built on bmm, which maps
+// strided operands onto one batched GEMM without copies where the layout allows.
+#include "ringdilated/tensor/autograd.h"
+#include "ringdilated/tensor/dispatch.h"
+#include "ringdilated/tensor/ops.h"
+#include "ringdilated/tensor/shape_util.h"
+
+namespace rd {
+
+namespace {
+
+// How one [batch, rows, cols] operand is handed to GEMM: its storage as a row-major
+// matrix with unit column stride, transposed or not.
+struct GemmOperand {
+  Tensor tensor;  // possibly a contiguous copy of the input
+  bool transposed = false;
+  int64_t ld = 0;
+  int64_t batch_stride = 0;
+};
+
+GemmOperand gemm_operand(const Tensor& x) {
+  int64_t rows = x.size(1), cols = x.size(2);
+  // BLAS needs the leading dim to be at least the stored row length.
+  if (x.stride(2) == 1 && x.stride(1) >= std::max<int64_t>(cols, 1)) {
+    return {x, false, x.stride(1), x.stride(0)};
+  }
+  if (x.stride(1) == 1 && x.stride(2) >= std::max<int64_t>(rows, 1)) {
+    return {x, true, x.stride(2), x.stride(0)};
+  }
+  Tensor c = x.contiguous();
+  return {c, false, std::max<int64_t>(cols, 1), rows * cols};
+}
+
+Tensor bmm_forward(const Tensor& a, const Tensor& b) {
+  int64_t batch = a.size(0), m = a.size(1), k = a.size(2), n = b.size(2);
+  Tensor out = empty({batch, m, n}, TensorOptions(a.dtype()).with_device(a.device()));
+  if (out.numel() == 0) return out;
+  GemmOperand ga = gemm_operand(a), gb = gemm_operand(b);
+  kernels::GemmArgs args;
+  args.dtype = a.dtype();
+  args.trans_a = ga.transposed;
+  args.trans_b = gb.transposed;
+  args.m = m;
+  args.n = n;
+  args.k = k;
+  args.a = ga.tensor.raw_data();
+  args.b = gb.tensor.raw_data();
+  args.c = out.raw_data();
+  args.lda = ga.ld;
+  args.ldb = gb.ld;
+  args.ldc = n;
+  args.batch = batch;
+  args.stride_a = ga.batch_stride;
+  args.stride_b = gb.batch_stride;
+  args.stride_c = m * n;
+  if (k == 0) {
+    out.zero_();
+    return out;
+  }
+  backend_for(a.device()).gemm(args);
+  return out;
+}
+
+}  // namespace
+
+Tensor bmm(const Tensor& a, const Tensor& b) {
+  check_same_device({&a, &b}, "bmm");
+  RD_CHECK(a.dim() == 3 && b.dim() == 3, kShapeMismatch, "bmm: expects 3-D operands, got ",
+           shape_str(a.shape()), " and ", shape_str(b.shape()));
+  RD_CHECK(a.size(0) == b.size(0) && a.size(2) == b.size(1), kShapeMismatch,
+           "bmm: shapes ", shape_str(a.shape()), " and ", shape_str(b.shape()),
+           " do not multiply (batch and inner sizes must match)");
+  RD_CHECK(a.dtype() == b.dtype(), kDTypeMismatch, "bmm: dtypes differ (",
+           dtype_name(a.dtype()), " and ", dtype_name(b.dtype()), ")");
+  check_floating(a, "bmm", "a");
+  Tensor out = bmm_forward(a, b);
+  if (autograd::needs_grad({&a, &b})) {
+    Tensor sa = a.detach(), sb = b.detach();
+    bool need_a = a.requires_grad(), need_b = b.requires_grad();
+    autograd::record(out, "bmm", {a, b}, [=](const Tensor& g) -> std::vector<Tensor> {
+      return {need_a ? bmm(g, sb.transpose(1, 2)) : Tensor(),
+              need_b ? bmm(sa.transpose(1, 2), g) : Tensor()};
+    });
+  }
+  return out;
+}
+
+Tensor matmul(const Tensor& a, const Tensor& b) {
+  RD_CHECK(a.dim() >= 1 && b.dim() >= 1, kShapeMismatch,
+           "matmul: operands must have at least 1 dim, got ", shape_str(a.shape()), " and ",
+           shape_str(b.shape()));
+  // 1-D operands gain a dim for the product and lose it afterwards.
+  if (a.dim() == 1 && b.dim() == 1) {
+    RD_CHECK(a.size(0) == b.size(0), kShapeMismatch, "matmul: vectors of sizes ", a.size(0),
+             " and ", b.size(0), " differ");
+    return matmul(a.unsqueeze(0), b.unsqueeze(1)).reshape({});
+  }
+  if (a.dim() == 1) return matmul(a.unsqueeze(0), b).squeeze(-2);
+  if (b.dim() == 1) return matmul(a, b.unsqueeze(1)).squeeze(-1);
+
+  int64_t m = a.size(-2), k = a.size(-1), n = b.size(-1);
+  RD_CHECK(b.size(-2) == k, kShapeMismatch, "matmul: shapes ", shape_str(a.shape()), " and ",
+           shape_str(b.shape()), " do not multiply (", k, " vs ", b.size(-2), ")");
+  Shape batch_a(a.shape().begin(), a.shape().end() - 2);
+  Shape batch_b(b.shape().begin(), b.shape().end() - 2);
+  Shape batch = broadcast_shapes(batch_a, batch_b, "matmul");
+  int64_t batch_count = shape_numel(batch);
+
+  auto as_3d = [&](const Tensor& x, int64_t rows, int64_t cols) {
+    Shape full = batch;
+    full.push_back(rows);
+    full.push_back(cols);
+    return x.expand(full).reshape({batch_count, rows, cols});
+  };
+  Tensor product = bmm(as_3d(a, m, k), as_3d(b, k, n));
+  Shape out_shape = batch;
+  out_shape.push_back(m);
+  out_shape.push_back(n);
+  return product.view(out_shape);
+}
+
+}  // namespace rd

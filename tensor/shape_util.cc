@@ -1,0 +1,80 @@
+// Shape arithmetic shared by op implementations.
+#include "ringdilated/tensor/shape_util.h"
+
+#include <algorithm>
+
+namespace rd {
+
+int64_t normalize_dim(int64_t dim, int64_t ndim, const char* op) {
+  // A 0-dim tensor accepts dim 0 and -1, as in PyTorch.
+  int64_t extent = std::max<int64_t>(ndim, 1);
+  RD_CHECK(dim >= -extent && dim < extent, kOutOfRange, op, ": dim ", dim,
+           " is out of range for a tensor of ", ndim, " dims");
+  return dim < 0 ? dim + extent : dim;
+}
+
+std::vector<int64_t> normalize_dims(const std::vector<int64_t>& dims, int64_t ndim,
+                                    const char* op) {
+  std::vector<int64_t> out;
+  if (dims.empty()) {
+    for (int64_t d = 0; d < ndim; ++d) out.push_back(d);
+    return out;
+  }
+  for (int64_t d : dims) out.push_back(normalize_dim(d, ndim, op));
+  std::sort(out.begin(), out.end());
+  RD_CHECK(std::adjacent_find(out.begin(), out.end()) == out.end(), kInvalidArgument, op,
+           ": dims ", shape_str(dims), " name a dim more than once");
+  if (ndim == 0) out.clear();  // dim 0 of a scalar reduces nothing
+  return out;
+}
+
+int64_t shape_numel(const Shape& shape) {
+  int64_t n = 1;
+  for (int64_t s : shape) n *= s;
+  return n;
+}
+
+Shape contiguous_strides(const Shape& shape) {
+  Shape strides(shape.size());
+  int64_t stride = 1;
+  for (size_t i = shape.size(); i-- > 0;) {
+    strides[i] = stride;
+    stride *= std::max<int64_t>(shape[i], 1);
+  }
+  return strides;
+}
+
+Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op) {
+  size_t ndim = std::max(a.size(), b.size());
+  Shape out(ndim);
+  for (size_t i = 0; i < ndim; ++i) {
+    int64_t da = i < ndim - a.size() ? 1 : a[i - (ndim - a.size())];
+    int64_t db = i < ndim - b.size() ? 1 : b[i - (ndim - b.size())];
+    RD_CHECK(da == db || da == 1 || db == 1, kShapeMismatch, op, ": shapes ", shape_str(a),
+             " and ", shape_str(b), " cannot be broadcast together (dim ", i, ": ", da,
+             " vs ", db, ")");
+    out[i] = da == 1 ? db : da;
+  }
+  return out;
+}
+
+void check_same_device(std::initializer_list<const Tensor*> tensors, const char* op) {
+  const Tensor* first = nullptr;
+  for (const Tensor* t : tensors) {
+    if (!t->defined()) continue;
+    if (first == nullptr) {
+      first = t;
+      continue;
+    }
+    RD_CHECK(t->device() == first->device(), kDeviceMismatch, op,
+             ": tensors are on different devices (", first->device().str(), " and ",
+             t->device().str(), ")");
+  }
+}
+
+void check_floating(const Tensor& t, const char* op, const char* argument) {
+  RD_CHECK(is_floating(t.dtype()), kDTypeMismatch, op, ": argument '", argument,
+           "' must have a floating dtype, got ", dtype_name(t.dtype()));
+}
+
+}  // namespace rd
