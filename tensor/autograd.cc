@@ -66,6 +66,29 @@ Tensor sum_gradients(const Tensor& existing, const Tensor& incoming) {
 
 }  // namespace
 
+Node::~Node() {
+  // Destroying the last owner of a long chain would recurse once per node. Instead the
+  // outermost destructor collects children it solely owns and destroys them in a loop;
+  // nested destructors only hand their children to that loop.
+  thread_local std::vector<std::shared_ptr<Node>>* pending = nullptr;
+  std::vector<std::shared_ptr<Node>> local;
+  bool outermost = pending == nullptr;
+  if (outermost) pending = &local;
+  fn_ = nullptr;  // saved tensors may own further nodes; drop them inside the loop too
+  for (Edge& edge : next_) {
+    if (edge.node != nullptr && edge.node.use_count() == 1) pending->push_back(std::move(edge.node));
+  }
+  next_.clear();
+  if (outermost) {
+    while (!local.empty()) {
+      std::shared_ptr<Node> node = std::move(local.back());
+      local.pop_back();
+      node.reset();
+    }
+    pending = nullptr;
+  }
+}
+
 std::vector<Tensor> Node::apply(const std::vector<Tensor>& grad_outputs) {
   RD_CHECK(!released_, kAutograd, "backward: node '", name_,
            "' was already run and its saved tensors freed; pass retain_graph=true to the first "

@@ -30,7 +30,8 @@ class Node {
         num_outputs_(num_outputs),
         next_(std::move(next)),
         fn_(std::move(fn)) {}
-  virtual ~Node() = default;
+  // Iterative: a chain of thousands of nodes is torn down without deep recursion.
+  virtual ~Node();
 
   const std::string& name() const { return name_; }
   int num_outputs() const { return num_outputs_; }
