@@ -89,6 +89,10 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   RD_CHECK(a.dim() >= 1 && b.dim() >= 1, kShapeMismatch,
            "matmul: operands must have at least 1 dim, got ", shape_str(a.shape()), " and ",
            shape_str(b.shape()));
+  check_same_device({&a, &b}, "matmul");
+  check_floating(a, "matmul", "a");
+  RD_CHECK(a.dtype() == b.dtype(), kDTypeMismatch, "matmul: dtypes differ (",
+           dtype_name(a.dtype()), " and ", dtype_name(b.dtype()), ")");
   // 1-D operands gain a dim for the product and lose it afterwards.
   if (a.dim() == 1 && b.dim() == 1) {
     RD_CHECK(a.size(0) == b.size(0), kShapeMismatch, "matmul: vectors of sizes ", a.size(0),
@@ -103,6 +107,8 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
            shape_str(b.shape()), " do not multiply (", k, " vs ", b.size(-2), ")");
   Shape batch_a(a.shape().begin(), a.shape().end() - 2);
   Shape batch_b(b.shape().begin(), b.shape().end() - 2);
+  RD_CHECK(broadcast_compatible(batch_a, batch_b), kShapeMismatch, "matmul: batch dims of ", shape_str(a.shape()), " and ",
+           shape_str(b.shape()), " cannot be broadcast together");
   Shape batch = broadcast_shapes(batch_a, batch_b, "matmul");
   int64_t batch_count = shape_numel(batch);
 

@@ -44,6 +44,14 @@ Shape contiguous_strides(const Shape& shape) {
   return strides;
 }
 
+bool broadcast_compatible(const Shape& a, const Shape& b) {
+  for (size_t i = 1; i <= std::min(a.size(), b.size()); ++i) {
+    int64_t da = a[a.size() - i], db = b[b.size() - i];
+    if (da != db && da != 1 && db != 1) return false;
+  }
+  return true;
+}
+
 Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op) {
   size_t ndim = std::max(a.size(), b.size());
   Shape out(ndim);

@@ -20,6 +20,9 @@ std::vector<int64_t> normalize_dims(const std::vector<int64_t>& dims, int64_t nd
 int64_t shape_numel(const Shape& shape);
 Shape contiguous_strides(const Shape& shape);
 
+// Whether two shapes broadcast together (NumPy rules).
+bool broadcast_compatible(const Shape& a, const Shape& b);
+
 // The broadcast of two shapes (NumPy rules); throws kShapeMismatch naming `op`.
 Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op);
 

@@ -187,7 +187,8 @@ std::optional<Shape> view_strides(const Shape& old_shape, const Shape& old_strid
 }
 
 // Resolves one -1 entry and checks the element count against `numel`.
-Shape infer_shape(Shape shape, int64_t numel, const char* op) {
+Shape infer_shape(Shape shape, const Shape& input_shape, const char* op) {
+  int64_t numel = shape_numel(input_shape);
   int64_t infer_at = -1;
   int64_t known = 1;
   for (size_t i = 0; i < shape.size(); ++i) {
@@ -202,11 +203,13 @@ Shape infer_shape(Shape shape, int64_t numel, const char* op) {
   }
   if (infer_at >= 0) {
     RD_CHECK(known != 0 && numel % known == 0, kShapeMismatch, op, ": shape ",
-             shape_str(shape), " is invalid for a tensor of ", numel, " elements");
+             shape_str(shape), " is invalid for an input of shape ", shape_str(input_shape),
+             " (", numel, " elements)");
     shape[infer_at] = numel / known;
   } else {
     RD_CHECK(known == numel, kShapeMismatch, op, ": shape ", shape_str(shape),
-             " is invalid for a tensor of ", numel, " elements");
+             " is invalid for an input of shape ", shape_str(input_shape), " (", numel,
+             " elements)");
   }
   return shape;
 }
@@ -238,7 +241,7 @@ void record_pick_view(const Tensor& out, const Tensor& base, const char* name, P
 }  // namespace
 
 Tensor Tensor::view(Shape shape) const {
-  shape = infer_shape(std::move(shape), numel(), "view");
+  shape = infer_shape(std::move(shape), this->shape(), "view");
   auto strides_or = view_strides(this->shape(), strides(), shape);
   RD_CHECK(strides_or.has_value(), kShapeMismatch, "view: shape ", shape_str(shape),
            " is not compatible with the input's shape ", shape_str(this->shape()),
@@ -249,7 +252,7 @@ Tensor Tensor::view(Shape shape) const {
 }
 
 Tensor Tensor::reshape(Shape shape) const {
-  shape = infer_shape(std::move(shape), numel(), "reshape");
+  shape = infer_shape(std::move(shape), this->shape(), "reshape");
   if (view_strides(this->shape(), strides(), shape).has_value()) return view(shape);
   return contiguous().view(shape);
 }
