@@ -25,6 +25,7 @@ struct StridedView {
     return n;
   }
   bool is_contiguous() const {
+    if (numel() == 0) return true;
     int64_t expected = 1;
     for (int d = ndim - 1; d >= 0; --d) {
       if (shape[d] != 1 && strides[d] != expected) return false;

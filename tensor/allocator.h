@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "ringdilated/tensor/device.h"
 
@@ -18,6 +19,10 @@ struct MemoryStats {
   int64_t system_allocs = 0;         // calls to the system allocator (malloc / cudaMalloc)
   int64_t system_frees = 0;          // calls to the system free (free / cudaFree)
 };
+
+// "allocated=4096 reserved=8192 peak=4096 hits=1 misses=2 system_allocs=2 system_frees=0":
+// how allocator stats print in messages (out-of-memory errors of every device name them).
+std::string memory_stats_str(const MemoryStats& stats);
 
 class Allocator {
  public:

@@ -93,6 +93,7 @@ Device Tensor::device() const { return checked().storage->device(); }
 const std::shared_ptr<Storage>& Tensor::storage() const { return checked().storage; }
 
 bool Tensor::is_contiguous() const {
+  if (numel() == 0) return true;  // no element can be out of place
   int64_t expected = 1;
   for (size_t d = shape().size(); d-- > 0;) {
     if (shape()[d] != 1 && strides()[d] != expected) return false;
