@@ -1,15 +1,25 @@
-// Device-independent helpers of the allocator interface.
+// allocator_for(): each device's process-wide memory pool.
 #include "ringdilated/tensor/allocator.h"
 
+#include "ringdilated/kernels/cpu/caching_allocator.h"
 #include "ringdilated/kernels/error.h"
 
 namespace rd {
 
-std::string memory_stats_str(const MemoryStats& s) {
-  return str_cat("allocated=", s.allocated_bytes, " reserved=", s.reserved_bytes,
-                 " peak=", s.peak_allocated_bytes, " hits=", s.cache_hits,
-                 " misses=", s.cache_misses, " system_allocs=", s.system_allocs,
-                 " system_frees=", s.system_frees);
+Allocator& allocator_for(Device device) {
+  if (device.is_cpu()) {
+    // Never destroyed: tensors held in other statics may free their storage during exit,
+    // after a destructible pool would be gone.
+    static CpuCachingAllocator* const cpu_pool = new CpuCachingAllocator();
+    return *cpu_pool;
+  }
+#ifdef RD_WITH_CUDA
+  RD_FAIL(kUnimplemented, "allocator_for: the CUDA caching allocator for ", device.str(),
+          " is not implemented yet");
+#else
+  RD_FAIL(kDeviceMismatch, "allocator_for: no allocator for ", device.str(),
+          ": this build has no CUDA allocator (built without CUDA)");
+#endif
 }
 
 }  // namespace rd

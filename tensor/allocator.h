@@ -1,43 +1,10 @@
-// Allocator: the one memory-pool interface behind every tensor's storage. The CPU pool is
-// here; the CUDA caching allocator implements the same interface.
+// Which allocator serves a device. The Allocator interface itself is in kernels/allocator.h.
 #pragma once
 
-#include <cstddef>
-#include <cstdint>
-#include <string>
-
+#include "ringdilated/kernels/allocator.h"
 #include "ringdilated/tensor/device.h"
 
 namespace rd {
-
-struct MemoryStats {
-  int64_t allocated_bytes = 0;       // bytes handed out and not yet returned
-  int64_t reserved_bytes = 0;        // bytes held from the system (allocated + cached)
-  int64_t peak_allocated_bytes = 0;  // high-water mark of allocated_bytes
-  int64_t cache_hits = 0;            // requests served from the cache
-  int64_t cache_misses = 0;          // requests that went to the system
-  int64_t system_allocs = 0;         // calls to the system allocator (malloc / cudaMalloc)
-  int64_t system_frees = 0;          // calls to the system free (free / cudaFree)
-};
-
-// "allocated=4096 reserved=8192 peak=4096 hits=1 misses=2 system_allocs=2 system_frees=0":
-// how allocator stats print in messages (out-of-memory errors of every device name them).
-std::string memory_stats_str(const MemoryStats& stats);
-
-class Allocator {
- public:
-  virtual ~Allocator() = default;
-  virtual Device device() const = 0;
-  // Returns memory for `nbytes` (64-byte aligned on the CPU), or throws rd::Error with
-  // kOutOfMemory, naming the size and the current stats. nbytes == 0 returns nullptr.
-  virtual void* allocate(size_t nbytes) = 0;
-  // Returns memory from allocate() to the pool. nullptr is ignored.
-  virtual void deallocate(void* ptr) = 0;
-  virtual MemoryStats stats() const = 0;
-  virtual void reset_peak_stats() = 0;
-  // Returns cached, unused blocks to the system.
-  virtual void empty_cache() = 0;
-};
 
 // The process-wide allocator of a device. The pool is deliberately per process, as a
 // device's memory is: every tensor on that device shares it.

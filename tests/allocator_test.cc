@@ -9,7 +9,7 @@
 
 #include "gtest/gtest.h"
 #include "ringdilated/tensor/allocator.h"
-#include "ringdilated/tensor/cpu_allocator.h"
+#include "ringdilated/kernels/cpu/caching_allocator.h"
 #include "ringdilated/tensor/tensor.h"
 
 namespace rd {

@@ -1,5 +1,5 @@
-// The CPU caching allocator and allocator_for(), which picks each device's process-wide pool.
-#include "ringdilated/tensor/cpu_allocator.h"
+// The CPU caching allocator: size-classed blocks cached for reuse, with exact statistics.
+#include "ringdilated/kernels/cpu/caching_allocator.h"
 
 #include <algorithm>
 #include <bit>
@@ -181,22 +181,6 @@ void CpuCachingAllocator::system_free(void* ptr) const { options_.system.free(pt
 void CpuCachingAllocator::throw_out_of_memory(size_t nbytes, size_t block) const {
   RD_FAIL(kOutOfMemory, "CpuCachingAllocator::allocate: out of memory: requested ", nbytes,
           " bytes (block of ", block, " bytes); stats: ", memory_stats_str(stats()));
-}
-
-Allocator& allocator_for(Device device) {
-  if (device.is_cpu()) {
-    // Never destroyed: tensors held in other statics may free their storage during exit,
-    // after a destructible pool would be gone.
-    static CpuCachingAllocator* const cpu_pool = new CpuCachingAllocator();
-    return *cpu_pool;
-  }
-#ifdef RD_WITH_CUDA
-  RD_FAIL(kUnimplemented, "allocator_for: the CUDA caching allocator for ", device.str(),
-          " is not implemented yet");
-#else
-  RD_FAIL(kDeviceMismatch, "allocator_for: no allocator for ", device.str(),
-          ": this build has no CUDA allocator (built without CUDA)");
-#endif
 }
 
 }  // namespace rd

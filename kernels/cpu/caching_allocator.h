@@ -10,7 +10,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
-#include "ringdilated/tensor/allocator.h"
+#include "ringdilated/kernels/allocator.h"
 
 namespace rd {
 
