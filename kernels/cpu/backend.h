@@ -1,0 +1,62 @@
+// CpuBackend: the KernelBackend for host memory. Its methods are defined by concern across
+// kernels/cpu/*.cc (copy, elementwise, reduce, gemm, rowwise, indexing, random).
+#pragma once
+
+#include "ringdilated/kernels/backend.h"
+
+namespace rd::kernels::cpu {
+
+class CpuBackend final : public KernelBackend {
+ public:
+  const char* name() const override { return "cpu"; }
+
+  // copy.cc
+  void fill(const StridedView& out, double value) override;
+  void arange(const StridedView& out, double start, double step) override;
+  void copy(const StridedView& out, const StridedView& in) override;
+  void accumulate(const StridedView& out, const StridedView& in) override;
+
+  // elementwise.cc
+  void unary(UnaryOp op, const StridedView& out, const StridedView& in,
+             const UnaryParams& params) override;
+  void binary(BinaryOp op, const StridedView& out, const StridedView& a,
+              const StridedView& b) override;
+  void where(const StridedView& out, const StridedView& cond, const StridedView& a,
+             const StridedView& b) override;
+
+  // random.cc
+  void random(const StridedView& out, Distribution dist, double a, double b, uint64_t seed,
+              uint64_t offset) override;
+
+  // reduce.cc
+  void reduce(ReduceOp op, const StridedView& out, const StridedView& in,
+              uint32_t dims_mask) override;
+  void cumsum(const StridedView& out, const StridedView& in, int dim, bool reverse) override;
+
+  // gemm.cc
+  void gemm(const GemmArgs& args) override;
+
+  // rowwise.cc
+  void softmax(void* out, const void* in, DType dtype, int64_t rows, int64_t cols,
+               bool log) override;
+  void softmax_backward(void* grad_in, const void* grad_out, const void* out, DType dtype,
+                        int64_t rows, int64_t cols, bool log) override;
+  void norm(void* out, float* mean, float* rstd, const void* in, const void* weight,
+            const void* bias, DType dtype, int64_t rows, int64_t cols, double eps,
+            bool rms) override;
+  void norm_backward(void* grad_in, float* grad_weight, float* grad_bias, const void* grad_out,
+                     const void* in, const float* mean, const float* rstd, const void* weight,
+                     DType dtype, int64_t rows, int64_t cols, bool rms) override;
+
+  // indexing.cc
+  void index_select(const StridedView& out, const StridedView& in, int dim,
+                    const StridedView& index) override;
+  void index_add(const StridedView& out, int dim, const StridedView& index,
+                 const StridedView& src) override;
+  void gather(const StridedView& out, const StridedView& in, int dim,
+              const StridedView& index) override;
+  void scatter(const StridedView& out, int dim, const StridedView& index,
+               const StridedView& src, bool accumulate) override;
+};
+
+}  // namespace rd::kernels::cpu

@@ -1,0 +1,137 @@
+// CPU batched GEMM through CBLAS (OpenBLAS): float32/float64 directly, bfloat16/float16 by
+// widening A, B (and C when beta != 0) to float32 scratch, sgemm, and narrowing C back.
+// Batch entries run one after another; OpenBLAS parallelizes each product itself, so no
+// OpenMP region wraps its calls (which would oversubscribe the cores).
+#include <cblas.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+#include <vector>
+
+#include "ringdilated/kernels/cpu/backend.h"
+#include "ringdilated/kernels/cpu/dispatch_types.h"
+#include "ringdilated/kernels/error.h"
+
+namespace rd::kernels::cpu {
+namespace {
+
+// A stored (untransposed) operand: rows x cols with row stride ld.
+struct Stored {
+  int64_t rows = 0, cols = 0, ld = 0;
+};
+
+// Validates a leading dim. With a single row (or no columns) the row stride is never used,
+// so any value is accepted and replaced by one CBLAS takes.
+Stored stored_matrix(const char* name, int64_t rows, int64_t cols, int64_t ld) {
+  Stored s{rows, cols, ld};
+  if (rows <= 1 || cols == 0) {
+    s.ld = std::max<int64_t>(cols, 1);
+    return s;
+  }
+  RD_CHECK(ld >= std::max<int64_t>(cols, 1), kInvalidArgument, "gemm: argument '", name,
+           "' is ", ld, " but the stored ", rows, "x", cols, " matrix needs at least ",
+           std::max<int64_t>(cols, 1));
+  RD_CHECK(ld <= INT_MAX, kInvalidArgument, "gemm: argument '", name, "' is ", ld,
+           ", beyond the CBLAS limit ", INT_MAX);
+  return s;
+}
+
+// C = beta * C; beta == 0 writes zeros (NaN in C does not survive), as BLAS does.
+template <class T>
+void scale_c(const GemmArgs& g, T* c) {
+  using C = Compute<T>;
+  for (int64_t i = 0; i < g.m; ++i) {
+    T* row = c + i * g.ldc;
+    for (int64_t j = 0; j < g.n; ++j) {
+      row[j] = g.beta == 0.0 ? T(C(0)) : static_cast<T>(static_cast<C>(row[j]) * C(g.beta));
+    }
+  }
+}
+
+// Copies a stored matrix of T into a dense float32 buffer (row stride = cols).
+template <class T>
+void widen(const T* src, const Stored& s, std::vector<float>& dst) {
+  dst.resize(s.rows * s.cols);
+  for (int64_t i = 0; i < s.rows; ++i) {
+    for (int64_t j = 0; j < s.cols; ++j) {
+      dst[i * s.cols + j] = static_cast<float>(src[i * s.ld + j]);
+    }
+  }
+}
+
+void blas(const GemmArgs& g, const float* a, int64_t lda, const float* b, int64_t ldb, float* c,
+          int64_t ldc, float beta) {
+  cblas_sgemm(CblasRowMajor, g.trans_a ? CblasTrans : CblasNoTrans,
+              g.trans_b ? CblasTrans : CblasNoTrans, static_cast<int>(g.m),
+              static_cast<int>(g.n), static_cast<int>(g.k), static_cast<float>(g.alpha), a,
+              static_cast<int>(lda), b, static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
+}
+
+void blas(const GemmArgs& g, const double* a, int64_t lda, const double* b, int64_t ldb,
+          double* c, int64_t ldc, double beta) {
+  cblas_dgemm(CblasRowMajor, g.trans_a ? CblasTrans : CblasNoTrans,
+              g.trans_b ? CblasTrans : CblasNoTrans, static_cast<int>(g.m),
+              static_cast<int>(g.n), static_cast<int>(g.k), g.alpha, a, static_cast<int>(lda), b,
+              static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
+}
+
+template <class T>
+void gemm_typed(const GemmArgs& g, const Stored& sa, const Stored& sb) {
+  const T* a = static_cast<const T*>(g.a);
+  const T* b = static_cast<const T*>(g.b);
+  T* c = static_cast<T*>(g.c);
+  if (g.k == 0 || g.alpha == 0.0) {  // no product term; also keeps CBLAS off ld = 0
+    for (int64_t i = 0; i < g.batch; ++i) scale_c(g, c + i * g.stride_c);
+    return;
+  }
+  if constexpr (!kIsHalf<T>) {
+    for (int64_t i = 0; i < g.batch; ++i) {
+      blas(g, a + i * g.stride_a, sa.ld, b + i * g.stride_b, sb.ld, c + i * g.stride_c, g.ldc,
+           static_cast<T>(g.beta));
+    }
+  } else {
+    std::vector<float> a32, b32, c32(g.m * g.n);
+    for (int64_t i = 0; i < g.batch; ++i) {
+      widen(a + i * g.stride_a, sa, a32);
+      widen(b + i * g.stride_b, sb, b32);
+      T* ci = c + i * g.stride_c;
+      for (int64_t r = 0; r < g.m; ++r) {
+        for (int64_t j = 0; j < g.n; ++j) {
+          c32[r * g.n + j] = g.beta == 0.0 ? 0.0f : static_cast<float>(ci[r * g.ldc + j]);
+        }
+      }
+      blas(g, a32.data(), std::max<int64_t>(sa.cols, 1), b32.data(),
+           std::max<int64_t>(sb.cols, 1), c32.data(), std::max<int64_t>(g.n, 1),
+           static_cast<float>(g.beta));
+      for (int64_t r = 0; r < g.m; ++r) {
+        for (int64_t j = 0; j < g.n; ++j) ci[r * g.ldc + j] = T(c32[r * g.n + j]);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void CpuBackend::gemm(const GemmArgs& g) {
+  RD_CHECK(g.m >= 0 && g.n >= 0 && g.k >= 0 && g.batch >= 0, kInvalidArgument,
+           "gemm: sizes must be non-negative, got m=", g.m, " n=", g.n, " k=", g.k,
+           " batch=", g.batch);
+  RD_CHECK(g.m <= INT_MAX && g.n <= INT_MAX && g.k <= INT_MAX, kInvalidArgument,
+           "gemm: sizes m=", g.m, " n=", g.n, " k=", g.k, " exceed the CBLAS limit ", INT_MAX);
+  if (g.m == 0 || g.n == 0 || g.batch == 0) return;
+  const Stored sa = g.trans_a ? stored_matrix("lda", g.k, g.m, g.lda)
+                              : stored_matrix("lda", g.m, g.k, g.lda);
+  const Stored sb = g.trans_b ? stored_matrix("ldb", g.n, g.k, g.ldb)
+                              : stored_matrix("ldb", g.k, g.n, g.ldb);
+  RD_CHECK((g.ldc >= g.n && g.ldc <= INT_MAX) || g.m == 1, kInvalidArgument,
+           "gemm: argument 'ldc' is ", g.ldc, " but C has ", g.n,
+           " columns (and CBLAS takes at most ", INT_MAX, ")");
+  GemmArgs args = g;
+  if (args.m == 1) args.ldc = std::max<int64_t>(args.n, 1);  // unused row stride
+  dispatch_floating(g.dtype, "gemm", [&](auto tag) {
+    gemm_typed<typename decltype(tag)::type>(args, sa, sb);
+  });
+}
+
+}  // namespace rd::kernels::cpu

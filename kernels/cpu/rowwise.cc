@@ -1,0 +1,240 @@
+// CPU row-wise fused ops on contiguous [rows, cols] data: softmax / log-softmax, layer and
+// RMS norm, and their backward passes. Rows run in parallel; each row is computed in float32
+// (float64 for float64 data) with cascade sums.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "ringdilated/kernels/cpu/backend.h"
+#include "ringdilated/kernels/cpu/dispatch_types.h"
+#include "ringdilated/kernels/cpu/strided_iter.h"
+#include "ringdilated/kernels/cpu/summation.h"
+#include "ringdilated/kernels/error.h"
+
+namespace rd::kernels::cpu {
+namespace {
+
+void check_rows(const char* op, int64_t rows, int64_t cols) {
+  RD_CHECK(rows >= 0 && cols >= 0, kInvalidArgument, op,
+           ": rows and cols must be non-negative, got rows=", rows, " cols=", cols);
+}
+
+// Loads element j of a row of T in the compute type.
+template <class T>
+Compute<T> at(const void* row, int64_t j) {
+  return static_cast<Compute<T>>(static_cast<const T*>(row)[j]);
+}
+
+template <class T>
+void softmax_rows(T* out, const T* in, int64_t rows, int64_t cols, bool log) {
+  using A = Compute<T>;
+  parallel_items(rows, cols, [&](int64_t r) {
+    const T* x = in + r * cols;
+    T* y = out + r * cols;
+    A m = -std::numeric_limits<A>::infinity();
+    for (int64_t j = 0; j < cols; ++j) m = std::max(m, at<T>(x, j));
+    Summer<A> sum;
+    // Full-precision outputs hold exp(x - m) until scaled; 16-bit ones recompute it.
+    constexpr bool kKeepExp = std::is_same_v<T, A>;
+    sum.add_many(cols, [&](int64_t j) {
+      A e = std::exp(at<T>(x, j) - m);
+      if constexpr (kKeepExp) {
+        if (!log) y[j] = e;
+      }
+      return e;
+    });
+    if (log) {
+      A shift = m + std::log(sum.value());
+      for (int64_t j = 0; j < cols; ++j) y[j] = static_cast<T>(at<T>(x, j) - shift);
+    } else {
+      A inv = A(1) / sum.value();
+      for (int64_t j = 0; j < cols; ++j) {
+        if constexpr (kKeepExp) {
+          y[j] *= inv;
+        } else {
+          y[j] = static_cast<T>(std::exp(at<T>(x, j) - m) * inv);
+        }
+      }
+    }
+  });
+}
+
+template <class T>
+void softmax_backward_rows(T* grad_in, const T* grad_out, const T* out, int64_t rows,
+                           int64_t cols, bool log) {
+  using A = Compute<T>;
+  parallel_items(rows, cols, [&](int64_t r) {
+    const T* g = grad_out + r * cols;
+    const T* y = out + r * cols;
+    T* gi = grad_in + r * cols;
+    Summer<A> sum;
+    if (log) {  // y is log-softmax: grad = g - softmax * sum(g)
+      sum.add_many(cols, [&](int64_t j) { return at<T>(g, j); });
+      A s = sum.value();
+      for (int64_t j = 0; j < cols; ++j) {
+        gi[j] = static_cast<T>(at<T>(g, j) - std::exp(at<T>(y, j)) * s);
+      }
+    } else {  // grad = y * (g - sum(g * y))
+      sum.add_many(cols, [&](int64_t j) { return at<T>(g, j) * at<T>(y, j); });
+      A dot = sum.value();
+      for (int64_t j = 0; j < cols; ++j) gi[j] = static_cast<T>(at<T>(y, j) * (at<T>(g, j) - dot));
+    }
+  });
+}
+
+struct NormArgs {
+  float* mean;
+  float* rstd;
+  const void* weight;
+  const void* bias;
+  int64_t rows, cols;
+  double eps;
+  bool rms;
+};
+
+template <class T>
+void norm_rows(T* out, const T* in, const NormArgs& a) {
+  using A = Compute<T>;
+  const int64_t cols = a.cols;
+  parallel_items(a.rows, cols, [&](int64_t r) {
+    const T* x = in + r * cols;
+    T* y = out + r * cols;
+    A mu = 0;
+    if (!a.rms) {
+      Summer<A> sum;
+      sum.add_many(cols, [&](int64_t j) { return at<T>(x, j); });
+      mu = sum.value() / static_cast<A>(cols);
+    }
+    Summer<A> sq;  // two-pass variance: no cancellation from E[x^2] - E[x]^2
+    sq.add_many(cols, [&](int64_t j) {
+      A d = at<T>(x, j) - mu;
+      return d * d;
+    });
+    A rstd = A(1) / std::sqrt(sq.value() / static_cast<A>(cols) + static_cast<A>(a.eps));
+    if (a.mean && !a.rms) a.mean[r] = static_cast<float>(mu);
+    if (a.rstd) a.rstd[r] = static_cast<float>(rstd);
+    for (int64_t j = 0; j < cols; ++j) {
+      A v = (at<T>(x, j) - mu) * rstd;
+      if (a.weight) v *= at<T>(a.weight, j);
+      if (a.bias) v += at<T>(a.bias, j);
+      y[j] = static_cast<T>(v);
+    }
+  });
+}
+
+struct NormBackwardArgs {
+  float* grad_weight;
+  float* grad_bias;
+  const float* mean;
+  const float* rstd;
+  const void* weight;
+  int64_t rows, cols;
+  bool rms;
+};
+
+// Row blocks for the weight/bias gradient sums: a count fixed by the shape alone, so the
+// per-block partial sums (and their in-order total) do not depend on the thread count.
+constexpr int64_t kMaxRowBlocks = 64;
+
+template <class T>
+void norm_backward_rows(T* grad_in, const T* grad_out, const T* in, const NormBackwardArgs& a) {
+  using A = Compute<T>;
+  const int64_t rows = a.rows, cols = a.cols;
+  const bool param_grads = a.grad_weight || a.grad_bias;
+  const int64_t blocks = std::clamp<int64_t>((rows * cols + kGrain - 1) / kGrain, 1,
+                                             std::min(kMaxRowBlocks, std::max<int64_t>(rows, 1)));
+  const int64_t rows_per_block = (rows + blocks - 1) / blocks;
+  // Partials in double: cheap here, and keeps long column sums accurate.
+  std::vector<double> dw(param_grads && a.grad_weight ? blocks * cols : 0);
+  std::vector<double> db(param_grads && a.grad_bias ? blocks * cols : 0);
+  parallel_items(blocks, rows_per_block * cols, [&](int64_t block) {
+    double* dw_block = dw.empty() ? nullptr : dw.data() + block * cols;
+    double* db_block = db.empty() ? nullptr : db.data() + block * cols;
+    const int64_t end = std::min(rows, (block + 1) * rows_per_block);
+    for (int64_t r = block * rows_per_block; r < end; ++r) {
+      const T* x = in + r * cols;
+      const T* go = grad_out + r * cols;
+      const A mu = a.rms ? A(0) : static_cast<A>(a.mean[r]);
+      const A rstd = static_cast<A>(a.rstd[r]);
+      auto xhat = [&](int64_t j) { return (at<T>(x, j) - mu) * rstd; };
+      auto g = [&](int64_t j) {
+        return a.weight ? at<T>(go, j) * at<T>(a.weight, j) : at<T>(go, j);
+      };
+      if (dw_block || db_block) {
+        for (int64_t j = 0; j < cols; ++j) {
+          if (dw_block) dw_block[j] += static_cast<double>(at<T>(go, j) * xhat(j));
+          if (db_block) db_block[j] += static_cast<double>(at<T>(go, j));
+        }
+      }
+      if (!grad_in) continue;
+      Summer<A> g_xhat, g_sum;
+      for (int64_t j = 0; j < cols; ++j) {
+        g_xhat.add(g(j) * xhat(j));
+        if (!a.rms) g_sum.add(g(j));
+      }
+      const A c1 = g_xhat.value() / static_cast<A>(cols);
+      const A c2 = a.rms ? A(0) : g_sum.value() / static_cast<A>(cols);
+      T* gi = grad_in + r * cols;
+      for (int64_t j = 0; j < cols; ++j) gi[j] = static_cast<T>(rstd * (g(j) - c2 - xhat(j) * c1));
+    }
+  });
+  auto total = [&](const std::vector<double>& partial, float* dst) {
+    if (!dst) return;
+    parallel_items(cols, blocks, [&](int64_t j) {
+      double s = 0;
+      for (int64_t block = 0; block < blocks; ++block) s += partial[block * cols + j];
+      dst[j] = static_cast<float>(s);
+    });
+  };
+  total(dw, a.grad_weight);
+  total(db, a.grad_bias);
+}
+
+}  // namespace
+
+void CpuBackend::softmax(void* out, const void* in, DType dtype, int64_t rows, int64_t cols,
+                         bool log) {
+  check_rows("softmax", rows, cols);
+  dispatch_floating(dtype, "softmax", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    softmax_rows(static_cast<T*>(out), static_cast<const T*>(in), rows, cols, log);
+  });
+}
+
+void CpuBackend::softmax_backward(void* grad_in, const void* grad_out, const void* out,
+                                  DType dtype, int64_t rows, int64_t cols, bool log) {
+  check_rows("softmax_backward", rows, cols);
+  dispatch_floating(dtype, "softmax_backward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    softmax_backward_rows(static_cast<T*>(grad_in), static_cast<const T*>(grad_out),
+                          static_cast<const T*>(out), rows, cols, log);
+  });
+}
+
+void CpuBackend::norm(void* out, float* mean, float* rstd, const void* in, const void* weight,
+                      const void* bias, DType dtype, int64_t rows, int64_t cols, double eps,
+                      bool rms) {
+  check_rows("norm", rows, cols);
+  const NormArgs args{mean, rstd, weight, bias, rows, cols, eps, rms};
+  dispatch_floating(dtype, "norm", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    norm_rows(static_cast<T*>(out), static_cast<const T*>(in), args);
+  });
+}
+
+void CpuBackend::norm_backward(void* grad_in, float* grad_weight, float* grad_bias,
+                               const void* grad_out, const void* in, const float* mean,
+                               const float* rstd, const void* weight, DType dtype, int64_t rows,
+                               int64_t cols, bool rms) {
+  check_rows("norm_backward", rows, cols);
+  RD_CHECK(rstd && (rms || mean), kInvalidArgument,
+           "norm_backward: arguments 'rstd' (and 'mean' for layer norm) must not be null");
+  const NormBackwardArgs args{grad_weight, grad_bias, mean, rstd, weight, rows, cols, rms};
+  dispatch_floating(dtype, "norm_backward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    norm_backward_rows(static_cast<T*>(grad_in), static_cast<const T*>(grad_out),
+                       static_cast<const T*>(in), args);
+  });
+}
+
+}  // namespace rd::kernels::cpu

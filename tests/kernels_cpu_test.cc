@@ -1,0 +1,1206 @@
+// Kernel-level tests of the CPU backend: the parts the tensor API cannot reach directly
+// (overlapping accumulate, broadcast strides, thread-count determinism, GEMM leading dims and
+// batch strides, reduction edge cases, dtype errors), against plain float64 references.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "ringdilated/kernels/backend.h"
+#include "ringdilated/kernels/cpu/parallel.h"
+#include "ringdilated/kernels/cpu/view_checks.h"
+#include "ringdilated/kernels/error.h"
+#include "ringdilated/kernels/half.h"
+
+namespace rd::kernels {
+namespace {
+
+KernelBackend& cpu() { return cpu_backend(); }
+
+const DType kFloatTypes[] = {DType::kFloat32, DType::kFloat64, DType::kBFloat16,
+                             DType::kFloat16};
+
+// Relative precision of a dtype's storage (unit roundoff).
+double unit_roundoff(DType t) {
+  switch (t) {
+    case DType::kFloat32: return std::ldexp(1.0, -24);
+    case DType::kFloat64: return std::ldexp(1.0, -53);
+    case DType::kBFloat16: return std::ldexp(1.0, -8);
+    case DType::kFloat16: return std::ldexp(1.0, -11);
+    default: return 0.0;
+  }
+}
+
+// The value v becomes when stored in dtype t (what a correct kernel must produce).
+double stored(DType t, double v) {
+  switch (t) {
+    case DType::kFloat32: return static_cast<float>(v);
+    case DType::kFloat64: return v;
+    case DType::kBFloat16: return static_cast<float>(BFloat16(static_cast<float>(v)));
+    case DType::kFloat16: return static_cast<float>(Float16(static_cast<float>(v)));
+    case DType::kInt32: return static_cast<int32_t>(v);
+    case DType::kInt64: return static_cast<double>(static_cast<int64_t>(v));
+    case DType::kBool: return v != 0 ? 1.0 : 0.0;
+  }
+  return 0;
+}
+
+// A host buffer of any dtype, with element access as double and StridedView construction.
+class Buffer {
+ public:
+  Buffer(DType dtype, int64_t count)
+      : dtype_(dtype), count_(count), storage_((count * dtype_size(dtype) + 7) / 8 + 1) {}
+
+  DType dtype() const { return dtype_; }
+  int64_t size() const { return count_; }
+  void* data() { return storage_.data(); }
+
+  double get(int64_t i) const {
+    const char* p = reinterpret_cast<const char*>(storage_.data()) + i * dtype_size(dtype_);
+    switch (dtype_) {
+      case DType::kFloat32: return load<float>(p);
+      case DType::kFloat64: return load<double>(p);
+      case DType::kBFloat16: return static_cast<float>(load<BFloat16>(p));
+      case DType::kFloat16: return static_cast<float>(load<Float16>(p));
+      case DType::kInt32: return load<int32_t>(p);
+      case DType::kInt64: return static_cast<double>(load<int64_t>(p));
+      case DType::kBool: return load<bool>(p) ? 1.0 : 0.0;
+    }
+    return 0;
+  }
+  void set(int64_t i, double v) {
+    char* p = reinterpret_cast<char*>(storage_.data()) + i * dtype_size(dtype_);
+    switch (dtype_) {
+      case DType::kFloat32: return save(p, static_cast<float>(v));
+      case DType::kFloat64: return save(p, v);
+      case DType::kBFloat16: return save(p, BFloat16(static_cast<float>(v)));
+      case DType::kFloat16: return save(p, Float16(static_cast<float>(v)));
+      case DType::kInt32: return save(p, static_cast<int32_t>(v));
+      case DType::kInt64: return save(p, static_cast<int64_t>(v));
+      case DType::kBool: return save(p, v != 0);
+    }
+  }
+  // Random values: integers in [-9, 9] for int types, {0,1} for bool, nonzero floats in
+  // [lo, hi] otherwise (rounded to the dtype).
+  void randomize(std::mt19937& rng, double lo = -2.0, double hi = 2.0) {
+    std::uniform_real_distribution<double> real(lo, hi);
+    std::uniform_int_distribution<int> integer(-9, 9);
+    for (int64_t i = 0; i < count_; ++i) {
+      if (dtype_ == DType::kBool) {
+        set(i, integer(rng) > 0);
+      } else if (dtype_ == DType::kInt32 || dtype_ == DType::kInt64) {
+        set(i, integer(rng));
+      } else {
+        double v = real(rng);
+        set(i, v == 0 ? 0.5 : v);
+      }
+    }
+  }
+
+  // A view with the given shape and element strides (row-major contiguous if empty).
+  StridedView view(std::vector<int64_t> shape, std::vector<int64_t> strides = {},
+                   int64_t offset = 0) {
+    StridedView v;
+    v.data = reinterpret_cast<char*>(storage_.data()) + offset * dtype_size(dtype_);
+    v.dtype = dtype_;
+    v.ndim = static_cast<int>(shape.size());
+    int64_t expected = 1;
+    for (int d = v.ndim - 1; d >= 0; --d) {
+      v.shape[d] = shape[d];
+      v.strides[d] = strides.empty() ? expected : strides[d];
+      expected *= shape[d];
+    }
+    return v;
+  }
+
+ private:
+  template <class T>
+  static T load(const char* p) {
+    T v;
+    std::memcpy(&v, p, sizeof(T));
+    return v;
+  }
+  template <class T>
+  static void save(char* p, T v) {
+    std::memcpy(p, &v, sizeof(T));
+  }
+
+  DType dtype_;
+  int64_t count_;
+  std::vector<uint64_t> storage_;  // 8-byte aligned for every dtype
+};
+
+// Offset (in elements) of a multi-index within a view.
+int64_t offset_of(const StridedView& v, const std::vector<int64_t>& idx) {
+  int64_t off = 0;
+  for (int d = 0; d < v.ndim; ++d) off += idx[d] * v.strides[d];
+  return off;
+}
+
+// Calls f(idx) for every multi-index of `shape` in row-major order.
+void for_each_index(const std::vector<int64_t>& shape,
+                    const std::function<void(const std::vector<int64_t>&)>& f) {
+  int64_t total = 1;
+  for (int64_t s : shape) total *= s;
+  std::vector<int64_t> idx(shape.size(), 0);
+  for (int64_t n = 0; n < total; ++n) {
+    f(idx);
+    for (int d = static_cast<int>(shape.size()) - 1; d >= 0; --d) {
+      if (++idx[d] < shape[d]) break;
+      idx[d] = 0;
+    }
+  }
+}
+
+// Runs f and expects an rd::Error with `code` whose message contains `fragment`.
+void expect_error(const std::function<void()>& f, ErrorCode code, const std::string& fragment) {
+  try {
+    f();
+    ADD_FAILURE() << "expected an rd::Error containing '" << fragment << "'";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), code) << e.what();
+    EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
+  }
+}
+
+// Sets the CPU thread count for one scope.
+class ThreadCount {
+ public:
+  explicit ThreadCount(int n) : saved_(cpu::num_threads()) { cpu::set_num_threads(n); }
+  ~ThreadCount() { cpu::set_num_threads(saved_); }
+
+ private:
+  int saved_;
+};
+
+// ---------------------------------------------------------------------------------------
+// Data movement
+// ---------------------------------------------------------------------------------------
+
+TEST(CpuKernelsTest, CopyConvertsEveryDtypePairThroughBroadcastAndTransposedViews) {
+  std::mt19937 rng(1);
+  for (DType from : kAllDTypes) {
+    for (DType to : kAllDTypes) {
+      Buffer in(from, 3 * 5);
+      in.randomize(rng);
+      Buffer out(to, 3 * 4 * 5);
+      // in [3, 5] broadcast along a new middle dim of 4; out stored transposed ([5, 4, 3]).
+      StridedView src = in.view({3, 4, 5}, {5, 0, 1});
+      StridedView dst = out.view({3, 4, 5}, {1, 15, 3});
+      cpu().copy(dst, src);
+      for_each_index({3, 4, 5}, [&](const std::vector<int64_t>& i) {
+        double want = stored(to, in.get(i[0] * 5 + i[2]));
+        ASSERT_EQ(out.get(offset_of(dst, i)), want)
+            << dtype_name(from) << " -> " << dtype_name(to);
+      });
+    }
+  }
+}
+
+TEST(CpuKernelsTest, AccumulateIntoOverlappingOutputAppliesAddsInOrder) {
+  std::mt19937 rng(2);
+  // out [1024, 1024] with row stride 0: every row adds into the same 1024 floats. Large
+  // enough that the parallel path would race (and lose adds) if taken.
+  const int64_t rows = 1024;
+  Buffer out(DType::kFloat32, 1024), in(DType::kFloat32, rows * 1024);
+  out.randomize(rng);
+  in.randomize(rng);
+  std::vector<float> want(1024);
+  for (int j = 0; j < 1024; ++j) {
+    float acc = static_cast<float>(out.get(j));
+    for (int64_t i = 0; i < rows; ++i) acc += static_cast<float>(in.get(i * 1024 + j));
+    want[j] = acc;
+  }
+  cpu().accumulate(out.view({rows, 1024}, {0, 1}), in.view({rows, 1024}));
+  for (int j = 0; j < 1024; ++j) ASSERT_EQ(out.get(j), want[j]) << j;
+
+  // Partially overlapping rows: row i covers [2i, 2i + 3).
+  Buffer out2(DType::kFloat64, 2 * 20000 + 1), in2(DType::kFloat64, 20000 * 3);
+  out2.randomize(rng);
+  in2.randomize(rng);
+  std::vector<double> want2(out2.size());
+  for (int64_t k = 0; k < out2.size(); ++k) want2[k] = out2.get(k);
+  for (int64_t i = 0; i < 20000; ++i) {
+    for (int j = 0; j < 3; ++j) want2[2 * i + j] += in2.get(i * 3 + j);
+  }
+  cpu().accumulate(out2.view({20000, 3}, {2, 1}), in2.view({20000, 3}));
+  for (int64_t k = 0; k < out2.size(); ++k) ASSERT_EQ(out2.get(k), want2[k]) << k;
+}
+
+TEST(CpuKernelsTest, OverlapDetectionIsExactOnCommonLayouts) {
+  Buffer b(DType::kFloat32, 64);
+  EXPECT_TRUE(cpu::has_distinct_elements(b.view({4, 8})));
+  EXPECT_TRUE(cpu::has_distinct_elements(b.view({8, 4}, {1, 8})));      // transposed
+  EXPECT_TRUE(cpu::has_distinct_elements(b.view({3, 2, 5}, {20, 1, 2})));  // interleaved
+  EXPECT_TRUE(cpu::has_distinct_elements(b.view({1, 4}, {0, 1})));      // size-1 dim
+  EXPECT_TRUE(cpu::has_distinct_elements(b.view({0, 4}, {0, 1})));      // empty
+  EXPECT_FALSE(cpu::has_distinct_elements(b.view({4, 8}, {0, 1})));     // broadcast
+  EXPECT_FALSE(cpu::has_distinct_elements(b.view({4, 3}, {2, 1})));     // rows overlap
+  EXPECT_FALSE(cpu::has_distinct_elements(b.view({2, 3, 2}, {3, 2, 1})));  // offset 3 twice
+}
+
+TEST(CpuKernelsTest, AccumulateIntoTransposedViewIsExact) {
+  std::mt19937 rng(3);
+  for (DType t : kAllDTypes) {
+    Buffer out(t, 300 * 200), in(t, 300 * 200);
+    out.randomize(rng);
+    in.randomize(rng);
+    std::vector<double> want(out.size());
+    StridedView dst = out.view({200, 300}, {1, 200});  // transposed
+    for_each_index({200, 300}, [&](const std::vector<int64_t>& i) {
+      double a = out.get(offset_of(dst, i)), b = in.get(i[0] * 300 + i[1]);
+      want[offset_of(dst, i)] = t == DType::kBool ? (a != 0 || b != 0) : stored(t, a + b);
+    });
+    cpu().accumulate(dst, in.view({200, 300}));
+    for (int64_t k = 0; k < out.size(); ++k) ASSERT_EQ(out.get(k), want[k]) << dtype_name(t);
+  }
+}
+
+TEST(CpuKernelsTest, FillAndArangeConvertToEveryDtype) {
+  for (DType t : kAllDTypes) {
+    Buffer b(t, 10);
+    cpu().fill(b.view({5}, {2}), 3.0);
+    cpu().arange(b.view({5}, {2}, 1), 1.0, 2.0);
+    for (int i = 0; i < 5; ++i) {
+      EXPECT_EQ(b.get(2 * i), stored(t, 3.0)) << dtype_name(t);
+      EXPECT_EQ(b.get(2 * i + 1), stored(t, 1.0 + 2.0 * i)) << dtype_name(t);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Elementwise
+// ---------------------------------------------------------------------------------------
+
+struct UnaryCase {
+  UnaryOp op;
+  std::function<double(double)> ref;
+  double lo, hi;  // input range
+};
+
+double gelu_tanh_ref(double x) {
+  return 0.5 * x * (1 + std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x)));
+}
+double gelu_erf_ref(double x) { return 0.5 * x * (1 + std::erf(x / std::sqrt(2.0))); }
+double central_difference(const std::function<double(double)>& f, double x) {
+  const double h = 1e-5;
+  return (f(x + h) - f(x - h)) / (2 * h);
+}
+
+TEST(CpuKernelsTest, UnaryOpsMatchFloat64References) {
+  const std::vector<UnaryCase> cases = {
+      {UnaryOp::kNeg, [](double x) { return -x; }, -3, 3},
+      {UnaryOp::kAbs, [](double x) { return std::fabs(x); }, -3, 3},
+      {UnaryOp::kExp, [](double x) { return std::exp(x); }, -3, 3},
+      {UnaryOp::kLog, [](double x) { return std::log(x); }, 0.1, 5},
+      {UnaryOp::kSqrt, [](double x) { return std::sqrt(x); }, 0.1, 5},
+      {UnaryOp::kRsqrt, [](double x) { return 1 / std::sqrt(x); }, 0.1, 5},
+      {UnaryOp::kTanh, [](double x) { return std::tanh(x); }, -3, 3},
+      {UnaryOp::kSigmoid, [](double x) { return 1 / (1 + std::exp(-x)); }, -6, 6},
+      {UnaryOp::kRelu, [](double x) { return x > 0 ? x : 0; }, -3, 3},
+      {UnaryOp::kSilu, [](double x) { return x / (1 + std::exp(-x)); }, -6, 6},
+      {UnaryOp::kGeluTanh, gelu_tanh_ref, -4, 4},
+      {UnaryOp::kGeluErf, gelu_erf_ref, -4, 4},
+      // The gradient ops are checked against numerical derivatives of the forward refs.
+      {UnaryOp::kGeluTanhGrad, [](double x) { return central_difference(gelu_tanh_ref, x); },
+       -4, 4},
+      {UnaryOp::kGeluErfGrad, [](double x) { return central_difference(gelu_erf_ref, x); },
+       -4, 4},
+      {UnaryOp::kPowScalar, [](double x) { return std::pow(x, 2.5); }, 0.1, 3},
+      {UnaryOp::kClamp, [](double x) { return std::min(std::max(x, -0.5), 1.25); }, -3, 3},
+  };
+  UnaryParams params;
+  params.scalar = 2.5;
+  params.lo = -0.5;
+  params.hi = 1.25;
+  std::mt19937 rng(4);
+  for (DType t : kFloatTypes) {
+    for (const UnaryCase& c : cases) {
+      Buffer in(t, 200), out(t, 200);
+      in.randomize(rng, c.lo, c.hi);
+      cpu().unary(c.op, out.view({10, 20}), in.view({10, 20}, {1, 10}), params);
+      // Inputs are exact in t; the result may be off by t's rounding plus float32 math.
+      double tol = 4 * std::max(unit_roundoff(t), 1e-9) + (t == DType::kFloat64 ? 1e-9 : 4e-7);
+      for (int64_t i = 0; i < 10; ++i) {
+        for (int64_t j = 0; j < 20; ++j) {
+          double want = c.ref(in.get(j * 10 + i));
+          EXPECT_NEAR(out.get(i * 20 + j), want, tol * std::max(1.0, std::fabs(want)))
+              << dtype_name(t) << " op " << static_cast<int>(c.op) << " x=" << in.get(j * 10 + i);
+        }
+      }
+    }
+  }
+  // Clamp with one bound only.
+  Buffer in(DType::kFloat32, 4), out(DType::kFloat32, 4);
+  for (int i = 0; i < 4; ++i) in.set(i, i - 1.5);
+  UnaryParams lo_only;
+  lo_only.lo = 0.0;
+  cpu().unary(UnaryOp::kClamp, out.view({4}), in.view({4}), lo_only);
+  EXPECT_EQ(out.get(0), 0.0);
+  EXPECT_EQ(out.get(3), 1.5);
+}
+
+TEST(CpuKernelsTest, IntegerUnaryAndBinaryOps) {
+  for (DType t : {DType::kInt32, DType::kInt64}) {
+    Buffer a(t, 12), b(t, 4), out(t, 12);
+    for (int i = 0; i < 12; ++i) a.set(i, i * 7 % 11 - 5);
+    for (int i = 0; i < 4; ++i) b.set(i, i - 2 == 0 ? 3 : i - 2);
+    cpu().unary(UnaryOp::kNeg, out.view({12}), a.view({12}), {});
+    for (int i = 0; i < 12; ++i) EXPECT_EQ(out.get(i), -a.get(i));
+    cpu().unary(UnaryOp::kAbs, out.view({12}), a.view({12}), {});
+    for (int i = 0; i < 12; ++i) EXPECT_EQ(out.get(i), std::fabs(a.get(i)));
+    // a as [3, 4] op b broadcast over rows.
+    StridedView av = a.view({3, 4}), bv = b.view({3, 4}, {0, 1}), ov = out.view({3, 4});
+    const std::vector<std::pair<BinaryOp, std::function<double(double, double)>>> ops = {
+        {BinaryOp::kAdd, [](double x, double y) { return x + y; }},
+        {BinaryOp::kSub, [](double x, double y) { return x - y; }},
+        {BinaryOp::kMul, [](double x, double y) { return x * y; }},
+        {BinaryOp::kMaximum, [](double x, double y) { return std::max(x, y); }},
+        {BinaryOp::kMinimum, [](double x, double y) { return std::min(x, y); }},
+    };
+    for (const auto& [op, ref] : ops) {
+      cpu().binary(op, ov, av, bv);
+      for (int i = 0; i < 12; ++i) EXPECT_EQ(out.get(i), ref(a.get(i), b.get(i % 4)));
+    }
+    Buffer flags(DType::kBool, 12);
+    cpu().binary(BinaryOp::kLt, flags.view({3, 4}), av, bv);
+    for (int i = 0; i < 12; ++i) EXPECT_EQ(flags.get(i), a.get(i) < b.get(i % 4) ? 1.0 : 0.0);
+  }
+}
+
+TEST(CpuKernelsTest, BinaryOpsBroadcastAndCompareForFloatTypes) {
+  std::mt19937 rng(5);
+  const std::vector<std::pair<BinaryOp, std::function<double(double, double)>>> ops = {
+      {BinaryOp::kAdd, [](double x, double y) { return x + y; }},
+      {BinaryOp::kSub, [](double x, double y) { return x - y; }},
+      {BinaryOp::kMul, [](double x, double y) { return x * y; }},
+      {BinaryOp::kDiv, [](double x, double y) { return x / y; }},
+      {BinaryOp::kPow, [](double x, double y) { return std::pow(std::fabs(x), y); }},
+      {BinaryOp::kMaximum, [](double x, double y) { return std::max(x, y); }},
+      {BinaryOp::kMinimum, [](double x, double y) { return std::min(x, y); }},
+  };
+  const std::vector<std::pair<BinaryOp, std::function<bool(double, double)>>> comparisons = {
+      {BinaryOp::kEq, [](double x, double y) { return x == y; }},
+      {BinaryOp::kNe, [](double x, double y) { return x != y; }},
+      {BinaryOp::kLt, [](double x, double y) { return x < y; }},
+      {BinaryOp::kLe, [](double x, double y) { return x <= y; }},
+      {BinaryOp::kGt, [](double x, double y) { return x > y; }},
+      {BinaryOp::kGe, [](double x, double y) { return x >= y; }},
+  };
+  for (DType t : kFloatTypes) {
+    Buffer a(t, 6 * 7), b(t, 7), out(t, 6 * 7), flags(DType::kBool, 6 * 7);
+    a.randomize(rng, 0.5, 2.0);
+    b.randomize(rng, 0.5, 2.0);
+    a.set(3, b.get(3));  // one equal pair for the comparisons
+    StridedView av = a.view({6, 7}), bv = b.view({6, 7}, {0, 1}), ov = out.view({6, 7});
+    for (const auto& [op, ref] : ops) {
+      cpu().binary(op, ov, av, bv);
+      for (int i = 0; i < 42; ++i) {
+        double want = stored(t, ref(a.get(i), b.get(i % 7)));
+        EXPECT_NEAR(out.get(i), want, 2 * unit_roundoff(t) * std::fabs(want) + 1e-300)
+            << dtype_name(t) << " op " << static_cast<int>(op);
+      }
+    }
+    for (const auto& [op, ref] : comparisons) {
+      cpu().binary(op, flags.view({6, 7}), av, bv);
+      for (int i = 0; i < 42; ++i) {
+        EXPECT_EQ(flags.get(i), ref(a.get(i), b.get(i % 7)) ? 1.0 : 0.0) << dtype_name(t);
+      }
+    }
+  }
+  // NaN propagates through maximum/minimum.
+  Buffer x(DType::kFloat32, 2), y(DType::kFloat32, 2), z(DType::kFloat32, 2);
+  x.set(0, NAN);
+  x.set(1, 1.0);
+  y.set(0, 1.0);
+  y.set(1, NAN);
+  cpu().binary(BinaryOp::kMaximum, z.view({2}), x.view({2}), y.view({2}));
+  EXPECT_TRUE(std::isnan(z.get(0)) && std::isnan(z.get(1)));
+}
+
+TEST(CpuKernelsTest, LogicalAndAndWhere) {
+  Buffer p(DType::kBool, 4), q(DType::kBool, 4), r(DType::kBool, 4);
+  for (int i = 0; i < 4; ++i) {
+    p.set(i, i & 1);
+    q.set(i, i & 2);
+  }
+  cpu().binary(BinaryOp::kLogicalAnd, r.view({4}), p.view({4}), q.view({4}));
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(r.get(i), i == 3 ? 1.0 : 0.0);
+
+  std::mt19937 rng(6);
+  for (DType t : kAllDTypes) {
+    Buffer cond(DType::kBool, 15), a(t, 15), b(t, 5), out(t, 15);
+    cond.randomize(rng);
+    a.randomize(rng);
+    b.randomize(rng);
+    cpu().where(out.view({3, 5}), cond.view({3, 5}), a.view({3, 5}), b.view({3, 5}, {0, 1}));
+    for (int i = 0; i < 15; ++i) {
+      EXPECT_EQ(out.get(i), cond.get(i) != 0 ? a.get(i) : b.get(i % 5)) << dtype_name(t);
+    }
+  }
+}
+
+TEST(CpuKernelsTest, FloatOnlyOpsRejectOtherDtypesNamingTheOp) {
+  Buffer ints(DType::kInt32, 4), out(DType::kInt32, 4), bools(DType::kBool, 4);
+  expect_error([&] { cpu().unary(UnaryOp::kExp, out.view({4}), ints.view({4}), {}); },
+               ErrorCode::kDTypeMismatch, "exp");
+  expect_error([&] { cpu().unary(UnaryOp::kGeluTanh, out.view({4}), ints.view({4}), {}); },
+               ErrorCode::kDTypeMismatch, "gelu_tanh");
+  expect_error([&] { cpu().binary(BinaryOp::kPow, out.view({4}), ints.view({4}), ints.view({4})); },
+               ErrorCode::kDTypeMismatch, "pow");
+  expect_error(
+      [&] { cpu().binary(BinaryOp::kAdd, bools.view({4}), bools.view({4}), bools.view({4})); },
+      ErrorCode::kDTypeMismatch, "add");
+  expect_error(
+      [&] { cpu().binary(BinaryOp::kLogicalAnd, out.view({4}), ints.view({4}), ints.view({4})); },
+      ErrorCode::kDTypeMismatch, "logical_and");
+  Buffer one(DType::kInt32, 1);
+  expect_error([&] { cpu().reduce(ReduceOp::kMean, one.view({1}), ints.view({4}), 1); },
+               ErrorCode::kDTypeMismatch, "mean");
+  expect_error([&] { cpu().softmax(out.data(), ints.data(), DType::kInt32, 2, 2, false); },
+               ErrorCode::kDTypeMismatch, "softmax");
+  GemmArgs g;
+  g.dtype = DType::kInt64;
+  g.m = g.n = g.k = 1;
+  g.lda = g.ldb = g.ldc = 1;
+  expect_error([&] { cpu().gemm(g); }, ErrorCode::kDTypeMismatch, "gemm");
+  Buffer floats(DType::kFloat32, 4);
+  expect_error(
+      [&] { cpu().binary(BinaryOp::kAdd, out.view({4}), floats.view({4}), ints.view({4})); },
+      ErrorCode::kDTypeMismatch, "binary");
+  expect_error([&] { cpu().copy(out.view({4}), floats.view({2, 2})); }, ErrorCode::kShapeMismatch,
+               "copy");
+}
+
+// ---------------------------------------------------------------------------------------
+// Reductions and scans
+// ---------------------------------------------------------------------------------------
+
+// Reference reduction of a view over mask, in double. `magnitude` (if given) receives, per
+// output, the sum of |x| (divided by the count for kMean): the scale of rounding errors.
+std::vector<double> reference_reduce(ReduceOp op, const Buffer& buf, const StridedView& v,
+                                     uint32_t mask, std::vector<double>* magnitude = nullptr) {
+  std::vector<int64_t> shape(v.shape.begin(), v.shape.begin() + v.ndim), out_shape = shape;
+  for (int d = 0; d < v.ndim; ++d) {
+    if ((mask >> d) & 1) out_shape[d] = 1;
+  }
+  int64_t outputs = 1;
+  for (int64_t s : out_shape) outputs *= s;
+  std::vector<std::vector<double>> groups(outputs);
+  for_each_index(shape, [&](const std::vector<int64_t>& idx) {
+    int64_t o = 0;
+    for (int d = 0; d < v.ndim; ++d) o = o * out_shape[d] + (((mask >> d) & 1) ? 0 : idx[d]);
+    groups[o].push_back(buf.get(offset_of(v, idx)));
+  });
+  std::vector<double> result;
+  for (const auto& g : groups) {
+    double r = 0;
+    switch (op) {
+      case ReduceOp::kSum:
+      case ReduceOp::kMean: {
+        double mag = 0;
+        for (double x : g) {
+          r += x;
+          mag += std::fabs(x);
+        }
+        if (op == ReduceOp::kMean) {
+          r /= g.size();
+          mag /= g.size();
+        }
+        if (magnitude) magnitude->push_back(mag);
+        break;
+      }
+      case ReduceOp::kMax:
+        r = -INFINITY;
+        for (double x : g) r = std::max(r, x);
+        break;
+      case ReduceOp::kMin:
+        r = INFINITY;
+        for (double x : g) r = std::min(r, x);
+        break;
+      case ReduceOp::kArgMax:
+      case ReduceOp::kArgMin:
+        for (size_t i = 1, best = 0; i < g.size(); ++i) {
+          bool better = op == ReduceOp::kArgMax ? g[i] > g[best] : g[i] < g[best];
+          if (better) r = static_cast<double>(best = i);
+        }
+        break;
+      case ReduceOp::kLogSumExp: {
+        double m = -INFINITY, s = 0, largest = 0;
+        for (double x : g) {
+          m = std::max(m, x);
+          largest = std::max(largest, std::fabs(x));
+        }
+        for (double x : g) s += std::exp(x - m);
+        r = m + std::log(s);
+        // m and log(s) may cancel: errors scale with max|x| + log(count).
+        if (magnitude) magnitude->push_back(largest + std::log(g.size()) + 1);
+        break;
+      }
+    }
+    result.push_back(r);
+  }
+  return result;
+}
+
+TEST(CpuKernelsTest, ReductionsOverDimMasksOfPermutedInputsMatchReference) {
+  std::mt19937 rng(7);
+  const std::vector<int64_t> shape = {3, 4, 5, 6};
+  // A permuted view: memory order [5, 3, 6, 4] (dims 2, 0, 3, 1).
+  const std::vector<int64_t> strides = {6 * 4, 1, 3 * 6 * 4, 4};
+  const ReduceOp ops[] = {ReduceOp::kSum, ReduceOp::kMean, ReduceOp::kMax, ReduceOp::kMin,
+                          ReduceOp::kLogSumExp};
+  for (DType t : {DType::kFloat32, DType::kFloat64, DType::kBFloat16, DType::kFloat16,
+                  DType::kInt32, DType::kInt64}) {
+    Buffer in(t, 360);
+    in.randomize(rng);
+    StridedView iv = in.view(shape, strides);
+    for (uint32_t mask : {0b0000u, 0b0001u, 0b0110u, 0b1010u, 0b1111u}) {
+      std::vector<int64_t> out_shape = shape;
+      int64_t outputs = 1;
+      for (int d = 0; d < 4; ++d) {
+        if ((mask >> d) & 1) out_shape[d] = 1;
+        outputs *= out_shape[d];
+      }
+      for (ReduceOp op : ops) {
+        bool float_only = op == ReduceOp::kMean || op == ReduceOp::kLogSumExp;
+        if (float_only && !is_floating(t)) continue;
+        Buffer out(t, outputs);
+        cpu().reduce(op, out.view(out_shape), iv, mask);
+        std::vector<double> magnitude;
+        std::vector<double> want = reference_reduce(op, in, iv, mask, &magnitude);
+        const int64_t count = 360 / outputs;
+        for (int64_t o = 0; o < outputs; ++o) {
+          // Output rounding, plus accumulation error: count * u * sum|x| for sums and means,
+          // a few u times the magnitude for logsumexp.
+          const double acc_u = t == DType::kFloat64 ? 1.2e-16 : 6e-8;
+          double tol = 2 * unit_roundoff(t) * (std::fabs(want[o]) + 1e-3);
+          if (op == ReduceOp::kLogSumExp) tol += 8 * acc_u * magnitude[o];
+          if (op == ReduceOp::kSum || op == ReduceOp::kMean) tol += count * acc_u * magnitude[o];
+          EXPECT_NEAR(out.get(o), want[o], tol)
+              << dtype_name(t) << " op " << static_cast<int>(op) << " mask " << mask;
+        }
+      }
+    }
+  }
+}
+
+TEST(CpuKernelsTest, SumOfBoolIntoInt64AndEmptyReductions) {
+  Buffer flags(DType::kBool, 10), count(DType::kInt64, 1);
+  for (int i = 0; i < 10; ++i) flags.set(i, i % 3 == 0);
+  cpu().reduce(ReduceOp::kSum, count.view({1}), flags.view({10}), 1);
+  EXPECT_EQ(count.get(0), 4.0);
+
+  Buffer empty(DType::kFloat32, 1), out(DType::kFloat32, 3), idx(DType::kInt64, 3);
+  StridedView ev = empty.view({3, 0});
+  out.set(0, 7);
+  cpu().reduce(ReduceOp::kSum, out.view({3, 1}), ev, 0b10);
+  EXPECT_EQ(out.get(0), 0.0);
+  cpu().reduce(ReduceOp::kMean, out.view({3, 1}), ev, 0b10);
+  EXPECT_TRUE(std::isnan(out.get(1)));
+  cpu().reduce(ReduceOp::kLogSumExp, out.view({3, 1}), ev, 0b10);
+  EXPECT_EQ(out.get(2), -INFINITY);
+  expect_error([&] { cpu().reduce(ReduceOp::kMax, out.view({3, 1}), ev, 0b10); },
+               ErrorCode::kInvalidArgument, "max");
+  expect_error([&] { cpu().reduce(ReduceOp::kArgMin, idx.view({3, 1}), ev, 0b10); },
+               ErrorCode::kInvalidArgument, "argmin");
+  // argmax needs one reduced dim and an int64 output.
+  Buffer x(DType::kFloat32, 6);
+  expect_error([&] { cpu().reduce(ReduceOp::kArgMax, idx.view({1, 1}), x.view({2, 3}), 0b11); },
+               ErrorCode::kInvalidArgument, "argmax");
+  expect_error([&] { cpu().reduce(ReduceOp::kArgMax, out.view({2, 1}), x.view({2, 3}), 0b10); },
+               ErrorCode::kDTypeMismatch, "argmax");
+  expect_error([&] { cpu().reduce(ReduceOp::kSum, out.view({2, 3}), x.view({2, 3}), 0b10); },
+               ErrorCode::kShapeMismatch, "sum");
+}
+
+TEST(CpuKernelsTest, ArgMaxAndArgMinReturnTheFirstOccurrence) {
+  // Rows with repeated extremes, reduced along dim 1 of a transposed view and along dim 0.
+  for (DType t : {DType::kFloat32, DType::kBFloat16, DType::kInt32, DType::kInt64}) {
+    Buffer in(t, 4 * 6);
+    const double rows[4][6] = {{1, 5, 2, 5, 0, 5},
+                               {-3, -3, -3, -3, -3, -3},
+                               {2, 1, 0, 0, 1, 2},
+                               {0, 9, 9, -9, -9, 3}};
+    StridedView v = in.view({4, 6}, {1, 4});  // transposed storage
+    for (int i = 0; i < 4; ++i) {
+      for (int j = 0; j < 6; ++j) in.set(j * 4 + i, rows[i][j]);
+    }
+    Buffer out(DType::kInt64, 6);
+    cpu().reduce(ReduceOp::kArgMax, out.view({4, 1}), v, 0b10);
+    const double max_at[4] = {1, 0, 0, 1}, min_at[4] = {4, 0, 2, 3};
+    for (int i = 0; i < 4; ++i) EXPECT_EQ(out.get(i), max_at[i]) << dtype_name(t) << " row " << i;
+    cpu().reduce(ReduceOp::kArgMin, out.view({4, 1}), v, 0b10);
+    for (int i = 0; i < 4; ++i) EXPECT_EQ(out.get(i), min_at[i]) << dtype_name(t) << " row " << i;
+    cpu().reduce(ReduceOp::kArgMax, out.view({1, 6}), v, 0b01);
+    const double col_max_at[6] = {2, 3, 3, 0, 2, 0};
+    for (int j = 0; j < 6; ++j) {
+      EXPECT_EQ(out.get(j), col_max_at[j]) << dtype_name(t) << " col " << j;
+    }
+  }
+  // A long row crosses chunk boundaries: the first of equal maxima (in the first chunk) wins,
+  // and the first NaN beats everything.
+  const int64_t n = 200000;
+  Buffer big(DType::kFloat32, n), at(DType::kInt64, 1);
+  std::mt19937 rng(8);
+  big.randomize(rng);
+  big.set(150000, 10.0);
+  big.set(40000, 10.0);
+  big.set(190000, 10.0);
+  cpu().reduce(ReduceOp::kArgMax, at.view({1}), big.view({n}), 1);
+  EXPECT_EQ(at.get(0), 40000.0);
+  big.set(120000, NAN);
+  big.set(180000, NAN);
+  cpu().reduce(ReduceOp::kArgMax, at.view({1}), big.view({n}), 1);
+  EXPECT_EQ(at.get(0), 120000.0);
+  Buffer m(DType::kFloat32, 1);
+  cpu().reduce(ReduceOp::kMax, m.view({1}), big.view({n}), 1);
+  EXPECT_TRUE(std::isnan(m.get(0)));
+}
+
+TEST(CpuKernelsTest, LogSumExpHandlesInfinitiesAndLongRows) {
+  const double inf = INFINITY;
+  const double rows[4][4] = {{-inf, -inf, -inf, -inf},
+                             {1.0, inf, 2.0, -inf},
+                             {-inf, 0.5, -inf, -1.0},
+                             {100.0, 100.0, 99.0, -50.0}};
+  for (DType t : {DType::kFloat32, DType::kFloat64, DType::kBFloat16}) {
+    Buffer in(t, 16), out(t, 4);
+    for (int i = 0; i < 16; ++i) in.set(i, rows[i / 4][i % 4]);
+    cpu().reduce(ReduceOp::kLogSumExp, out.view({4, 1}), in.view({4, 4}), 0b10);
+    EXPECT_EQ(out.get(0), -inf);
+    EXPECT_EQ(out.get(1), inf);
+    double want2 = std::log(std::exp(0.5) + std::exp(-1.0));
+    double want3 = 100 + std::log(2 + std::exp(-1.0) + std::exp(-150.0));
+    EXPECT_NEAR(out.get(2), want2, 2 * unit_roundoff(t) * 2);
+    EXPECT_NEAR(out.get(3), want3, 2 * unit_roundoff(t) * 101);
+  }
+  // Across chunks: -inf prefix chunks followed by finite values.
+  const int64_t n = 100000;
+  Buffer big(DType::kFloat32, n), out(DType::kFloat32, 1);
+  std::mt19937 rng(9);
+  big.randomize(rng, -3, 3);
+  for (int64_t i = 0; i < 70000; ++i) big.set(i, -inf);
+  double m = -inf, s = 0;
+  for (int64_t i = 0; i < n; ++i) m = std::max(m, big.get(i));
+  for (int64_t i = 0; i < n; ++i) s += std::exp(big.get(i) - m);
+  cpu().reduce(ReduceOp::kLogSumExp, out.view({1}), big.view({n}), 1);
+  EXPECT_NEAR(out.get(0), m + std::log(s), 1e-5);
+}
+
+TEST(CpuKernelsTest, LongFloat32SumsAreAccurateAndThreadCountIndependent) {
+  const int64_t n = 1 << 21;
+  Buffer in(DType::kFloat32, n);
+  std::mt19937 rng(10);
+  in.randomize(rng, 0.0, 1.0);
+  double want = 0;
+  for (int64_t i = 0; i < n; ++i) want += in.get(i);
+  Buffer one(DType::kFloat32, 4), two(DType::kFloat32, 4);
+  {
+    ThreadCount threads(1);
+    cpu().reduce(ReduceOp::kSum, one.view({1}), in.view({n}), 1);
+    cpu().reduce(ReduceOp::kSum, one.view({2, 1}, {}, 2), in.view({2, n / 2}), 0b10);
+  }
+  {
+    ThreadCount threads(2);
+    cpu().reduce(ReduceOp::kSum, two.view({1}), in.view({n}), 1);
+    cpu().reduce(ReduceOp::kSum, two.view({2, 1}, {}, 2), in.view({2, n / 2}), 0b10);
+  }
+  for (int i = 0; i < 4; ++i) {
+    uint32_t a, b;
+    float fa = static_cast<float>(one.get(i)), fb = static_cast<float>(two.get(i));
+    std::memcpy(&a, &fa, 4);
+    std::memcpy(&b, &fb, 4);
+    EXPECT_EQ(a, b) << "output " << i << " differs between 1 and 2 threads";
+  }
+  EXPECT_NEAR(one.get(0), want, 2e-7 * want);  // a naive float sum is off by ~1e-4 here
+  EXPECT_NEAR(one.get(2) + one.get(3), want, 4e-7 * want);
+}
+
+TEST(CpuKernelsTest, ColumnSumsOfRowMajorDataMatchRowSumsOfTheTranspose) {
+  // Summing dim 0 of [rows, cols] reads whole rows at a time; the per-output sequence of adds
+  // is the same as summing the contiguous transpose along its rows, so results are bitwise
+  // equal while both stay within one chunk (1000 rows).
+  const int64_t rows = 1000, cols = 1100;
+  std::mt19937 rng(19);
+  Buffer x(DType::kFloat32, rows * cols), xt(DType::kFloat32, rows * cols);
+  x.randomize(rng);
+  cpu().copy(xt.view({rows, cols}, {1, rows}), x.view({rows, cols}));
+  Buffer by_cols(DType::kFloat32, cols), by_rows(DType::kFloat32, cols);
+  cpu().reduce(ReduceOp::kSum, by_cols.view({1, cols}), x.view({rows, cols}), 0b01);
+  cpu().reduce(ReduceOp::kSum, by_rows.view({cols, 1}), xt.view({cols, rows}), 0b10);
+  for (int64_t j = 0; j < cols; ++j) ASSERT_EQ(by_cols.get(j), by_rows.get(j)) << j;
+}
+
+TEST(CpuKernelsTest, LongColumnSumsAndMeansAreAccurateAndThreadCountIndependent) {
+  std::mt19937 rng(20);
+  // Several row chunks, several lane tiles (the last one partial).
+  const int64_t rows = 10000, cols = 130;
+  Buffer x(DType::kFloat32, rows * cols);
+  x.randomize(rng);
+  Buffer one(DType::kFloat32, cols), two(DType::kFloat32, cols);
+  {
+    ThreadCount threads(1);
+    cpu().reduce(ReduceOp::kSum, one.view({1, cols}), x.view({rows, cols}), 0b01);
+  }
+  {
+    ThreadCount threads(2);
+    cpu().reduce(ReduceOp::kSum, two.view({1, cols}), x.view({rows, cols}), 0b01);
+  }
+  for (int64_t j = 0; j < cols; ++j) {
+    double want = 0, magnitude = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      want += x.get(r * cols + j);
+      magnitude += std::fabs(x.get(r * cols + j));
+    }
+    ASSERT_EQ(one.get(j), two.get(j)) << j;
+    EXPECT_NEAR(one.get(j), want, 2e-6 * magnitude) << j;
+  }
+  // Mean over dims {0, 1} of a [3, 5000, 7] bfloat16 input whose last dim is contiguous,
+  // into a strided output.
+  Buffer y(DType::kBFloat16, 3 * 5000 * 7), mean(DType::kBFloat16, 14);
+  y.randomize(rng);
+  cpu().reduce(ReduceOp::kMean, mean.view({1, 1, 7}, {0, 0, 2}), y.view({3, 5000, 7}), 0b011);
+  for (int64_t j = 0; j < 7; ++j) {
+    double want = 0;
+    for (int64_t r = 0; r < 15000; ++r) want += y.get(r * 7 + j);
+    want /= 15000;
+    EXPECT_NEAR(mean.get(2 * j), want, unit_roundoff(DType::kBFloat16) * std::fabs(want) + 1e-6)
+        << j;
+  }
+}
+
+TEST(CpuKernelsTest, CumsumForwardAndReverseAlongEachDimOfAStridedView) {
+  std::mt19937 rng(11);
+  for (DType t : {DType::kFloat32, DType::kFloat64, DType::kInt32, DType::kInt64}) {
+    for (int dim = 0; dim < 2; ++dim) {
+      for (bool reverse : {false, true}) {
+        Buffer in(t, 5 * 7), out(t, 5 * 7);
+        in.randomize(rng);
+        StridedView iv = in.view({5, 7}, {1, 5});  // transposed
+        StridedView ov = out.view({5, 7});
+        cpu().cumsum(ov, iv, dim, reverse);
+        for (int i = 0; i < 5; ++i) {
+          for (int j = 0; j < 7; ++j) {
+            double want = 0;
+            int len = dim == 0 ? 5 : 7, pos = dim == 0 ? i : j;
+            for (int k = 0; k < len; ++k) {
+              if (reverse ? k < pos : k > pos) continue;
+              want += dim == 0 ? in.get(j * 5 + k) : in.get(k * 5 + i);
+            }
+            EXPECT_NEAR(out.get(i * 7 + j), want, 1e-5 * (std::fabs(want) + 7))
+                << dtype_name(t) << " dim " << dim << " reverse " << reverse;
+          }
+        }
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// GEMM
+// ---------------------------------------------------------------------------------------
+
+TEST(CpuKernelsTest, GemmHandlesTransposesLeadingDimsBatchStridesAndBeta) {
+  std::mt19937 rng(12);
+  const int64_t m = 5, n = 7, k = 6, batch = 3;
+  for (DType t : kFloatTypes) {
+    for (bool ta : {false, true}) {
+      for (bool tb : {false, true}) {
+        GemmArgs g;
+        g.dtype = t;
+        g.trans_a = ta;
+        g.trans_b = tb;
+        g.m = m;
+        g.n = n;
+        g.k = k;
+        g.lda = (ta ? m : k) + 3;  // padded rows
+        g.ldb = (tb ? k : n) + 2;
+        g.ldc = n + 4;
+        g.batch = batch;
+        g.stride_a = (ta ? k : m) * g.lda + 1;
+        g.stride_b = 0;  // B broadcast over the batch
+        g.stride_c = m * g.ldc + 5;
+        g.alpha = 1.25;
+        g.beta = 0.5;
+        Buffer a(t, batch * g.stride_a), b(t, (tb ? n : k) * g.ldb), c(t, batch * g.stride_c);
+        a.randomize(rng);
+        b.randomize(rng);
+        c.randomize(rng);
+        g.a = a.data();
+        g.b = b.data();
+        g.c = c.data();
+        auto A = [&](int64_t bi, int64_t i, int64_t p) {
+          return a.get(bi * g.stride_a + (ta ? p * g.lda + i : i * g.lda + p));
+        };
+        auto B = [&](int64_t p, int64_t j) { return b.get(tb ? j * g.ldb + p : p * g.ldb + j); };
+        std::vector<double> want(c.size()), scale(c.size());
+        for (int64_t q = 0; q < c.size(); ++q) want[q] = c.get(q);  // padding stays as is
+        for (int64_t bi = 0; bi < batch; ++bi) {
+          for (int64_t i = 0; i < m; ++i) {
+            for (int64_t j = 0; j < n; ++j) {
+              double dot = 0, mag = 0;
+              for (int64_t p = 0; p < k; ++p) {
+                dot += A(bi, i, p) * B(p, j);
+                mag += std::fabs(A(bi, i, p) * B(p, j));
+              }
+              int64_t q = bi * g.stride_c + i * g.ldc + j;
+              want[q] = g.alpha * dot + g.beta * c.get(q);
+              scale[q] = g.alpha * mag + g.beta * std::fabs(c.get(q));
+            }
+          }
+        }
+        cpu().gemm(g);
+        double u = std::max(unit_roundoff(t), 1e-16);
+        double accumulation = t == DType::kFloat64 ? 1e-15 : 1e-6;
+        for (int64_t q = 0; q < c.size(); ++q) {
+          double tol = (2 * u + k * accumulation) * scale[q];
+          ASSERT_NEAR(c.get(q), want[q], tol) << dtype_name(t) << " ta=" << ta << " tb=" << tb
+                                              << " element " << q;
+        }
+      }
+    }
+  }
+}
+
+TEST(CpuKernelsTest, GemmEdgeSizesAndBetaZeroIgnoresC) {
+  GemmArgs g;
+  g.dtype = DType::kFloat32;
+  g.m = 2;
+  g.n = 3;
+  g.k = 0;
+  g.lda = 0;
+  g.ldb = 3;
+  g.ldc = 3;
+  g.beta = 2.0;
+  Buffer c(DType::kFloat32, 6);
+  for (int i = 0; i < 6; ++i) c.set(i, i + 1);
+  Buffer empty(DType::kFloat32, 1);
+  g.a = g.b = empty.data();
+  g.c = c.data();
+  cpu().gemm(g);  // k == 0: C = beta * C
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(c.get(i), 2.0 * (i + 1));
+
+  // beta == 0: NaN in C must not leak into the result.
+  for (DType t : kFloatTypes) {
+    Buffer a(t, 2), b(t, 3), cc(t, 6);
+    for (int i = 0; i < 2; ++i) a.set(i, i + 1);
+    for (int j = 0; j < 3; ++j) b.set(j, j - 1);
+    for (int q = 0; q < 6; ++q) cc.set(q, NAN);
+    GemmArgs h;
+    h.dtype = t;
+    h.m = 2;
+    h.n = 3;
+    h.k = 1;
+    h.lda = 1;
+    h.ldb = 3;
+    h.ldc = 3;
+    h.a = a.data();
+    h.b = b.data();
+    h.c = cc.data();
+    cpu().gemm(h);
+    for (int i = 0; i < 2; ++i) {
+      for (int j = 0; j < 3; ++j) {
+        EXPECT_EQ(cc.get(i * 3 + j), (i + 1) * (j - 1.0)) << dtype_name(t);
+      }
+    }
+  }
+  g.k = 2;
+  g.m = 0;
+  cpu().gemm(g);  // nothing to do, and no CBLAS complaint about lda
+  g.m = 2;
+  g.lda = 1;  // smaller than k
+  expect_error([&] { cpu().gemm(g); }, ErrorCode::kInvalidArgument, "lda");
+}
+
+// ---------------------------------------------------------------------------------------
+// Row-wise fused ops
+// ---------------------------------------------------------------------------------------
+
+TEST(CpuKernelsTest, SoftmaxAndLogSoftmaxWithBackwardMatchReference) {
+  std::mt19937 rng(13);
+  const int64_t rows = 6, cols = 37;
+  for (DType t : kFloatTypes) {
+    for (bool log : {false, true}) {
+      Buffer x(t, rows * cols), y(t, rows * cols), g(t, rows * cols), gi(t, rows * cols);
+      x.randomize(rng, -4, 4);
+      g.randomize(rng);
+      cpu().softmax(y.data(), x.data(), t, rows, cols, log);
+      cpu().softmax_backward(gi.data(), g.data(), y.data(), t, rows, cols, log);
+      const double tol = 4 * unit_roundoff(t) + 1e-6;
+      for (int64_t r = 0; r < rows; ++r) {
+        double m = -INFINITY, s = 0;
+        for (int64_t j = 0; j < cols; ++j) m = std::max(m, x.get(r * cols + j));
+        for (int64_t j = 0; j < cols; ++j) s += std::exp(x.get(r * cols + j) - m);
+        std::vector<double> p(cols);
+        double gp = 0, gsum = 0;
+        for (int64_t j = 0; j < cols; ++j) {
+          p[j] = std::exp(x.get(r * cols + j) - m) / s;
+          gp += g.get(r * cols + j) * p[j];
+          gsum += g.get(r * cols + j);
+        }
+        for (int64_t j = 0; j < cols; ++j) {
+          int64_t q = r * cols + j;
+          double want = log ? std::log(p[j]) : p[j];
+          EXPECT_NEAR(y.get(q), want, tol * (std::fabs(want) + 1)) << dtype_name(t);
+          // d/dx of sum(g * y): softmax -> p (g - g.p); log-softmax -> g - p sum(g).
+          double dx = log ? g.get(q) - p[j] * gsum : p[j] * (g.get(q) - gp);
+          // Backward reads y as stored in t, so allow t's rounding of y times |g|.
+          EXPECT_NEAR(gi.get(q), dx, 8 * tol * (std::fabs(dx) + 2)) << dtype_name(t);
+        }
+      }
+    }
+  }
+}
+
+// Reference layer/RMS norm forward of one row, in double.
+std::vector<double> norm_ref(const std::vector<double>& x, const std::vector<double>& w,
+                             const std::vector<double>& b, double eps, bool rms) {
+  double n = static_cast<double>(x.size()), mean = 0, var = 0;
+  if (!rms) {
+    for (double v : x) mean += v;
+    mean /= n;
+  }
+  for (double v : x) var += (v - mean) * (v - mean);
+  double rstd = 1 / std::sqrt(var / n + eps);
+  std::vector<double> y(x.size());
+  for (size_t j = 0; j < x.size(); ++j) {
+    y[j] = (x[j] - mean) * rstd * (w.empty() ? 1 : w[j]) + (b.empty() ? 0 : b[j]);
+  }
+  return y;
+}
+
+TEST(CpuKernelsTest, NormForwardAndBackwardMatchFiniteDifferencesOfFloat64Reference) {
+  std::mt19937 rng(14);
+  const int64_t rows = 5, cols = 9;
+  const double eps = 1e-5;
+  for (bool rms : {false, true}) {
+    for (DType t : kFloatTypes) {
+      Buffer x(t, rows * cols), w(t, cols), b(t, cols), y(t, rows * cols), go(t, rows * cols),
+          gi(t, rows * cols);
+      x.randomize(rng);
+      w.randomize(rng);
+      b.randomize(rng);
+      go.randomize(rng);
+      std::vector<float> mean(rows), rstd(rows), gw(cols), gb(cols);
+      cpu().norm(y.data(), mean.data(), rstd.data(), x.data(), w.data(), rms ? nullptr : b.data(),
+                 t, rows, cols, eps, rms);
+      cpu().norm_backward(gi.data(), gw.data(), rms ? nullptr : gb.data(), go.data(), x.data(),
+                          mean.data(), rstd.data(), w.data(), t, rows, cols, rms);
+      std::vector<double> wv(cols), bv;
+      for (int64_t j = 0; j < cols; ++j) wv[j] = w.get(j);
+      if (!rms) {
+        for (int64_t j = 0; j < cols; ++j) bv.push_back(b.get(j));
+      }
+      const double tol = 8 * unit_roundoff(t) + 1e-6;
+      std::vector<double> gw_want(cols, 0), gb_want(cols, 0);
+      for (int64_t r = 0; r < rows; ++r) {
+        std::vector<double> xr(cols), gor(cols);
+        for (int64_t j = 0; j < cols; ++j) {
+          xr[j] = x.get(r * cols + j);
+          gor[j] = go.get(r * cols + j);
+        }
+        std::vector<double> yr = norm_ref(xr, wv, bv, eps, rms);
+        for (int64_t j = 0; j < cols; ++j) {
+          EXPECT_NEAR(y.get(r * cols + j), yr[j], tol * (std::fabs(yr[j]) + 1)) << dtype_name(t);
+        }
+        // L = sum(go * y); dL/dx, dL/dw and dL/db by central differences in double.
+        auto loss = [&](const std::vector<double>& xs, const std::vector<double>& ws,
+                        const std::vector<double>& bs) {
+          std::vector<double> ys = norm_ref(xs, ws, bs, eps, rms);
+          double l = 0;
+          for (int64_t j = 0; j < cols; ++j) l += gor[j] * ys[j];
+          return l;
+        };
+        const double h = 1e-6;
+        for (int64_t j = 0; j < cols; ++j) {
+          std::vector<double> xp = xr, xm = xr, wp = wv, wm = wv;
+          xp[j] += h;
+          xm[j] -= h;
+          wp[j] += h;
+          wm[j] -= h;
+          double dx = (loss(xp, wv, bv) - loss(xm, wv, bv)) / (2 * h);
+          EXPECT_NEAR(gi.get(r * cols + j), dx, 20 * tol * (std::fabs(dx) + 1))
+              << dtype_name(t) << " rms " << rms << " row " << r << " col " << j;
+          gw_want[j] += (loss(xr, wp, bv) - loss(xr, wm, bv)) / (2 * h);
+          gb_want[j] += gor[j];
+        }
+      }
+      for (int64_t j = 0; j < cols; ++j) {
+        EXPECT_NEAR(gw[j], gw_want[j], 20 * tol * (std::fabs(gw_want[j]) + 1)) << dtype_name(t);
+        if (!rms) {
+          EXPECT_NEAR(gb[j], gb_want[j], 1e-5 * (std::fabs(gb_want[j]) + 1));
+        }
+      }
+    }
+  }
+}
+
+TEST(CpuKernelsTest, NormBackwardWeightGradIsThreadCountIndependent) {
+  const int64_t rows = 3000, cols = 64;
+  Buffer x(DType::kFloat32, rows * cols), go(DType::kFloat32, rows * cols),
+      gi(DType::kFloat32, rows * cols), y(DType::kFloat32, rows * cols);
+  std::mt19937 rng(15);
+  x.randomize(rng);
+  go.randomize(rng);
+  std::vector<float> mean(rows), rstd(rows), gw1(cols), gb1(cols), gw2(cols), gb2(cols);
+  cpu().norm(y.data(), mean.data(), rstd.data(), x.data(), nullptr, nullptr, DType::kFloat32,
+             rows, cols, 1e-5, false);
+  {
+    ThreadCount threads(1);
+    cpu().norm_backward(gi.data(), gw1.data(), gb1.data(), go.data(), x.data(), mean.data(),
+                        rstd.data(), nullptr, DType::kFloat32, rows, cols, false);
+  }
+  {
+    ThreadCount threads(2);
+    cpu().norm_backward(gi.data(), gw2.data(), gb2.data(), go.data(), x.data(), mean.data(),
+                        rstd.data(), nullptr, DType::kFloat32, rows, cols, false);
+  }
+  EXPECT_EQ(gw1, gw2);
+  EXPECT_EQ(gb1, gb2);
+  for (int64_t j = 0; j < cols; ++j) {
+    double want = 0;
+    for (int64_t r = 0; r < rows; ++r) want += go.get(r * cols + j);
+    EXPECT_NEAR(gb1[j], want, 1e-5 * (std::fabs(want) + 1));
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Indexing
+// ---------------------------------------------------------------------------------------
+
+TEST(CpuKernelsTest, IndexSelectAndGatherReadThroughIndices) {
+  std::mt19937 rng(16);
+  for (DType it : {DType::kInt64, DType::kInt32}) {
+    for (DType t : {DType::kFloat32, DType::kBFloat16, DType::kInt64, DType::kBool}) {
+      Buffer in(t, 4 * 6);
+      in.randomize(rng);
+      StridedView iv = in.view({4, 6}, {1, 4});  // transposed
+      Buffer index(it, 5);
+      const int picks[5] = {5, 0, 5, 2, 3};
+      for (int i = 0; i < 5; ++i) index.set(i, picks[i]);
+      Buffer out(t, 4 * 5);
+      cpu().index_select(out.view({4, 5}), iv, 1, index.view({5}));
+      for (int r = 0; r < 4; ++r) {
+        for (int i = 0; i < 5; ++i) {
+          EXPECT_EQ(out.get(r * 5 + i), in.get(picks[i] * 4 + r)) << dtype_name(t);
+        }
+      }
+      // gather along dim 0 with a [2, 6] index.
+      Buffer gidx(it, 12), gout(t, 12);
+      for (int q = 0; q < 12; ++q) gidx.set(q, (q * 5 + 1) % 4);
+      cpu().gather(gout.view({2, 6}), iv, 0, gidx.view({2, 6}));
+      for (int r = 0; r < 2; ++r) {
+        for (int c = 0; c < 6; ++c) {
+          int src_row = static_cast<int>(gidx.get(r * 6 + c));
+          EXPECT_EQ(gout.get(r * 6 + c), in.get(c * 4 + src_row)) << dtype_name(t);
+        }
+      }
+      index.set(2, 6);  // out of range
+      expect_error([&] { cpu().index_select(out.view({4, 5}), iv, 1, index.view({5})); },
+                   ErrorCode::kOutOfRange, "index 6");
+      gidx.set(3, -1);
+      expect_error([&] { cpu().gather(gout.view({2, 6}), iv, 0, gidx.view({2, 6})); },
+                   ErrorCode::kOutOfRange, "index -1");
+    }
+  }
+}
+
+TEST(CpuKernelsTest, IndexAddAndScatterAccumulateDuplicatesDeterministically) {
+  std::mt19937 rng(17);
+  // Large enough to run in parallel; heavy duplication in the index.
+  const int64_t rows = 50, cols = 2000, picks = 400;
+  for (DType t : {DType::kFloat32, DType::kFloat64, DType::kInt32}) {
+    Buffer out(t, rows * cols), src(t, picks * cols), index(DType::kInt64, picks);
+    out.randomize(rng);
+    src.randomize(rng);
+    for (int64_t i = 0; i < picks; ++i) index.set(i, (i * 7) % rows);
+    std::vector<double> want(out.size());
+    for (int64_t q = 0; q < out.size(); ++q) want[q] = out.get(q);
+    // Adds in index order, rounding to t after each one (as the kernel must).
+    for (int64_t i = 0; i < picks; ++i) {
+      for (int64_t c = 0; c < cols; ++c) {
+        int64_t q = static_cast<int64_t>(index.get(i)) * cols + c;
+        want[q] = stored(t, want[q] + src.get(i * cols + c));
+      }
+    }
+    cpu().index_add(out.view({rows, cols}), 0, index.view({picks}), src.view({picks, cols}));
+    for (int64_t q = 0; q < out.size(); ++q) {
+      ASSERT_EQ(out.get(q), want[q]) << dtype_name(t) << " " << q;
+    }
+  }
+
+  // A 1-D index_add (a histogram): a single line, many duplicates, adds in index order.
+  {
+    const int64_t n = 100000, bins = 10;
+    Buffer hist(DType::kFloat32, bins), values(DType::kFloat32, n), index(DType::kInt32, n);
+    hist.randomize(rng);
+    values.randomize(rng);
+    std::uniform_int_distribution<int> bin(0, bins - 1);
+    std::vector<float> want(bins);
+    for (int64_t b = 0; b < bins; ++b) want[b] = static_cast<float>(hist.get(b));
+    for (int64_t i = 0; i < n; ++i) {
+      index.set(i, bin(rng));
+      want[static_cast<int64_t>(index.get(i))] += static_cast<float>(values.get(i));
+    }
+    cpu().index_add(hist.view({bins}), 0, index.view({n}), values.view({n}));
+    for (int64_t b = 0; b < bins; ++b) EXPECT_EQ(hist.get(b), want[b]) << b;
+  }
+
+  // scatter along dim 1 (accumulate and assign) with a smaller index than out.
+  for (bool accumulate : {true, false}) {
+    Buffer out(DType::kFloat64, 3 * 4), src(DType::kFloat64, 3 * 5), index(DType::kInt64, 2 * 5);
+    out.randomize(rng);
+    src.randomize(rng);
+    const int idx[2][5] = {{1, 1, 3, 0, 1}, {2, 2, 2, 2, 0}};
+    for (int r = 0; r < 2; ++r) {
+      for (int c = 0; c < 5; ++c) index.set(r * 5 + c, idx[r][c]);
+    }
+    std::vector<double> want(12);
+    for (int q = 0; q < 12; ++q) want[q] = out.get(q);
+    for (int r = 0; r < 2; ++r) {
+      for (int c = 0; c < 5; ++c) {
+        double v = src.get(r * 5 + c);
+        double& o = want[r * 4 + idx[r][c]];
+        o = accumulate ? o + v : v;  // the last write wins for assign
+      }
+    }
+    cpu().scatter(out.view({3, 4}), 1, index.view({2, 5}), src.view({3, 5}), accumulate);
+    for (int q = 0; q < 12; ++q) EXPECT_EQ(out.get(q), want[q]) << "accumulate " << accumulate;
+    index.set(0, 4);
+    expect_error(
+        [&] {
+          cpu().scatter(out.view({3, 4}), 1, index.view({2, 5}), src.view({3, 5}), accumulate);
+        },
+        ErrorCode::kOutOfRange, "scatter");
+  }
+}
+
+TEST(CpuKernelsTest, IndexAddIsThreadCountIndependent) {
+  const int64_t rows = 7, cols = 20000, picks = 64;
+  Buffer src(DType::kFloat32, picks * cols), index(DType::kInt32, picks);
+  std::mt19937 rng(18);
+  src.randomize(rng);
+  for (int64_t i = 0; i < picks; ++i) index.set(i, (i * 3) % rows);
+  Buffer one(DType::kFloat32, rows * cols), two(DType::kFloat32, rows * cols);
+  cpu().fill(one.view({rows, cols}), 0.0);
+  cpu().fill(two.view({rows, cols}), 0.0);
+  {
+    ThreadCount threads(1);
+    cpu().index_add(one.view({rows, cols}), 0, index.view({picks}), src.view({picks, cols}));
+  }
+  {
+    ThreadCount threads(2);
+    cpu().index_add(two.view({rows, cols}), 0, index.view({picks}), src.view({picks, cols}));
+  }
+  for (int64_t q = 0; q < rows * cols; ++q) ASSERT_EQ(one.get(q), two.get(q)) << q;
+}
+
+}  // namespace
+}  // namespace rd::kernels
