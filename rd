@@ -1,0 +1,288 @@
+#!/usr/bin/env bash
+# rd: the one entry point for setting up, building, testing and running RingDilated.
+# Run `./rd help` for the commands. Works on a fresh Debian 12, with or without CUDA.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+cd "$ROOT"
+
+# Everything the build needs from Debian. gcc's OpenMP runtime (libgomp) comes with
+# build-essential; OpenBLAS provides CBLAS.
+DEB_PACKAGES=(
+  build-essential cmake ninja-build pkg-config python3
+  libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev libopenblas-dev nlohmann-json3-dev
+)
+PRESETS=(release cpu asan)
+
+log() { printf '[rd] %s\n' "$*"; }
+die() {
+  printf '[rd] error: %s\n' "$*" >&2
+  exit 1
+}
+
+usage() {
+  cat <<'EOF'
+Usage: ./rd <command> [args]
+
+  setup            Install missing Debian packages (apt-get; skipped when all are present)
+                   and report whether the CUDA toolkit was found.
+  build [preset]   setup, configure and build a preset: release (default; CUDA when nvcc
+                   is found), cpu (no CUDA) or asan (ASan + UBSan, CPU only).
+  test             setup, then build and test the release and asan presets (GPU tests run
+                   only where a GPU is present); prints "tests: N passed, F failed".
+  demo [args]      setup, build and run the demo (build/release/train/rd_demo).
+  bench [args]     setup, build and run the CPU benchmarks; args go to Google Benchmark,
+                   e.g. ./rd bench --benchmark_filter=Matmul
+  help             This text.
+
+Build folders: build/<preset>. Set RD_JOBS=N to limit parallel compile jobs.
+EOF
+}
+
+# --- CUDA -----------------------------------------------------------------------------
+
+# Makes nvcc visible when the toolkit sits in its usual place but is not on PATH, so that
+# CMake's CUDA detection (RD_CUDA=AUTO) finds it.
+add_cuda_to_path() {
+  command -v nvcc >/dev/null 2>&1 && return 0
+  local dir
+  for dir in "${CUDA_HOME:-}" "${CUDA_PATH:-}" /usr/local/cuda; do
+    if [[ -n "$dir" && -x "$dir/bin/nvcc" ]]; then
+      export PATH="$dir/bin:$PATH"
+      return 0
+    fi
+  done
+}
+
+have_nvcc() { command -v nvcc >/dev/null 2>&1; }
+
+have_gpu() {
+  command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU '
+}
+
+# ---- HOOK: CUDA extras ----------------------------------------------------------------
+# Reserved for the cuDNN work item: it will install the cudnn-frontend headers from PyPI
+# (into .whl/, which git ignores) and tell CMake where they are. Nothing to do yet.
+setup_cuda_extras() {
+  :
+}
+# ---- end of HOOK ----------------------------------------------------------------------
+
+# --- setup ----------------------------------------------------------------------------
+
+# Tools installed some other way (a newer cmake from pip, say) count as present.
+declare -A PACKAGE_COMMAND=([cmake]=cmake [ninja-build]=ninja [pkg-config]=pkg-config
+  [python3]=python3)
+
+missing_packages() {
+  local package
+  for package in "${DEB_PACKAGES[@]}"; do
+    if dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q 'install ok installed'; then
+      continue
+    fi
+    if [[ -n "${PACKAGE_COMMAND[$package]:-}" ]] &&
+      command -v "${PACKAGE_COMMAND[$package]}" >/dev/null 2>&1; then
+      continue
+    fi
+    echo "$package"
+  done
+}
+
+install_packages() {
+  local sudo=()
+  if ((EUID != 0)); then
+    command -v sudo >/dev/null 2>&1 || die "not root and no sudo: install $* by hand"
+    sudo=(sudo)
+  fi
+  "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update
+  "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "$@"
+}
+
+cmd_setup() {
+  if command -v dpkg-query >/dev/null 2>&1; then
+    local missing
+    mapfile -t missing < <(missing_packages)
+    if ((${#missing[@]} > 0)); then
+      log "installing missing packages: ${missing[*]}"
+      install_packages "${missing[@]}"
+    else
+      log "all required Debian packages are installed"
+    fi
+  else
+    log "warning: no dpkg-query (not Debian?); install by hand: ${DEB_PACKAGES[*]}"
+  fi
+
+  add_cuda_to_path
+  if have_nvcc; then
+    log "CUDA: nvcc found at $(command -v nvcc); the release preset builds the CUDA backend"
+    setup_cuda_extras
+  else
+    log "CUDA: nvcc not found; building for the CPU only"
+  fi
+}
+
+# --- build ----------------------------------------------------------------------------
+
+check_preset() {
+  local preset
+  for preset in "${PRESETS[@]}"; do
+    [[ "$1" == "$preset" ]] && return 0
+  done
+  die "unknown preset '$1' (choose one of: ${PRESETS[*]})"
+}
+
+# configure_and_build PRESET [TARGET...]: every step returns its failure, so callers may
+# run it under `if` (where `set -e` does not apply).
+configure_and_build() {
+  local preset="$1"
+  shift
+  local args=(--build --preset "$preset")
+  [[ -n "${RD_JOBS:-}" ]] && args+=(-j "$RD_JOBS")
+  (($# > 0)) && args+=(--target "$@")
+  log "configure: cmake --preset $preset"
+  cmake --preset "$preset" || return
+  log "build: cmake ${args[*]}"
+  cmake "${args[@]}" || return
+}
+
+cmd_build() {
+  local preset="${1:-release}"
+  check_preset "$preset"
+  cmd_setup
+  configure_and_build "$preset"
+}
+
+# --- test -----------------------------------------------------------------------------
+
+TOTAL_PASSED=0
+TOTAL_FAILED=0
+SUMMARY_LINES=()
+
+# run_ctest NAME ARGS...: runs ctest, then adds the counts from its
+# "X% tests passed, F tests failed out of N" line to the totals.
+run_ctest() {
+  local name="$1"
+  shift
+  local log_file rc line failed total
+  log_file="$(mktemp)"
+  log "ctest $*"
+  set +e
+  ctest "$@" 2>&1 | tee "$log_file"
+  rc=${PIPESTATUS[0]}
+  set -e
+  line="$(grep -E '^[0-9]+% tests passed, [0-9]+ tests? failed out of [0-9]+' "$log_file" | tail -n 1 || true)"
+  if [[ -n "$line" ]]; then
+    failed="$(sed -E 's/.* ([0-9]+) tests? failed out of ([0-9]+).*/\1/' <<<"$line")"
+    total="$(sed -E 's/.* failed out of ([0-9]+).*/\1/' <<<"$line")"
+  elif grep -q 'No tests were found' "$log_file" && ((rc == 0)); then
+    failed=0
+    total=0
+  else
+    # ctest itself failed before reporting: count that as one failure.
+    failed=1
+    total=1
+  fi
+  rm -f "$log_file"
+  ((rc != 0 && failed == 0)) && failed=1 && total=$((total + 1))
+  TOTAL_PASSED=$((TOTAL_PASSED + total - failed))
+  TOTAL_FAILED=$((TOTAL_FAILED + failed))
+  SUMMARY_LINES+=("$name: $((total - failed)) passed, $failed failed")
+}
+
+# Builds a preset and runs its CPU tests (everything not labelled gpu).
+test_preset() {
+  local preset="$1"
+  log "=== $preset: build"
+  if ! configure_and_build "$preset"; then
+    log "=== $preset: BUILD FAILED; its tests did not run"
+    TOTAL_FAILED=$((TOTAL_FAILED + 1))
+    SUMMARY_LINES+=("$preset: build failed, tests not run (counted as 1 failure)")
+    return 0
+  fi
+  log "=== $preset: CPU tests"
+  run_ctest "$preset (CPU tests)" --preset "$preset" --output-on-failure -j2 -LE gpu
+}
+
+# GPU tests (label gpu) need the CUDA build and a visible GPU.
+test_gpu() {
+  if ! have_gpu; then
+    SUMMARY_LINES+=("GPU tests: skipped, no GPU present (0 GPU tests run)")
+    return 0
+  fi
+  if ! have_nvcc; then
+    SUMMARY_LINES+=("GPU tests: skipped, a GPU is present but no CUDA toolkit (0 run)")
+    return 0
+  fi
+  if [[ ! -f build/release/CMakeCache.txt ]]; then
+    SUMMARY_LINES+=("GPU tests: skipped, the release build failed (0 run)")
+    return 0
+  fi
+  log "=== release: GPU tests"
+  run_ctest "release (GPU tests)" --preset release-gpu --output-on-failure -j1 -L gpu
+}
+
+cmd_test() {
+  cmd_setup
+  test_preset release
+  test_preset asan
+  test_gpu
+  echo
+  log "=== summary"
+  local line
+  for line in "${SUMMARY_LINES[@]}"; do
+    log "$line"
+  done
+  echo "tests: $TOTAL_PASSED passed, $TOTAL_FAILED failed"
+  ((TOTAL_FAILED == 0))
+}
+
+# --- demo and bench -------------------------------------------------------------------
+
+# OpenMP threads spin while they wait for work by default. On a busy machine (a shared CI
+# box, or ctest running two test programs at once) the spinning threads take the cores
+# from the ones doing the work, which made the demo about 10x slower there. Passive waiting
+# costs little for these workloads. The test presets set the same; benchmarks keep the
+# default, which is faster on an idle machine. A value set by the caller is kept.
+prefer_passive_openmp() {
+  export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"
+}
+
+cmd_demo() {
+  cmd_setup
+  prefer_passive_openmp
+  configure_and_build release rd_demo
+  log "run: build/release/train/rd_demo $*"
+  build/release/train/rd_demo "$@"
+}
+
+cmd_bench() {
+  cmd_setup
+  local sources=(bench/*_bench.cc) targets=() source
+  [[ -e "${sources[0]}" ]] || die "no benchmarks in bench/"
+  for source in "${sources[@]}"; do
+    targets+=("$(basename "$source" .cc)")
+  done
+  configure_and_build release "${targets[@]}"
+  local target
+  for target in "${targets[@]}"; do
+    log "run: build/release/bench/$target $*"
+    "build/release/bench/$target" "$@"
+  done
+}
+
+# --- main -----------------------------------------------------------------------------
+
+command="${1:-help}"
+(($# > 0)) && shift
+case "$command" in
+  setup) cmd_setup ;;
+  build) cmd_build "$@" ;;
+  test) cmd_test ;;
+  demo) cmd_demo "$@" ;;
+  bench) cmd_bench "$@" ;;
+  help | -h | --help) usage ;;
+  *)
+    usage >&2
+    die "unknown command '$command'"
+    ;;
+esac

@@ -1,0 +1,328 @@
+// Autograd engine tests: accumulation, deep graphs, graph lifetime and release, grad modes,
+// detach, diamonds, views of leaves, misuse errors, and activation checkpointing.
+#include "ringdilated/tensor/autograd.h"
+
+#include <cmath>
+#include <memory>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "ringdilated/tensor/checkpoint.h"
+#include "ringdilated/tensor/ops.h"
+#include "ringdilated/tensor/tensor.h"
+
+namespace rd {
+namespace {
+
+Tensor leaf(std::vector<double> values, Shape shape) {
+  Tensor t = from_vector<double>(std::move(values), std::move(shape));
+  t.set_requires_grad(true);
+  return t;
+}
+
+std::vector<double> grad_of(const Tensor& t) {
+  EXPECT_TRUE(t.grad().defined()) << "no gradient reached " << t.str();
+  return t.grad().defined() ? t.grad().to_vector<double>() : std::vector<double>{};
+}
+
+// Runs f, which must throw rd::Error with one of `codes`.
+template <class F>
+void expect_error(F&& f, std::initializer_list<ErrorCode> codes, const char* what) {
+  try {
+    f();
+    ADD_FAILURE() << what << ": expected rd::Error";
+  } catch (const Error& e) {
+    bool ok = false;
+    for (ErrorCode c : codes) ok |= e.code() == c;
+    EXPECT_TRUE(ok) << what << ": unexpected code " << error_code_name(e.code()) << ": "
+                    << e.what();
+  }
+}
+
+TEST(Autograd, GradientsAccumulateIntoLeavesAcrossBackwardCalls) {
+  Tensor x = leaf({0.5, -1.5, 2.0}, {3});
+  sum(x * x).backward();
+  EXPECT_EQ(grad_of(x), (std::vector<double>{1.0, -3.0, 4.0}));
+  sum(mul(x, 3.0)).backward();
+  EXPECT_EQ(grad_of(x), (std::vector<double>{4.0, 0.0, 7.0}));
+}
+
+TEST(Autograd, LongChainRunsIterativelyAndTearsDownWithoutRecursion) {
+  constexpr int kSteps = 30000;
+  const double c = 1.00002;
+  Tensor x = leaf({1.0, -2.0}, {2});
+  Tensor y = x;
+  for (int i = 0; i < kSteps; ++i) y = (i % 2 == 0) ? mul(y, c) : add(y, 0.5);
+  sum(y).backward();
+  double expected = std::pow(c, kSteps / 2);
+  for (double g : grad_of(x)) EXPECT_NEAR(g, expected, 1e-9 * expected);
+
+  // A deep graph that never runs backward must also be destroyed without recursing.
+  Tensor z = x;
+  for (int i = 0; i < kSteps; ++i) z = mul(z, c);
+  std::weak_ptr<autograd::Node> tail = z.grad_fn();
+  z = Tensor();
+  y = Tensor();
+  EXPECT_TRUE(tail.expired());
+}
+
+TEST(Autograd, RetainGraphAllowsASecondBackward) {
+  Tensor x = leaf({0.1, 0.2}, {2});
+  Tensor y = sum(exp(x));
+  y.backward(Tensor(), /*retain_graph=*/true);
+  y.backward();
+  std::vector<double> g = grad_of(x);
+  EXPECT_DOUBLE_EQ(g[0], 2.0 * std::exp(0.1));
+  EXPECT_DOUBLE_EQ(g[1], 2.0 * std::exp(0.2));
+  try {
+    y.backward();
+    ADD_FAILURE() << "a third backward through a released graph must throw";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kAutograd) << e.what();
+  }
+}
+
+TEST(Autograd, SecondBackwardWithoutRetainGraphThrows) {
+  Tensor x = leaf({1.0, 2.0}, {2});
+  Tensor y = sum(x * x);
+  y.backward();
+  try {
+    y.backward();
+    ADD_FAILURE() << "expected rd::Error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kAutograd) << e.what();
+  }
+}
+
+TEST(Autograd, BackwardReleasesSavedTensorsAndNodes) {
+  Tensor x = leaf({0.3, -0.7, 1.1}, {3});
+  Tensor y;
+  // Saved tensors may be fresh handles, but they keep the intermediate's storage alive.
+  std::weak_ptr<Storage> hidden;
+  std::weak_ptr<autograd::Node> node;
+  {
+    Tensor h = exp(x);
+    hidden = h.storage();
+    node = h.grad_fn();
+    y = sum(h * h);
+  }
+  ASSERT_FALSE(hidden.expired()) << "mul must save its inputs for the backward pass";
+  y.backward();
+  EXPECT_TRUE(hidden.expired()) << "saved tensors must be released after backward";
+  ASSERT_FALSE(node.expired());
+  EXPECT_TRUE(node.lock()->released());
+  y = Tensor();
+  EXPECT_TRUE(node.expired()) << "the graph must be freed with its last output";
+}
+
+TEST(Autograd, GraphWithoutBackwardIsFreedWithItsOutput) {
+  Tensor x = leaf({0.3, -0.7}, {2});
+  std::weak_ptr<autograd::Node> node;
+  std::weak_ptr<Storage> out;
+  {
+    Tensor h = exp(x);  // exp saves its own output: must not form a reference cycle
+    node = h.grad_fn();
+    out = h.storage();
+    Tensor y = sum(tanh(h) * h);
+  }
+  EXPECT_TRUE(node.expired()) << "graph leaked (reference cycle through a saved output?)";
+  EXPECT_TRUE(out.expired());
+}
+
+TEST(Autograd, NoGradGuardRecordsNothing) {
+  Tensor x = leaf({1.0, 2.0}, {2});
+  EXPECT_TRUE(autograd::grad_enabled());
+  {
+    autograd::NoGradGuard guard;
+    EXPECT_FALSE(autograd::grad_enabled());
+    Tensor y = exp(x * 2.0);
+    EXPECT_FALSE(y.requires_grad());
+    EXPECT_EQ(y.grad_fn(), nullptr);
+    EXPECT_TRUE(y.is_leaf());
+    {
+      autograd::GradModeGuard enable(true);
+      EXPECT_TRUE(exp(x).requires_grad());
+    }
+    EXPECT_FALSE(autograd::grad_enabled());
+  }
+  EXPECT_TRUE(autograd::grad_enabled());
+  EXPECT_TRUE((x * 2.0).requires_grad());
+}
+
+TEST(Autograd, DetachSharesStorageAndCutsTheGraph) {
+  Tensor x = leaf({1.0, 2.0, 3.0}, {3});
+  Tensor y = x * 2.0;
+  Tensor d = y.detach();
+  EXPECT_FALSE(d.requires_grad());
+  EXPECT_EQ(d.grad_fn(), nullptr);
+  EXPECT_TRUE(d.is_leaf());
+  EXPECT_EQ(d.raw_data(), y.raw_data());
+  EXPECT_EQ(d.to_vector<double>(), (std::vector<double>{2.0, 4.0, 6.0}));
+  Tensor z = sum(y * d);  // d is a constant: dz/dx = 2 * d
+  z.backward();
+  EXPECT_EQ(grad_of(x), (std::vector<double>{4.0, 8.0, 12.0}));
+}
+
+TEST(Autograd, ZeroGradDropsTheAccumulatedGradient) {
+  Tensor x = leaf({1.0, -1.0}, {2});
+  sum(x * 3.0).backward();
+  EXPECT_EQ(grad_of(x), (std::vector<double>{3.0, 3.0}));
+  x.zero_grad();
+  EXPECT_FALSE(x.grad().defined());
+  sum(x * x).backward();
+  EXPECT_EQ(grad_of(x), (std::vector<double>{2.0, -2.0}));
+}
+
+TEST(Autograd, DiamondGraphsSumBothPaths) {
+  Tensor x = leaf({0.5, -0.25, 1.5}, {3});
+  Tensor h = x * 2.0;
+  Tensor z = sum(h * h + h + exp(x));  // h used three times, x twice
+  z.backward();
+  std::vector<double> xs = {0.5, -0.25, 1.5};
+  std::vector<double> g = grad_of(x);
+  for (size_t i = 0; i < xs.size(); ++i) {
+    EXPECT_NEAR(g[i], 8.0 * xs[i] + 2.0 + std::exp(xs[i]), 1e-14) << i;
+  }
+}
+
+TEST(Autograd, SameLeafAsBothOperands) {
+  Tensor x = leaf({3.0, -2.0}, {2});
+  sum(mul(x, x)).backward();
+  EXPECT_EQ(grad_of(x), (std::vector<double>{6.0, -4.0}));
+}
+
+TEST(Autograd, NonScalarBackwardNeedsAGradient) {
+  Tensor x = leaf({1.0, 2.0, 3.0}, {3});
+  Tensor y = x * x;
+  expect_error([&] { y.backward(); }, {ErrorCode::kAutograd, ErrorCode::kInvalidArgument},
+               "non-scalar backward without gradient");
+  Tensor y2 = x * x;
+  expect_error(
+      [&] {
+        y2.backward(from_vector<double>({1.0, 2.0}, {2}));
+      },
+      {ErrorCode::kShapeMismatch}, "backward with a gradient of the wrong shape");
+  Tensor y3 = x * x;
+  y3.backward(from_vector<double>({1.0, -1.0, 0.5}, {3}));
+  EXPECT_EQ(grad_of(x), (std::vector<double>{2.0, -4.0, 3.0}));
+}
+
+TEST(Autograd, LeafThroughAViewChain) {
+  Tensor x = leaf({1, 2, 3, 4, 5, 6}, {2, 3});
+  Tensor v = x.transpose(0, 1).slice(0, 0, 3, 2).unsqueeze(0);  // [1, 2, 2]: rows 0 and 2 of x^T
+  EXPECT_TRUE(x.is_leaf());
+  EXPECT_FALSE(v.is_leaf());
+  EXPECT_TRUE(v.requires_grad());
+  ASSERT_EQ(v.shape(), (Shape{1, 2, 2}));
+  EXPECT_EQ(v.to_vector<double>(), (std::vector<double>{1, 4, 3, 6}));
+  Tensor w = from_vector<double>({10, 20, 30, 40}, {1, 2, 2});
+  sum(v * w).backward();
+  // v[0][i][j] = x[j][2 i]
+  EXPECT_EQ(grad_of(x), (std::vector<double>{10, 0, 30, 20, 0, 40}));
+}
+
+TEST(Autograd, SetRequiresGradOnlyOnLeaves) {
+  Tensor x = leaf({1.0}, {1});
+  Tensor y = x * 2.0;
+  expect_error([&] { y.set_requires_grad(false); }, {ErrorCode::kAutograd},
+               "set_requires_grad on a non-leaf");
+  Tensor c = from_vector<double>({1.0}, {1});
+  c.set_requires_grad(true);
+  EXPECT_TRUE(c.requires_grad());
+  c.set_requires_grad(false);
+  EXPECT_FALSE(c.requires_grad());
+}
+
+TEST(Autograd, InPlaceOnATrackedTensorIsRefused) {
+  Tensor x = leaf({1.0, 2.0}, {2});
+  expect_error([&] { x.fill_(0.0); }, {ErrorCode::kAutograd, ErrorCode::kInvalidArgument},
+               "fill_ on a leaf requiring grad");
+  Tensor y = x * 2.0;
+  expect_error([&] { y.mul_(2.0); }, {ErrorCode::kAutograd, ErrorCode::kInvalidArgument},
+               "mul_ on a graph tensor");
+}
+
+// --- checkpointing ---
+
+// Gradients of sum(out_j * w_j) over fn's outputs, run directly or through checkpoint().
+struct CheckpointRun {
+  std::vector<std::vector<double>> outputs;
+  std::vector<std::vector<double>> grads;
+};
+
+CheckpointRun run_with(const CheckpointFn& fn, bool use_checkpoint, Generator* gen, uint64_t seed) {
+  Tensor a = leaf({0.3, -1.2, 0.8, 1.5, -0.4, 0.9}, {2, 3});
+  Tensor b = leaf({0.7, -0.1, 0.2, -1.1, 0.6, 0.05}, {3, 2});
+  Tensor constant = from_vector<double>({0.5, -2.0}, {2});
+  if (gen) gen->manual_seed(seed);
+  std::vector<Tensor> inputs = {a, b, constant};
+  std::vector<Tensor> outs;
+  if (use_checkpoint) {
+    std::vector<Generator*> gens;
+    if (gen) gens.push_back(gen);
+    outs = checkpoint(fn, inputs, gens);
+  } else {
+    outs = fn(inputs);
+  }
+  CheckpointRun run;
+  Tensor loss = scalar_tensor(0.0, DType::kFloat64);
+  double k = 1.0;
+  for (const Tensor& o : outs) {
+    EXPECT_TRUE(o.requires_grad());
+    run.outputs.push_back(o.to_vector<double>());
+    loss = loss + sum(o * k);
+    k += 0.75;
+  }
+  // Advance the generator between forward and backward, as other work would.
+  if (gen) {
+    Tensor noise = rand({5}, *gen, DType::kFloat64);
+    (void)noise;
+  }
+  loss.backward();
+  run.grads = {grad_of(a), grad_of(b)};
+  return run;
+}
+
+TEST(Checkpoint, SameGradientsAsWithoutIt) {
+  int calls = 0;
+  CheckpointFn fn = [&calls](const std::vector<Tensor>& in) {
+    ++calls;
+    Tensor h = tanh(matmul(in[0], in[1]));  // [2, 2]
+    return std::vector<Tensor>{sigmoid(h) * in[2] + square(h)};
+  };
+  CheckpointRun plain = run_with(fn, false, nullptr, 0);
+  calls = 0;
+  CheckpointRun ckpt = run_with(fn, true, nullptr, 0);
+  EXPECT_EQ(calls, 2) << "checkpoint must run fn once forward and once in backward";
+  EXPECT_EQ(plain.outputs, ckpt.outputs);
+  EXPECT_EQ(plain.grads, ckpt.grads);
+}
+
+TEST(Checkpoint, DropoutMasksMatchThroughTheGenerator) {
+  Generator gen(0);
+  CheckpointFn fn = [&gen](const std::vector<Tensor>& in) {
+    Tensor h = dropout(matmul(in[0], in[1]), 0.5, /*training=*/true, gen);
+    return std::vector<Tensor>{exp(h) + in[2]};
+  };
+  CheckpointRun plain = run_with(fn, false, &gen, 99);
+  CheckpointRun ckpt = run_with(fn, true, &gen, 99);
+  EXPECT_EQ(plain.outputs, ckpt.outputs);
+  EXPECT_EQ(plain.grads, ckpt.grads);
+  // The mask must actually matter: another seed gives other gradients.
+  CheckpointRun other = run_with(fn, true, &gen, 100);
+  EXPECT_NE(plain.grads, other.grads);
+}
+
+TEST(Checkpoint, MultipleOutputs) {
+  CheckpointFn fn = [](const std::vector<Tensor>& in) {
+    Tensor p = matmul(in[0], in[1]);  // [2, 2]
+    return std::vector<Tensor>{softmax(p, 1), sum(p * p, {0}) + in[2], p.t()};
+  };
+  CheckpointRun plain = run_with(fn, false, nullptr, 0);
+  CheckpointRun ckpt = run_with(fn, true, nullptr, 0);
+  EXPECT_EQ(plain.outputs, ckpt.outputs);
+  EXPECT_EQ(plain.grads, ckpt.grads);
+}
+
+}  // namespace
+}  // namespace rd
