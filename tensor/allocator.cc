@@ -4,6 +4,10 @@
 #include "ringdilated/kernels/cpu/caching_allocator.h"
 #include "ringdilated/kernels/error.h"
 
+#if defined(RD_WITH_CUDA)
+#include "ringdilated/kernels/cuda/caching_allocator.h"
+#endif
+
 namespace rd {
 
 Allocator& allocator_for(Device device) {
@@ -13,9 +17,8 @@ Allocator& allocator_for(Device device) {
     static CpuCachingAllocator* const cpu_pool = new CpuCachingAllocator();
     return *cpu_pool;
   }
-#ifdef RD_WITH_CUDA
-  RD_FAIL(kUnimplemented, "allocator_for: the CUDA caching allocator for ", device.str(),
-          " is not implemented yet");
+#if defined(RD_WITH_CUDA)
+  return kernels::cuda::cuda_caching_allocator(device.index);
 #else
   RD_FAIL(kDeviceMismatch, "allocator_for: no allocator for ", device.str(),
           ": this build has no CUDA allocator (built without CUDA)");

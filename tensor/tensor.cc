@@ -11,6 +11,10 @@
 #include "ringdilated/tensor/ops.h"
 #include "ringdilated/tensor/shape_util.h"
 
+#if defined(RD_WITH_CUDA)
+#include "ringdilated/kernels/cuda/transfer.h"
+#endif
+
 namespace rd {
 
 // ---------------------------------------------------------------------------------------
@@ -515,9 +519,28 @@ Tensor Tensor::to(DType dtype) const {
 
 Tensor Tensor::to(Device device) const {
   if (device == this->device()) return *this;
+#if defined(RD_WITH_CUDA)
+  Tensor source;
+  {
+    // The node recorded below covers the whole move; contiguous() must not add its own.
+    autograd::NoGradGuard no_grad;
+    source = contiguous();
+  }
+  Tensor out = empty(shape(), TensorOptions(dtype()).with_device(device));
+  kernels::cuda::copy_bytes(out.raw_data(), device, source.raw_data(), source.device(),
+                            static_cast<size_t>(numel()) * dtype_size(dtype()));
+  if (autograd::needs_grad({this})) {
+    const Device origin = this->device();
+    autograd::record(out, "to_device", {*this}, [origin](const Tensor& g) {
+      return std::vector<Tensor>{g.to(origin)};
+    });
+  }
+  return out;
+#else
   backend_for(device);  // throws a clear error when this build lacks the device
   RD_FAIL(kUnimplemented, "to: copies between ", this->device().str(), " and ", device.str(),
           " are not implemented yet");
+#endif
 }
 
 // ---------------------------------------------------------------------------------------
