@@ -98,6 +98,13 @@ struct GemmArgs {
   int64_t stride_a = 0, stride_b = 0, stride_c = 0;  // elements between batch entries
   double alpha = 1.0;
   double beta = 0.0;
+  // Optional epilogue: C = act(alpha * op(A) op(B) + beta * C + bias), with bias (n elements
+  // of `dtype`, or null) added to every row of C and act the tanh GELU when `gelu`.
+  const void* bias = nullptr;
+  bool gelu = false;
+  // float32 only: lets the device round A and B to TF32 (10-bit mantissa) inside the
+  // product, for speed. Off by default: float32 GEMMs are computed in float32.
+  bool allow_tf32 = false;
 };
 
 class KernelBackend {

@@ -869,6 +869,51 @@ TEST(CpuKernelsTest, GemmHandlesTransposesLeadingDimsBatchStridesAndBeta) {
   }
 }
 
+TEST(CpuKernelsTest, GemmBiasAndGeluEpilogue) {
+  std::mt19937 rng(21);
+  const int64_t m = 4, n = 5, k = 3;
+  for (DType t : kFloatTypes) {
+    for (bool gelu : {false, true}) {
+      GemmArgs g;
+      g.dtype = t;
+      g.m = m;
+      g.n = n;
+      g.k = k;
+      g.lda = k;
+      g.ldb = n;
+      g.ldc = n;
+      g.alpha = 0.75;
+      g.beta = 0.5;
+      g.gelu = gelu;
+      Buffer a(t, m * k), b(t, k * n), c(t, m * n), bias(t, n);
+      a.randomize(rng);
+      b.randomize(rng);
+      c.randomize(rng);
+      bias.randomize(rng);
+      g.a = a.data();
+      g.b = b.data();
+      g.c = c.data();
+      g.bias = bias.data();
+      std::vector<double> want(m * n);
+      for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < n; ++j) {
+          double dot = 0;
+          for (int64_t p = 0; p < k; ++p) dot += a.get(i * k + p) * b.get(p * n + j);
+          double v = g.alpha * dot + g.beta * c.get(i * n + j) + bias.get(j);
+          if (gelu) v = 0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v)));
+          want[i * n + j] = v;
+        }
+      }
+      cpu().gemm(g);
+      double tol = 8 * std::max(unit_roundoff(t), 1e-15) * 4;
+      for (int64_t q = 0; q < m * n; ++q) {
+        ASSERT_NEAR(c.get(q), want[q], tol * (1 + std::fabs(want[q])))
+            << dtype_name(t) << " gelu=" << gelu << " element " << q;
+      }
+    }
+  }
+}
+
 TEST(CpuKernelsTest, GemmEdgeSizesAndBetaZeroIgnoresC) {
   GemmArgs g;
   g.dtype = DType::kFloat32;

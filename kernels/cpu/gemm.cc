@@ -6,7 +6,9 @@
 
 #include <algorithm>
 #include <climits>
+#include <cmath>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "ringdilated/kernels/cpu/backend.h"
@@ -76,19 +78,48 @@ void blas(const GemmArgs& g, const double* a, int64_t lda, const double* b, int6
               static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
 }
 
+// The optional epilogue: v + bias[col], then the tanh GELU, computed in float32 (float64
+// for double), before the value is rounded to its storage type, as cuBLASLt does.
+template <class C, class T>
+C epilogue(const GemmArgs& g, C v, int64_t col) {
+  if (g.bias != nullptr) v += static_cast<C>(static_cast<const T*>(g.bias)[col]);
+  if (g.gelu) {
+    const C k = C(0.7978845608028654);  // sqrt(2 / pi)
+    v = C(0.5) * v * (C(1) + std::tanh(k * (v + C(0.044715) * v * v * v)));
+  }
+  return v;
+}
+
+bool has_epilogue(const GemmArgs& g) { return g.bias != nullptr || g.gelu; }
+
+// Applies the epilogue to one batch entry of C, rows of `ld` elements.
+template <class C, class T, class Elem>
+void apply_epilogue(const GemmArgs& g, Elem* c, int64_t ld) {
+  for (int64_t r = 0; r < g.m; ++r) {
+    for (int64_t j = 0; j < g.n; ++j) {
+      c[r * ld + j] = static_cast<Elem>(epilogue<C, T>(g, static_cast<C>(c[r * ld + j]), j));
+    }
+  }
+}
+
 template <class T>
 void gemm_typed(const GemmArgs& g, const Stored& sa, const Stored& sb) {
   const T* a = static_cast<const T*>(g.a);
   const T* b = static_cast<const T*>(g.b);
   T* c = static_cast<T*>(g.c);
+  using Compute = std::conditional_t<std::is_same_v<T, double>, double, float>;
   if (g.k == 0 || g.alpha == 0.0) {  // no product term; also keeps CBLAS off ld = 0
-    for (int64_t i = 0; i < g.batch; ++i) scale_c(g, c + i * g.stride_c);
+    for (int64_t i = 0; i < g.batch; ++i) {
+      scale_c(g, c + i * g.stride_c);
+      if (has_epilogue(g)) apply_epilogue<Compute, T>(g, c + i * g.stride_c, g.ldc);
+    }
     return;
   }
   if constexpr (!kIsHalf<T>) {
     for (int64_t i = 0; i < g.batch; ++i) {
       blas(g, a + i * g.stride_a, sa.ld, b + i * g.stride_b, sb.ld, c + i * g.stride_c, g.ldc,
            static_cast<T>(g.beta));
+      if (has_epilogue(g)) apply_epilogue<Compute, T>(g, c + i * g.stride_c, g.ldc);
     }
   } else {
     std::vector<float> a32, b32, c32(g.m * g.n);
@@ -104,6 +135,7 @@ void gemm_typed(const GemmArgs& g, const Stored& sa, const Stored& sb) {
       blas(g, a32.data(), std::max<int64_t>(sa.cols, 1), b32.data(),
            std::max<int64_t>(sb.cols, 1), c32.data(), std::max<int64_t>(g.n, 1),
            static_cast<float>(g.beta));
+      if (has_epilogue(g)) apply_epilogue<float, T>(g, c32.data(), g.n);
       for (int64_t r = 0; r < g.m; ++r) {
         for (int64_t j = 0; j < g.n; ++j) ci[r * g.ldc + j] = T(c32[r * g.n + j]);
       }

@@ -1,0 +1,61 @@
+// The CUDA kernel entry points behind CudaBackend, grouped by file. Each takes the stream to
+// queue on; the backend has already made its device current. Semantics are those of the
+// matching KernelBackend method in kernels/backend.h.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "ringdilated/kernels/allocator.h"
+#include "ringdilated/kernels/backend.h"
+
+namespace rd::kernels::cuda {
+
+// elementwise.cu
+void fill(const StridedView& out, double value, cudaStream_t stream);
+void arange(const StridedView& out, double start, double step, cudaStream_t stream);
+void copy(const StridedView& out, const StridedView& in, cudaStream_t stream);
+void accumulate(const StridedView& out, const StridedView& in, cudaStream_t stream);
+void unary(UnaryOp op, const StridedView& out, const StridedView& in, const UnaryParams& params,
+           cudaStream_t stream);
+void binary(BinaryOp op, const StridedView& out, const StridedView& a, const StridedView& b,
+            cudaStream_t stream);
+void where(const StridedView& out, const StridedView& cond, const StridedView& a,
+           const StridedView& b, cudaStream_t stream);
+
+// random.cu
+void random(const StridedView& out, Distribution dist, double a, double b, uint64_t seed,
+            uint64_t offset, cudaStream_t stream);
+
+// indexing.cu
+void index_select(const StridedView& out, const StridedView& in, int dim,
+                  const StridedView& index, cudaStream_t stream);
+void index_add(const StridedView& out, int dim, const StridedView& index, const StridedView& src,
+               cudaStream_t stream);
+void gather(const StridedView& out, const StridedView& in, int dim, const StridedView& index,
+            cudaStream_t stream);
+void scatter(const StridedView& out, int dim, const StridedView& index, const StridedView& src,
+             bool accumulate, cudaStream_t stream);
+void cumsum(const StridedView& out, const StridedView& in, int dim, bool reverse,
+            cudaStream_t stream);
+
+// reduce.cu (scratch memory comes from `scratch`, the device's caching allocator)
+void reduce(ReduceOp op, const StridedView& out, const StridedView& in, uint32_t dims_mask,
+            Allocator& scratch, cudaStream_t stream);
+
+// rowwise.cu
+void softmax(void* out, const void* in, DType dtype, int64_t rows, int64_t cols, bool log,
+             cudaStream_t stream);
+void softmax_backward(void* grad_in, const void* grad_out, const void* out, DType dtype,
+                      int64_t rows, int64_t cols, bool log, cudaStream_t stream);
+void norm(void* out, float* mean, float* rstd, const void* in, const void* weight,
+          const void* bias, DType dtype, int64_t rows, int64_t cols, double eps, bool rms,
+          cudaStream_t stream);
+void norm_backward(void* grad_in, float* grad_weight, float* grad_bias, const void* grad_out,
+                   const void* in, const float* mean, const float* rstd, const void* weight,
+                   DType dtype, int64_t rows, int64_t cols, bool rms, Allocator& scratch,
+                   cudaStream_t stream);
+
+// gemm.cc (cuBLASLt)
+void gemm(const GemmArgs& args, Allocator& scratch, cudaStream_t stream);
+
+}  // namespace rd::kernels::cuda

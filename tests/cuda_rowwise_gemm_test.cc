@@ -1,0 +1,971 @@
+// GPU tests of the CUDA reductions, row-wise fused ops and cuBLASLt GEMM: reductions and
+// row-wise ops against the CPU backend on the same inputs, GEMM against a float64 reference.
+// Outputs are poisoned (NaN bytes) before every GPU run, so an unwritten element fails.
+// Tolerances: 2 units of the output dtype's rounding on the value, plus 64 units of the
+// compute type's rounding on the error scale of the computation (the sum of |terms|).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <numbers>
+#include <numeric>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "ringdilated/kernels/backend.h"
+#include "ringdilated/kernels/error.h"
+#include "ringdilated/kernels/half.h"
+#include "ringdilated/tensor/device.h"
+
+#if defined(RD_WITH_CUDA)
+#include <cuda_runtime.h>
+
+#include "ringdilated/kernels/allocator.h"
+#include "ringdilated/kernels/cuda/kernels.h"
+#endif
+
+namespace rd::kernels {
+namespace {
+
+#if !defined(RD_WITH_CUDA)
+
+TEST(CudaRowwiseGemmTest, NeedsACudaBuild) { GTEST_SKIP() << "built without CUDA"; }
+
+#else
+
+namespace gpu = ::rd::kernels::cuda;
+
+void cuda_check(cudaError_t status, const char* what) {
+  if (status != cudaSuccess) {
+    throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(status));
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Test plumbing: dtype precision, host and device buffers, a cudaMalloc Allocator.
+
+// Unit roundoff of a dtype's storage.
+double storage_eps(DType t) {
+  switch (t) {
+    case DType::kFloat32: return std::ldexp(1.0, -24);
+    case DType::kFloat64: return std::ldexp(1.0, -53);
+    case DType::kBFloat16: return std::ldexp(1.0, -8);
+    case DType::kFloat16: return std::ldexp(1.0, -11);
+    default: return 0.0;
+  }
+}
+// Unit roundoff of the type kernels compute in (float32, float64 for float64).
+double compute_eps(DType t) {
+  return t == DType::kFloat64 ? std::ldexp(1.0, -53) : std::ldexp(1.0, -24);
+}
+// Absolute rounding step of the smallest (subnormal) values that outputs may reach.
+double tiny_step(DType t) { return t == DType::kFloat16 ? std::ldexp(1.0, -24) : 0.0; }
+
+const DType kFloatTypes[] = {DType::kFloat32, DType::kFloat64, DType::kBFloat16, DType::kFloat16};
+
+class HostBuffer {
+ public:
+  HostBuffer(DType dtype, int64_t count)
+      : dtype_(dtype), count_(count), bytes_(static_cast<size_t>(count) * dtype_size(dtype)) {}
+  DType dtype() const { return dtype_; }
+  int64_t count() const { return count_; }
+  size_t bytes() const { return bytes_.size(); }
+  void* data() { return bytes_.data(); }
+  const void* data() const { return bytes_.data(); }
+
+  double get(int64_t i) const {
+    const unsigned char* p = bytes_.data() + i * dtype_size(dtype_);
+    switch (dtype_) {
+      case DType::kFloat32: return load<float>(p);
+      case DType::kFloat64: return load<double>(p);
+      case DType::kBFloat16: return static_cast<float>(load<BFloat16>(p));
+      case DType::kFloat16: return static_cast<float>(load<Float16>(p));
+      case DType::kInt32: return load<int32_t>(p);
+      case DType::kInt64: return static_cast<double>(load<int64_t>(p));
+      case DType::kBool: return load<bool>(p) ? 1.0 : 0.0;
+    }
+    return 0;
+  }
+  void set(int64_t i, double v) {
+    unsigned char* p = bytes_.data() + i * dtype_size(dtype_);
+    switch (dtype_) {
+      case DType::kFloat32: return save(p, static_cast<float>(v));
+      case DType::kFloat64: return save(p, v);
+      case DType::kBFloat16: return save(p, BFloat16(static_cast<float>(v)));
+      case DType::kFloat16: return save(p, Float16(static_cast<float>(v)));
+      case DType::kInt32: return save(p, static_cast<int32_t>(v));
+      case DType::kInt64: return save(p, static_cast<int64_t>(v));
+      case DType::kBool: return save(p, v != 0);
+    }
+  }
+
+ private:
+  template <class T>
+  static T load(const unsigned char* p) {
+    T v;
+    std::memcpy(&v, p, sizeof(T));
+    return v;
+  }
+  template <class T>
+  static void save(unsigned char* p, T v) {
+    std::memcpy(p, &v, sizeof(T));
+  }
+
+  DType dtype_;
+  int64_t count_;
+  std::vector<unsigned char> bytes_;
+};
+
+// Device memory with a 256-byte aligned base; element `offset` is where the data starts
+// (offsets misalign the data on purpose).
+class DeviceBuffer {
+ public:
+  DeviceBuffer(DType dtype, int64_t count, int64_t offset = 0)
+      : dtype_(dtype), offset_(offset), count_(count) {
+    cuda_check(cudaMalloc(&base_, std::max<size_t>(1, (count + offset) * dtype_size(dtype))),
+               "cudaMalloc");
+  }
+  ~DeviceBuffer() { cudaFree(base_); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  void* get() const { return static_cast<char*>(base_) + offset_ * dtype_size(dtype_); }
+  void upload(const HostBuffer& h) {
+    cuda_check(cudaMemcpy(get(), h.data(), h.bytes(), cudaMemcpyHostToDevice), "upload");
+  }
+  HostBuffer download() const {
+    HostBuffer h(dtype_, count_);
+    cuda_check(cudaMemcpy(h.data(), get(), h.bytes(), cudaMemcpyDeviceToHost), "download");
+    return h;
+  }
+  // NaN bytes for floats (0xff), a large sentinel for integers.
+  void poison() {
+    const int byte = (dtype_ == DType::kInt32 || dtype_ == DType::kInt64) ? 0x5a : 0xff;
+    cuda_check(cudaMemset(get(), byte, count_ * dtype_size(dtype_)), "poison");
+  }
+
+ private:
+  DType dtype_;
+  int64_t offset_;
+  int64_t count_;
+  void* base_ = nullptr;
+};
+
+// The scratch allocator the kernels get: plain cudaMalloc/cudaFree (the caching allocator
+// is tested on its own), counting live bytes so tests can check scratch is returned.
+class CudaTestAllocator : public Allocator {
+ public:
+  Device device() const override { return Device::cuda(0); }
+  void* allocate(size_t nbytes) override {
+    if (nbytes == 0) return nullptr;
+    void* p = nullptr;
+    cuda_check(cudaMalloc(&p, nbytes), "CudaTestAllocator::allocate");
+    sizes_.emplace_back(p, nbytes);
+    stats_.allocated_bytes += static_cast<int64_t>(nbytes);
+    stats_.peak_allocated_bytes = std::max(stats_.peak_allocated_bytes, stats_.allocated_bytes);
+    ++stats_.system_allocs;
+    return p;
+  }
+  void deallocate(void* ptr) override {
+    if (ptr == nullptr) return;
+    // cudaFree waits for the device, so kernels still using the memory finish first.
+    cuda_check(cudaFree(ptr), "CudaTestAllocator::deallocate");
+    auto it = std::find_if(sizes_.begin(), sizes_.end(), [&](auto& e) { return e.first == ptr; });
+    if (it == sizes_.end()) throw std::runtime_error("deallocate of an unknown pointer");
+    stats_.allocated_bytes -= static_cast<int64_t>(it->second);
+    sizes_.erase(it);
+    ++stats_.system_frees;
+  }
+  MemoryStats stats() const override { return stats_; }
+  void reset_peak_stats() override { stats_.peak_allocated_bytes = stats_.allocated_bytes; }
+  void empty_cache() override {}
+
+ private:
+  std::vector<std::pair<void*, size_t>> sizes_;
+  MemoryStats stats_;
+};
+
+// Process-lifetime allocators: the GEMM keeps its workspace for the whole process.
+CudaTestAllocator& scratch_allocator() {
+  static CudaTestAllocator* const allocator = new CudaTestAllocator();
+  return *allocator;
+}
+CudaTestAllocator& gemm_allocator() {
+  static CudaTestAllocator* const allocator = new CudaTestAllocator();
+  return *allocator;
+}
+
+class CudaRowwiseGemmTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+    cuda_check(cudaSetDevice(0), "cudaSetDevice");
+    cuda_check(cudaStreamCreate(&stream_), "cudaStreamCreate");
+  }
+  void TearDown() override {
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  }
+  void sync() {
+    cuda_check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+    cuda_check(cudaGetLastError(), "cudaGetLastError");
+  }
+  cudaStream_t stream_ = nullptr;
+};
+
+StridedView make_view(void* data, DType dtype, const std::vector<int64_t>& shape,
+                      const std::vector<int64_t>& strides) {
+  StridedView v;
+  v.data = data;
+  v.dtype = dtype;
+  v.ndim = static_cast<int>(shape.size());
+  for (int d = 0; d < v.ndim; ++d) {
+    v.shape[d] = shape[d];
+    v.strides[d] = strides[d];
+  }
+  return v;
+}
+
+std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& shape) {
+  std::vector<int64_t> s(shape.size(), 1);
+  for (int d = static_cast<int>(shape.size()) - 2; d >= 0; --d) s[d] = s[d + 1] * shape[d + 1];
+  return s;
+}
+
+int64_t product(const std::vector<int64_t>& shape) {
+  return std::accumulate(shape.begin(), shape.end(), int64_t{1}, std::multiplies<>());
+}
+
+bool same_or_within(double got, double want, double tol) {
+  if (std::isnan(want)) return std::isnan(got);
+  if (std::isinf(want)) return got == want;
+  return std::fabs(got - want) <= tol;
+}
+
+// ---------------------------------------------------------------------------------------
+// Reductions.
+
+enum class Data {
+  kSpread,     // uniform [-1, 2): positive mean, so lost or doubled terms show in sums
+  kFewValues,  // integers 0..4: many ties (first-occurrence rules of argmax/argmin)
+  kWithNaN,    // kSpread with a few NaN and +-inf
+};
+
+struct ReduceCase {
+  std::string name;
+  int64_t storage;               // elements of the storage the view reads
+  std::vector<int64_t> shape;    // of the view
+  std::vector<int64_t> strides;  // of the view (elements)
+  int64_t offset = 0;            // element [0, ...] of the view
+  // Output strides (elements); empty = contiguous.
+  std::vector<int64_t> out_strides = {};
+};
+
+HostBuffer make_storage(DType dtype, int64_t count, Data data, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> spread(-1.0, 2.0);
+  std::uniform_int_distribution<int> few(0, 4);
+  std::uniform_int_distribution<int> ints(-50, 50);
+  std::uniform_int_distribution<int> pick(0, 997);
+  HostBuffer h(dtype, count);
+  const bool integral = dtype == DType::kInt32 || dtype == DType::kInt64;
+  for (int64_t i = 0; i < count; ++i) {
+    double v = integral ? ints(rng) : spread(rng);
+    if (dtype == DType::kBool) v = few(rng) > 2;
+    if (data == Data::kFewValues) v = few(rng);
+    if (data == Data::kWithNaN) {
+      const int p = pick(rng);
+      if (p == 0) v = std::numeric_limits<double>::quiet_NaN();
+      if (p == 1) v = std::numeric_limits<double>::infinity();
+      if (p == 2) v = -std::numeric_limits<double>::infinity();
+    }
+    h.set(i, v);
+  }
+  return h;
+}
+
+std::string op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return "sum";
+    case ReduceOp::kMean: return "mean";
+    case ReduceOp::kMax: return "max";
+    case ReduceOp::kMin: return "min";
+    case ReduceOp::kArgMax: return "argmax";
+    case ReduceOp::kArgMin: return "argmin";
+    case ReduceOp::kLogSumExp: return "logsumexp";
+  }
+  return "?";
+}
+
+class CudaReduceTest : public CudaRowwiseGemmTest {
+ protected:
+  // Runs `op` over `mask` of the case's view on the CPU backend and on CUDA and compares.
+  // Returns the GPU output (for determinism checks).
+  HostBuffer check(const ReduceCase& c, ReduceOp op, uint32_t mask, DType dtype, Data data,
+                   DType out_dtype) {
+    SCOPED_TRACE(c.name + " op=" + op_name(op) + " mask=" + std::to_string(mask) +
+                 " dtype=" + std::string(dtype_name(dtype)));
+    const HostBuffer storage = make_storage(dtype, c.storage, data, 1234 + mask);
+    std::vector<int64_t> out_shape = c.shape;
+    for (size_t d = 0; d < out_shape.size(); ++d) {
+      if ((mask >> d) & 1u) out_shape[d] = 1;
+    }
+    const std::vector<int64_t> out_strides =
+        c.out_strides.empty() ? contiguous_strides(out_shape) : c.out_strides;
+    const int64_t outputs = product(out_shape);
+    const size_t in_element = dtype_size(dtype);
+
+    // CPU result, plus the per-output error scales sum|x| and max|x|.
+    HostBuffer host_in = storage;
+    const StridedView cpu_in = make_view(static_cast<char*>(host_in.data()) + c.offset * in_element,
+                                         dtype, c.shape, c.strides);
+    HostBuffer want(out_dtype, outputs);
+    cpu_backend().reduce(op, make_view(want.data(), out_dtype, out_shape, out_strides), cpu_in,
+                         mask);
+    HostBuffer abs_storage(DType::kFloat64, c.storage);
+    for (int64_t i = 0; i < c.storage; ++i) abs_storage.set(i, std::fabs(storage.get(i)));
+    const StridedView abs_in = make_view(static_cast<double*>(abs_storage.data()) + c.offset,
+                                         DType::kFloat64, c.shape, c.strides);
+    HostBuffer abs_sum(DType::kFloat64, outputs), abs_max(DType::kFloat64, outputs);
+    const bool empty = product(c.shape) == 0;
+    if (!empty) {
+      cpu_backend().reduce(ReduceOp::kSum,
+                           make_view(abs_sum.data(), DType::kFloat64, out_shape, out_strides),
+                           abs_in, mask);
+      cpu_backend().reduce(ReduceOp::kMax,
+                           make_view(abs_max.data(), DType::kFloat64, out_shape, out_strides),
+                           abs_in, mask);
+    }
+
+    DeviceBuffer dev_in(dtype, c.storage);
+    dev_in.upload(storage);
+    DeviceBuffer dev_out(out_dtype, outputs);
+    dev_out.poison();
+    const StridedView gpu_in = make_view(static_cast<char*>(dev_in.get()) + c.offset * in_element,
+                                         dtype, c.shape, c.strides);
+    gpu::reduce(op, make_view(dev_out.get(), out_dtype, out_shape, out_strides), gpu_in, mask,
+                scratch_allocator(), stream_);
+    sync();
+    EXPECT_EQ(scratch_allocator().stats().allocated_bytes, 0) << "scratch not returned";
+    const HostBuffer got = dev_out.download();
+
+    int64_t reduced = 1;
+    for (size_t d = 0; d < c.shape.size(); ++d) {
+      if ((mask >> d) & 1u) reduced *= c.shape[d];
+    }
+    const bool exact = op == ReduceOp::kMax || op == ReduceOp::kMin || op == ReduceOp::kArgMax ||
+                       op == ReduceOp::kArgMin || !is_floating(dtype);
+    int failures = 0;
+    for (int64_t i = 0; i < outputs && failures < 10; ++i) {
+      const double g = got.get(i), w = want.get(i);
+      double tol = 0;
+      if (!exact) {
+        const double scale_out = 2 * storage_eps(out_dtype) * std::fabs(w);
+        const double acc = 64 * compute_eps(dtype);
+        if (op == ReduceOp::kSum) tol = scale_out + acc * abs_sum.get(i);
+        if (op == ReduceOp::kMean) {
+          tol = scale_out + acc * abs_sum.get(i) / std::max<int64_t>(reduced, 1);
+        }
+        if (op == ReduceOp::kLogSumExp) {
+          tol = scale_out + acc * (abs_max.get(i) + std::log(static_cast<double>(reduced)) + 1);
+        }
+      }
+      const bool ok =
+          exact ? (g == w || (std::isnan(g) && std::isnan(w))) : same_or_within(g, w, tol);
+      if (!ok) {
+        ++failures;
+        ADD_FAILURE() << "output " << i << ": got " << g << ", want " << w << " (tol " << tol
+                      << ")";
+      }
+    }
+    return got;
+  }
+};
+
+const ReduceOp kFloatOps[] = {ReduceOp::kSum, ReduceOp::kMean, ReduceOp::kMax, ReduceOp::kMin,
+                              ReduceOp::kLogSumExp};
+
+// Every dim mask of 3-D inputs: contiguous, permuted and sliced views (row and column
+// kernels, several reduced dims, collapsible and not).
+TEST_F(CudaReduceTest, EveryMaskOfContiguousPermutedAndSlicedViewsMatchesCpu) {
+  const std::vector<ReduceCase> cases = {
+      {"contiguous", 37 * 53 * 7, {37, 53, 7}, {53 * 7, 7, 1}},
+      // Memory order [7, 37, 53] viewed as [37, 53, 7].
+      {"permuted", 37 * 53 * 7, {37, 53, 7}, {53, 1, 37 * 53}},
+      // Every other column of a [40, 70] matrix, from element 3, as [5, 8, 33].
+      {"sliced", 40 * 70, {5, 8, 33}, {8 * 70, 70, 2}, 3},
+      {"long rows", 3 * 4099 * 2, {3, 4099, 2}, {4099 * 2, 2, 1}},
+  };
+  for (const ReduceCase& c : cases) {
+    for (uint32_t mask = 1; mask < 8; ++mask) {
+      for (DType t : kFloatTypes) {
+        for (ReduceOp op : kFloatOps) check(c, op, mask, t, Data::kSpread, t);
+      }
+      for (DType t : {DType::kInt32, DType::kInt64}) {
+        for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax, ReduceOp::kMin}) {
+          check(c, op, mask, t, Data::kSpread, t);
+        }
+      }
+    }
+  }
+}
+
+// argmax/argmin (one reduced dim) on data full of ties, across warp/block/split boundaries.
+TEST_F(CudaReduceTest, ArgMaxArgMinPickTheFirstOccurrenceLikeTheCpu) {
+  const std::vector<ReduceCase> cases = {
+      {"rows", 13 * 1000, {13, 1000}, {1000, 1}},
+      {"block rows", 3 * 5000, {3, 5000}, {5000, 1}},
+      {"split rows", 2 * 300001, {2, 300001}, {300001, 1}},
+      {"columns", 1000 * 13, {1000, 13}, {13, 1}},
+      {"split columns", 100000 * 3, {100000, 3}, {3, 1}},
+      {"transposed", 64 * 70, {64, 70}, {1, 64}},
+  };
+  for (const ReduceCase& c : cases) {
+    for (uint32_t mask : {1u, 2u}) {
+      for (DType t : {DType::kFloat32, DType::kFloat64, DType::kBFloat16, DType::kFloat16,
+                      DType::kInt32, DType::kInt64}) {
+        for (ReduceOp op : {ReduceOp::kArgMax, ReduceOp::kArgMin}) {
+          check(c, op, mask, t, Data::kFewValues, DType::kInt64);
+        }
+      }
+    }
+  }
+}
+
+TEST_F(CudaReduceTest, NaNAndInfinitiesPropagateLikeTheCpu) {
+  const std::vector<ReduceCase> cases = {
+      {"rows", 50 * 2000, {50, 2000}, {2000, 1}},
+      {"columns", 2000 * 50, {2000, 50}, {50, 1}},
+  };
+  for (const ReduceCase& c : cases) {
+    for (uint32_t mask : {1u, 2u}) {
+      for (DType t : kFloatTypes) {
+        for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax, ReduceOp::kMin, ReduceOp::kArgMax,
+                            ReduceOp::kArgMin, ReduceOp::kLogSumExp}) {
+          const bool arg = op == ReduceOp::kArgMax || op == ReduceOp::kArgMin;
+          check(c, op, mask, t, Data::kWithNaN, arg ? DType::kInt64 : t);
+        }
+      }
+    }
+  }
+}
+
+TEST_F(CudaReduceTest, LogSumExpOfAllMinusInfinityRowsIsMinusInfinity) {
+  for (DType t : kFloatTypes) {
+    HostBuffer h(t, 4 * 100);
+    for (int64_t i = 0; i < h.count(); ++i) {
+      h.set(i, i < 200 ? -std::numeric_limits<double>::infinity() : 0.5);
+    }
+    DeviceBuffer in(t, h.count()), out(t, 4);
+    in.upload(h);
+    out.poison();
+    gpu::reduce(ReduceOp::kLogSumExp, make_view(out.get(), t, {4, 1}, {1, 1}),
+                make_view(in.get(), t, {4, 100}, {100, 1}), 2u, scratch_allocator(), stream_);
+    sync();
+    const HostBuffer got = out.download();
+    EXPECT_EQ(got.get(0), -std::numeric_limits<double>::infinity());
+    EXPECT_EQ(got.get(1), -std::numeric_limits<double>::infinity());
+    EXPECT_NEAR(got.get(2), 0.5 + std::log(100.0), 4 * storage_eps(t) * 5);
+  }
+}
+
+// Tiny and degenerate shapes: 1-element rows, a broadcast (stride 0) input, empty
+// reductions, bool input, a transposed output.
+TEST_F(CudaReduceTest, EdgeShapesMatchCpu) {
+  const ReduceCase one_element_rows{"1-element rows", 1000, {1000, 1}, {1, 1}};
+  const ReduceCase broadcast{"broadcast rows", 100, {64, 100}, {0, 1}};
+  const ReduceCase empty{"empty", 0, {4, 0}, {0, 1}};
+  const ReduceCase transposed_out{"transposed out", 6 * 5 * 40, {6, 5, 40},
+                                  {200, 40, 1},     0,          {1, 6, 30}};
+  for (DType t : kFloatTypes) {
+    for (ReduceOp op : kFloatOps) {
+      check(one_element_rows, op, 2u, t, Data::kSpread, t);
+      check(one_element_rows, op, 1u, t, Data::kSpread, t);
+      check(broadcast, op, 1u, t, Data::kSpread, t);
+      check(broadcast, op, 3u, t, Data::kSpread, t);
+    }
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMean, ReduceOp::kLogSumExp}) {
+      check(empty, op, 2u, t, Data::kSpread, t);  // 0, NaN and -inf per row
+    }
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax}) {
+      check(transposed_out, op, 4u, t, Data::kSpread, t);
+    }
+  }
+  const ReduceCase bools{"bool", 300 * 77, {300, 77}, {77, 1}};
+  for (uint32_t mask : {1u, 2u, 3u}) {
+    check(bools, ReduceOp::kSum, mask, DType::kBool, Data::kSpread, DType::kInt64);
+    check(bools, ReduceOp::kMax, mask, DType::kBool, Data::kSpread, DType::kBool);
+  }
+}
+
+// Full reductions of 1e7 elements (split rows, split columns of a non-collapsible view), and
+// bitwise reproducibility of a second run.
+TEST_F(CudaReduceTest, FullReductionsOfTenMillionElementsAreAccurateAndDeterministic) {
+  const ReduceCase flat{"flat", 10000000, {10000000}, {1}};
+  const ReduceCase padded{"padded rows", 2500 * 4001, {2500, 4000}, {4001, 1}};
+  for (DType t : {DType::kFloat32, DType::kBFloat16, DType::kFloat64}) {
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMean, ReduceOp::kMax, ReduceOp::kLogSumExp}) {
+      const HostBuffer a = check(flat, op, 1u, t, Data::kSpread, t);
+      const HostBuffer b = check(flat, op, 1u, t, Data::kSpread, t);
+      EXPECT_EQ(std::memcmp(a.data(), b.data(), a.bytes()), 0) << "not deterministic";
+      check(padded, op, 3u, t, Data::kSpread, t);
+    }
+  }
+  check(flat, ReduceOp::kArgMax, 1u, DType::kFloat32, Data::kFewValues, DType::kInt64);
+  check(flat, ReduceOp::kSum, 1u, DType::kInt32, Data::kSpread, DType::kInt32);
+}
+
+TEST_F(CudaReduceTest, RejectsBadArgumentsLikeTheCpu) {
+  DeviceBuffer in(DType::kInt32, 12), out(DType::kInt32, 3);
+  const StridedView v = make_view(in.get(), DType::kInt32, {3, 4}, {4, 1});
+  const StridedView o = make_view(out.get(), DType::kInt32, {3, 1}, {1, 1});
+  EXPECT_THROW(gpu::reduce(ReduceOp::kMean, o, v, 2u, scratch_allocator(), stream_), Error);
+  EXPECT_THROW(gpu::reduce(ReduceOp::kArgMax, o, v, 2u, scratch_allocator(), stream_), Error);
+  EXPECT_THROW(gpu::reduce(ReduceOp::kSum, o, v, 1u, scratch_allocator(), stream_), Error);
+}
+
+// ---------------------------------------------------------------------------------------
+// Row-wise ops.
+
+struct RowCase {
+  int64_t rows, cols;
+  int64_t offset = 0;  // elements past an aligned base: misaligns every row
+};
+
+// Widths around every kernel boundary: sub-warp groups, a warp, a block (64..512 threads),
+// 16K (the register capacity for 4-byte compute, 8K for float64), tiled rows beyond; odd
+// widths and offset bases take the scalar (unvectorized) path.
+const RowCase kRowCases[] = {
+    {1, 1},     {7, 1},     {5, 3},       {33, 31},   {64, 32},   {17, 100}, {9, 255},
+    {8, 1000},  {4, 1024},  {4, 1024, 1}, {3, 1025},  {2, 2051},  {3, 4096}, {2, 8192},
+    {2, 16384}, {2, 16385}, {2, 20000},   {1, 65544}, {1, 70001}, {300, 64}, {1, 16384, 3},
+};
+
+std::string row_case_str(const RowCase& c, DType t) {
+  return "rows=" + std::to_string(c.rows) + " cols=" + std::to_string(c.cols) +
+         " offset=" + std::to_string(c.offset) + " dtype=" + std::string(dtype_name(t));
+}
+
+HostBuffer random_buffer(DType t, int64_t count, double lo, double hi, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> dist(lo, hi);
+  HostBuffer h(t, count);
+  for (int64_t i = 0; i < count; ++i) h.set(i, dist(rng));
+  return h;
+}
+
+// Compares element-wise with per-element tolerances; reports the first few mismatches.
+void expect_close(const HostBuffer& got, const HostBuffer& want,
+                  const std::function<double(int64_t)>& tol, const std::string& what) {
+  ASSERT_EQ(got.count(), want.count());
+  int failures = 0;
+  for (int64_t i = 0; i < got.count() && failures < 10; ++i) {
+    if (!same_or_within(got.get(i), want.get(i), tol(i))) {
+      ++failures;
+      ADD_FAILURE() << what << " element " << i << ": got " << got.get(i) << ", want "
+                    << want.get(i) << " (tol " << tol(i) << ")";
+    }
+  }
+}
+
+TEST_F(CudaRowwiseGemmTest, SoftmaxAndLogSoftmaxWithBackwardMatchCpu) {
+  for (DType t : kFloatTypes) {
+    for (const RowCase& c : kRowCases) {
+      for (bool log : {false, true}) {
+        SCOPED_TRACE(row_case_str(c, t) + (log ? " log_softmax" : " softmax"));
+        const int64_t n = c.rows * c.cols;
+        const HostBuffer x = random_buffer(t, n, -3, 3, 11 + n);
+        const HostBuffer g = random_buffer(t, n, -1, 1, 12 + n);
+        HostBuffer y(t, n), gi(t, n);
+        cpu_backend().softmax(y.data(), x.data(), t, c.rows, c.cols, log);
+        cpu_backend().softmax_backward(gi.data(), g.data(), y.data(), t, c.rows, c.cols, log);
+
+        DeviceBuffer dx(t, n, c.offset), dy(t, n, c.offset), dg(t, n, c.offset),
+            dgi(t, n, c.offset);
+        dx.upload(x);
+        dy.poison();
+        gpu::softmax(dy.get(), dx.get(), t, c.rows, c.cols, log, stream_);
+        sync();
+        const double out_eps = 2 * storage_eps(t), acc = 64 * compute_eps(t);
+        std::vector<double> row_max_abs(c.rows, 0);
+        for (int64_t i = 0; i < n; ++i) {
+          row_max_abs[i / c.cols] = std::max(row_max_abs[i / c.cols], std::fabs(x.get(i)));
+        }
+        expect_close(
+            dy.download(), y,
+            [&](int64_t i) {
+              const double w = std::fabs(y.get(i));
+              return log ? out_eps * w + acc * (w + row_max_abs[i / c.cols] + 1)
+                         : (out_eps + acc) * w + tiny_step(t);
+            },
+            "forward");
+
+        // Backward from the CPU's forward output, so both sides see the same y.
+        dy.upload(y);
+        dg.upload(g);
+        dgi.poison();
+        gpu::softmax_backward(dgi.get(), dg.get(), dy.get(), t, c.rows, c.cols, log, stream_);
+        sync();
+        // Error scale: sum|g * y| (softmax) or sum|g| (log-softmax) per row.
+        std::vector<double> row_scale(c.rows, 0);
+        for (int64_t i = 0; i < n; ++i) {
+          row_scale[i / c.cols] += log ? std::fabs(g.get(i)) : std::fabs(g.get(i) * y.get(i));
+        }
+        expect_close(
+            dgi.download(), gi,
+            [&](int64_t i) {
+              const double s = row_scale[i / c.cols];
+              const double gv = std::fabs(g.get(i)), yv = y.get(i);
+              const double scale = log ? gv + std::exp(yv) * s : std::fabs(yv) * (gv + s);
+              return out_eps * std::fabs(gi.get(i)) + acc * scale + tiny_step(t);
+            },
+            "backward");
+      }
+    }
+  }
+}
+
+TEST_F(CudaRowwiseGemmTest, SoftmaxIsBitwiseReproducible) {
+  const DType t = DType::kFloat32;
+  const int64_t rows = 64, cols = 20000;
+  const HostBuffer x = random_buffer(t, rows * cols, -3, 3, 5);
+  DeviceBuffer dx(t, rows * cols), dy(t, rows * cols);
+  dx.upload(x);
+  gpu::softmax(dy.get(), dx.get(), t, rows, cols, false, stream_);
+  sync();
+  const HostBuffer a = dy.download();
+  dy.poison();
+  gpu::softmax(dy.get(), dx.get(), t, rows, cols, false, stream_);
+  sync();
+  const HostBuffer b = dy.download();
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.bytes()), 0);
+}
+
+TEST_F(CudaRowwiseGemmTest, LayerAndRmsNormWithBackwardMatchCpu) {
+  const RowCase extra[] = {{3000, 40}, {5, 1000}, {2048, 3}};
+  std::vector<RowCase> cases(std::begin(kRowCases), std::end(kRowCases));
+  cases.insert(cases.end(), std::begin(extra), std::end(extra));
+  for (DType t : kFloatTypes) {
+    for (const RowCase& c : cases) {
+      for (int variant = 0; variant < 4; ++variant) {
+        const bool rms = variant & 1, affine = variant & 2;
+        SCOPED_TRACE(row_case_str(c, t) + (rms ? " rms" : " layer") + (affine ? " affine" : ""));
+        const int64_t n = c.rows * c.cols;
+        const double eps = 1e-5;
+        const HostBuffer x = random_buffer(t, n, -2, 3, 21 + n);
+        const HostBuffer go = random_buffer(t, n, -1, 1, 22 + n);
+        const HostBuffer w = random_buffer(t, c.cols, 0.5, 1.5, 23);
+        const HostBuffer b = random_buffer(t, c.cols, -0.5, 0.5, 24);
+        const void* wp = affine ? w.data() : nullptr;
+        const void* bp = affine && !rms ? b.data() : nullptr;
+        HostBuffer y(t, n), mean(DType::kFloat32, c.rows), rstd(DType::kFloat32, c.rows);
+        cpu_backend().norm(y.data(), static_cast<float*>(mean.data()),
+                           static_cast<float*>(rstd.data()), x.data(), wp, bp, t, c.rows, c.cols,
+                           eps, rms);
+        HostBuffer gi(t, n), gw(DType::kFloat32, c.cols), gb(DType::kFloat32, c.cols);
+        cpu_backend().norm_backward(
+            gi.data(), static_cast<float*>(gw.data()), static_cast<float*>(gb.data()), go.data(),
+            x.data(), static_cast<const float*>(mean.data()),
+            static_cast<const float*>(rstd.data()), wp, t, c.rows, c.cols, rms);
+
+        DeviceBuffer dx(t, n, c.offset), dy(t, n, c.offset), dw(t, c.cols, c.offset),
+            db(t, c.cols, c.offset), dmean(DType::kFloat32, c.rows), drstd(DType::kFloat32, c.rows);
+        dx.upload(x);
+        dw.upload(w);
+        db.upload(b);
+        dy.poison();
+        dmean.poison();
+        drstd.poison();
+        gpu::norm(dy.get(), static_cast<float*>(dmean.get()), static_cast<float*>(drstd.get()),
+                  dx.get(), affine ? dw.get() : nullptr, affine && !rms ? db.get() : nullptr, t,
+                  c.rows, c.cols, eps, rms, stream_);
+        sync();
+        const double out_eps = 2 * storage_eps(t), acc = 64 * compute_eps(t);
+        std::vector<double> mean_abs(c.rows, 0);
+        for (int64_t i = 0; i < n; ++i) mean_abs[i / c.cols] += std::fabs(x.get(i)) / c.cols;
+        auto xhat = [&](int64_t i) {
+          const int64_t r = i / c.cols;
+          return (x.get(i) - (rms ? 0.0 : mean.get(r))) * rstd.get(r);
+        };
+        auto weight = [&](int64_t i) { return affine ? w.get(i % c.cols) : 1.0; };
+        expect_close(
+            dy.download(), y,
+            [&](int64_t i) {
+              const int64_t r = i / c.cols;
+              const double bias = affine && !rms ? std::fabs(b.get(i % c.cols)) : 0.0;
+              return out_eps * std::fabs(y.get(i)) + tiny_step(t) +
+                     acc * ((std::fabs(xhat(i)) + rstd.get(r) * mean_abs[r] + 1) *
+                                std::fabs(weight(i)) +
+                            bias);
+            },
+            "forward");
+        if (!rms) {
+          expect_close(
+              dmean.download(), mean, [&](int64_t r) { return acc * mean_abs[r]; }, "mean");
+        }
+        expect_close(
+            drstd.download(), rstd, [&](int64_t r) { return acc * (rstd.get(r) + 1e-30); }, "rstd");
+
+        // Backward with the CPU's statistics, so both sides see the same mean and rstd.
+        DeviceBuffer dgo(t, n, c.offset), dgi(t, n, c.offset), dgw(DType::kFloat32, c.cols),
+            dgb(DType::kFloat32, c.cols);
+        dmean.upload(mean);
+        drstd.upload(rstd);
+        dgo.upload(go);
+        dgi.poison();
+        dgw.poison();
+        dgb.poison();
+        gpu::norm_backward(dgi.get(), static_cast<float*>(dgw.get()),
+                           static_cast<float*>(dgb.get()), dgo.get(), dx.get(),
+                           static_cast<const float*>(dmean.get()),
+                           static_cast<const float*>(drstd.get()), affine ? dw.get() : nullptr, t,
+                           c.rows, c.cols, rms, scratch_allocator(), stream_);
+        sync();
+        EXPECT_EQ(scratch_allocator().stats().allocated_bytes, 0) << "scratch not returned";
+        std::vector<double> mean_g(c.rows, 0), mean_gx(c.rows, 0);
+        for (int64_t i = 0; i < n; ++i) {
+          const double gv = go.get(i) * weight(i);
+          mean_g[i / c.cols] += std::fabs(gv) / c.cols;
+          mean_gx[i / c.cols] += std::fabs(gv * xhat(i)) / c.cols;
+        }
+        expect_close(
+            dgi.download(), gi,
+            [&](int64_t i) {
+              const int64_t r = i / c.cols;
+              const double gv = std::fabs(go.get(i) * weight(i));
+              const double xh = std::fabs(xhat(i)) + rstd.get(r) * mean_abs[r] + 1;
+              return out_eps * std::fabs(gi.get(i)) + tiny_step(t) +
+                     acc * rstd.get(r) * (gv + mean_g[r] + xh * (mean_gx[r] + gv));
+            },
+            "grad_in");
+        std::vector<double> col_gx(c.cols, 0), col_g(c.cols, 0);
+        for (int64_t i = 0; i < n; ++i) {
+          col_gx[i % c.cols] += std::fabs(go.get(i) * xhat(i));
+          col_g[i % c.cols] += std::fabs(go.get(i));
+        }
+        expect_close(
+            dgw.download(), gw, [&](int64_t j) { return acc * col_gx[j]; }, "grad_weight");
+        expect_close(
+            dgb.download(), gb, [&](int64_t j) { return acc * col_g[j]; }, "grad_bias");
+      }
+    }
+  }
+}
+
+TEST_F(CudaRowwiseGemmTest, NormBackwardOverNoRowsZeroesTheParameterGradients) {
+  DeviceBuffer dgw(DType::kFloat32, 10), dgb(DType::kFloat32, 10), dummy(DType::kFloat32, 1);
+  dgw.poison();
+  dgb.poison();
+  gpu::norm_backward(nullptr, static_cast<float*>(dgw.get()), static_cast<float*>(dgb.get()),
+                     dummy.get(), dummy.get(), static_cast<const float*>(dummy.get()),
+                     static_cast<const float*>(dummy.get()), nullptr, DType::kFloat32, 0, 10, false,
+                     scratch_allocator(), stream_);
+  sync();
+  for (const DeviceBuffer* b : {&dgw, &dgb}) {
+    const HostBuffer h = b->download();
+    for (int64_t j = 0; j < 10; ++j) EXPECT_EQ(h.get(j), 0.0);
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// GEMM.
+
+double gelu_tanh_ref(double x) {
+  return 0.5 * x * (1 + std::tanh(std::sqrt(2 / std::numbers::pi) * (x + 0.044715 * x * x * x)));
+}
+
+struct GemmCase {
+  int64_t m, n, k;
+  int64_t batch = 1;
+  bool broadcast_b = false;  // stride_b = 0
+  int64_t pad = 0;           // extra elements per row of every stored matrix (lda > cols)
+  double alpha = 1, beta = 0;
+  bool bias = false, gelu = false;
+  bool nan_in_a = false;  // with alpha == 0 or k == 0: A must not be read
+};
+
+std::string gemm_case_str(const GemmCase& c, DType t, bool ta, bool tb, bool tf32) {
+  return "m=" + std::to_string(c.m) + " n=" + std::to_string(c.n) + " k=" + std::to_string(c.k) +
+         " batch=" + std::to_string(c.batch) + (c.broadcast_b ? " stride_b=0" : "") +
+         " pad=" + std::to_string(c.pad) + " alpha=" + std::to_string(c.alpha) +
+         " beta=" + std::to_string(c.beta) + (c.bias ? " bias" : "") + (c.gelu ? " gelu" : "") +
+         " trans_a=" + std::to_string(ta) + " trans_b=" + std::to_string(tb) +
+         " dtype=" + std::string(dtype_name(t)) + (tf32 ? " tf32" : "");
+}
+
+class CudaGemmTest : public CudaRowwiseGemmTest {
+ protected:
+  void check(const GemmCase& c, DType t, bool ta, bool tb, bool tf32 = false) {
+    SCOPED_TRACE(gemm_case_str(c, t, ta, tb, tf32));
+    // Stored shapes (row-major): A is m x k (k x m transposed), B is k x n (n x k).
+    const int64_t a_rows = ta ? c.k : c.m, a_cols = ta ? c.m : c.k;
+    const int64_t b_rows = tb ? c.n : c.k, b_cols = tb ? c.k : c.n;
+    const int64_t lda = std::max<int64_t>(a_cols, 1) + c.pad;
+    const int64_t ldb = std::max<int64_t>(b_cols, 1) + c.pad;
+    const int64_t ldc = c.n + c.pad;
+    const int64_t stride_a = a_rows * lda + 7;  // gaps between batch entries
+    const int64_t stride_b = c.broadcast_b ? 0 : b_rows * ldb + 5;
+    const int64_t stride_c = c.m * ldc + 3;
+    const int64_t a_count = stride_a * c.batch, b_count = stride_b * (c.batch - 1) + b_rows * ldb;
+    const int64_t c_count = stride_c * c.batch;
+    HostBuffer a = random_buffer(t, a_count, -1, 1, 31 + c.m);
+    const HostBuffer b = random_buffer(t, b_count, -1, 1, 32 + c.n);
+    const HostBuffer c0 = random_buffer(t, c_count, -1, 1, 33 + c.k);
+    const HostBuffer bias = random_buffer(t, c.n, -0.5, 0.5, 34);
+    if (c.nan_in_a) {
+      for (int64_t i = 0; i < a_count; ++i) a.set(i, std::numeric_limits<double>::quiet_NaN());
+    }
+
+    DeviceBuffer da(t, a_count), db(t, b_count), dc(t, c_count), dbias(t, c.n);
+    da.upload(a);
+    db.upload(b);
+    dbias.upload(bias);
+    if (c.beta == 0) {
+      dc.poison();  // beta == 0: C is not read, NaN must not survive
+    } else {
+      dc.upload(c0);
+    }
+    const HostBuffer before = dc.download();
+    GemmArgs g;
+    g.dtype = t;
+    g.trans_a = ta;
+    g.trans_b = tb;
+    g.m = c.m;
+    g.n = c.n;
+    g.k = c.k;
+    g.a = da.get();
+    g.b = db.get();
+    g.c = dc.get();
+    g.lda = lda;
+    g.ldb = ldb;
+    g.ldc = ldc;
+    g.batch = c.batch;
+    g.stride_a = stride_a;
+    g.stride_b = stride_b;
+    g.stride_c = stride_c;
+    g.alpha = c.alpha;
+    g.beta = c.beta;
+    g.bias = c.bias ? dbias.get() : nullptr;
+    g.gelu = c.gelu;
+    g.allow_tf32 = tf32;
+    gpu::gemm(g, gemm_allocator(), stream_);
+    sync();
+    const HostBuffer got = dc.download();
+
+    // float64 reference from the stored (rounded) inputs.
+    // TF32 rounds each input to 11 significant bits (relative error <= 2^-11 per input);
+    // the accumulation itself is float32 (float64 for float64).
+    const double input_eps = tf32 ? std::ldexp(1.0, -11) : 0.0;
+    int failures = 0;
+    std::vector<bool> written(c_count, false);
+    for (int64_t e = 0; e < c.batch; ++e) {
+      for (int64_t i = 0; i < c.m; ++i) {
+        for (int64_t j = 0; j < c.n; ++j) {
+          double s = 0, magnitude = 0;
+          if (c.alpha != 0) {
+            for (int64_t p = 0; p < c.k; ++p) {
+              const double av = a.get(e * stride_a + (ta ? p * lda + i : i * lda + p));
+              const double bv = b.get(e * stride_b + (tb ? j * ldb + p : p * ldb + j));
+              s += av * bv;
+              magnitude += std::fabs(av * bv);
+            }
+          }
+          const int64_t at = e * stride_c + i * ldc + j;
+          written[at] = true;
+          double want = c.alpha * s;
+          magnitude = std::fabs(c.alpha) * magnitude;
+          if (c.beta != 0) {
+            want += c.beta * c0.get(at);
+            magnitude += std::fabs(c.beta * c0.get(at));
+          }
+          if (c.bias) {
+            want += bias.get(j);
+            magnitude += std::fabs(bias.get(j));
+          }
+          if (c.gelu) want = gelu_tanh_ref(want);  // |gelu'| <= 1.13: same error scale
+          const double tol = 2 * storage_eps(t) * std::fabs(want) +
+                             (4 * input_eps + 2 * (c.k + 16) * compute_eps(t)) * magnitude +
+                             tiny_step(t);
+          if (!same_or_within(got.get(at), want, tol) && failures++ < 10) {
+            ADD_FAILURE() << "C[" << e << "][" << i << "][" << j << "]: got " << got.get(at)
+                          << ", want " << want << " (tol " << tol << ")";
+          }
+        }
+      }
+    }
+    // Padding and gaps between batch entries are untouched.
+    for (int64_t i = 0; i < c_count && failures < 10; ++i) {
+      if (written[i]) continue;
+      const double g0 = got.get(i), b0 = before.get(i);
+      if (!(g0 == b0 || (std::isnan(g0) && std::isnan(b0)))) {
+        ++failures;
+        ADD_FAILURE() << "C element " << i << " outside the matrices changed";
+      }
+    }
+  }
+};
+
+TEST_F(CudaGemmTest, TransposesLeadingDimsBatchStridesBetaAndEpiloguesMatchFloat64) {
+  const std::vector<GemmCase> cases = {
+      {37, 53, 29},
+      {1, 17, 64},
+      {64, 1, 33},
+      {128, 96, 300, 1, false, 0, 1.0, 0.0},
+      {37, 53, 29, 3, false, 3, -1.5, 0.5},
+      {37, 53, 29, 3, true, 2, 1.0, 0.0},
+      {40, 24, 16, 2, true, 0, 0.75, 1.0, true, false},
+      {33, 65, 47, 1, false, 1, 1.0, 0.5, true, true},
+      {32, 64, 64, 2, false, 0, 1.0, 0.0, false, true},
+      {32, 64, 64, 1, false, 0, 1.0, 0.0, true, true},
+  };
+  for (DType t : kFloatTypes) {
+    for (bool ta : {false, true}) {
+      for (bool tb : {false, true}) {
+        for (const GemmCase& c : cases) check(c, t, ta, tb);
+      }
+    }
+  }
+  for (const GemmCase& c : cases) check(c, DType::kFloat32, false, true, /*tf32=*/true);
+}
+
+TEST_F(CudaGemmTest, NoProductTermScalesCWithoutReadingAOrB) {
+  for (DType t : kFloatTypes) {
+    GemmCase alpha_zero{20, 30, 10, 2, false, 1, 0.0, 0.5};
+    alpha_zero.nan_in_a = true;
+    check(alpha_zero, t, false, false);
+    GemmCase k_zero{20, 30, 0, 2, false, 1, 1.0, 0.0, true, true};
+    check(k_zero, t, false, false);
+    GemmCase k_zero_beta{20, 30, 0, 1, false, 0, 1.0, 2.0};
+    check(k_zero_beta, t, true, true);
+  }
+}
+
+TEST_F(CudaGemmTest, RejectsBadLeadingDimsAndOverlappingBatchOutputs) {
+  DeviceBuffer a(DType::kFloat32, 64), b(DType::kFloat32, 64), c(DType::kFloat32, 64);
+  GemmArgs g;
+  g.m = g.n = g.k = 4;
+  g.a = a.get();
+  g.b = b.get();
+  g.c = c.get();
+  g.lda = 3;  // < k
+  g.ldb = g.ldc = 4;
+  EXPECT_THROW(gpu::gemm(g, gemm_allocator(), stream_), Error);
+  g.lda = 4;
+  g.batch = 2;
+  g.stride_a = g.stride_b = 16;
+  g.stride_c = 0;
+  EXPECT_THROW(gpu::gemm(g, gemm_allocator(), stream_), Error);
+  g.dtype = DType::kInt32;
+  g.batch = 1;
+  EXPECT_THROW(gpu::gemm(g, gemm_allocator(), stream_), Error);
+}
+
+#endif  // RD_WITH_CUDA
+
+}  // namespace
+}  // namespace rd::kernels
