@@ -5,6 +5,7 @@
 #include "ringdilated/tensor/shape_util.h"
 
 #if defined(RD_WITH_CUDA)
+#include "ringdilated/kernels/cuda/backend.h"
 #include "ringdilated/kernels/cuda/device_info.h"
 #endif
 
@@ -21,8 +22,7 @@ bool cuda_available() {
 kernels::KernelBackend& backend_for(Device device) {
   if (device.is_cpu()) return kernels::cpu_backend();
 #if defined(RD_WITH_CUDA)
-  RD_FAIL(kUnimplemented, "backend_for: the CUDA kernel backend is not implemented yet (",
-          device.str(), ")");
+  return kernels::cuda::cuda_backend(device.index);
 #else
   RD_FAIL(kDeviceMismatch, "backend_for: this build has no CUDA backend (asked for ",
           device.str(), "); configure with RD_CUDA=AUTO or ON on a machine with nvcc");

@@ -6,7 +6,6 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
-#include <map>
 #include <numeric>
 #include <random>
 #include <set>

@@ -1,0 +1,146 @@
+// CudaBackend: forwards each KernelBackend call to the kernels of kernels/cuda/kernels.h on
+// the device's current stream, with that device made current and its pool as scratch.
+#include "ringdilated/kernels/cuda/backend.h"
+
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "ringdilated/kernels/cuda/caching_allocator.h"
+#include "ringdilated/kernels/cuda/device_info.h"
+#include "ringdilated/kernels/cuda/kernels.h"
+#include "ringdilated/kernels/cuda/runtime.h"
+
+namespace rd::kernels::cuda {
+
+namespace {
+
+class CudaBackend final : public KernelBackend {
+ public:
+  explicit CudaBackend(int device) : device_(device) {}
+  const char* name() const override { return "cuda"; }
+
+  void fill(const StridedView& out, double value) override {
+    Scope s(device_);
+    cuda::fill(out, value, s.stream);
+  }
+  void arange(const StridedView& out, double start, double step) override {
+    Scope s(device_);
+    cuda::arange(out, start, step, s.stream);
+  }
+  void copy(const StridedView& out, const StridedView& in) override {
+    Scope s(device_);
+    cuda::copy(out, in, s.stream);
+  }
+  void accumulate(const StridedView& out, const StridedView& in) override {
+    Scope s(device_);
+    cuda::accumulate(out, in, s.stream);
+  }
+  void random(const StridedView& out, Distribution dist, double a, double b, uint64_t seed,
+              uint64_t offset) override {
+    Scope s(device_);
+    cuda::random(out, dist, a, b, seed, offset, s.stream);
+  }
+  void unary(UnaryOp op, const StridedView& out, const StridedView& in,
+             const UnaryParams& params) override {
+    Scope s(device_);
+    cuda::unary(op, out, in, params, s.stream);
+  }
+  void binary(BinaryOp op, const StridedView& out, const StridedView& a,
+              const StridedView& b) override {
+    Scope s(device_);
+    cuda::binary(op, out, a, b, s.stream);
+  }
+  void where(const StridedView& out, const StridedView& cond, const StridedView& a,
+             const StridedView& b) override {
+    Scope s(device_);
+    cuda::where(out, cond, a, b, s.stream);
+  }
+  void reduce(ReduceOp op, const StridedView& out, const StridedView& in,
+              uint32_t dims_mask) override {
+    Scope s(device_);
+    cuda::reduce(op, out, in, dims_mask, scratch(), s.stream);
+  }
+  void cumsum(const StridedView& out, const StridedView& in, int dim, bool reverse) override {
+    Scope s(device_);
+    cuda::cumsum(out, in, dim, reverse, s.stream);
+  }
+  void gemm(const GemmArgs& args) override {
+    Scope s(device_);
+    cuda::gemm(args, scratch(), s.stream);
+  }
+  void softmax(void* out, const void* in, DType dtype, int64_t rows, int64_t cols,
+               bool log) override {
+    Scope s(device_);
+    cuda::softmax(out, in, dtype, rows, cols, log, s.stream);
+  }
+  void softmax_backward(void* grad_in, const void* grad_out, const void* out, DType dtype,
+                        int64_t rows, int64_t cols, bool log) override {
+    Scope s(device_);
+    cuda::softmax_backward(grad_in, grad_out, out, dtype, rows, cols, log, s.stream);
+  }
+  void norm(void* out, float* mean, float* rstd, const void* in, const void* weight,
+            const void* bias, DType dtype, int64_t rows, int64_t cols, double eps,
+            bool rms) override {
+    Scope s(device_);
+    cuda::norm(out, mean, rstd, in, weight, bias, dtype, rows, cols, eps, rms, s.stream);
+  }
+  void norm_backward(void* grad_in, float* grad_weight, float* grad_bias, const void* grad_out,
+                     const void* in, const float* mean, const float* rstd, const void* weight,
+                     DType dtype, int64_t rows, int64_t cols, bool rms) override {
+    Scope s(device_);
+    cuda::norm_backward(grad_in, grad_weight, grad_bias, grad_out, in, mean, rstd, weight, dtype,
+                        rows, cols, rms, scratch(), s.stream);
+  }
+  void index_select(const StridedView& out, const StridedView& in, int dim,
+                    const StridedView& index) override {
+    Scope s(device_);
+    cuda::index_select(out, in, dim, index, s.stream);
+  }
+  void index_add(const StridedView& out, int dim, const StridedView& index,
+                 const StridedView& src) override {
+    Scope s(device_);
+    cuda::index_add(out, dim, index, src, s.stream);
+  }
+  void gather(const StridedView& out, const StridedView& in, int dim,
+              const StridedView& index) override {
+    Scope s(device_);
+    cuda::gather(out, in, dim, index, s.stream);
+  }
+  void scatter(const StridedView& out, int dim, const StridedView& index, const StridedView& src,
+               bool accumulate) override {
+    Scope s(device_);
+    cuda::scatter(out, dim, index, src, accumulate, s.stream);
+  }
+
+ private:
+  // Makes the backend's device current for one call and names the stream to queue on.
+  struct Scope {
+    explicit Scope(int device) : guard(device), stream(current_stream(device)) {}
+    DeviceGuard guard;
+    cudaStream_t stream;
+  };
+
+  Allocator& scratch() const { return cuda_caching_allocator(device_); }
+
+  int device_;
+};
+
+}  // namespace
+
+KernelBackend& cuda_backend(int device) {
+  int count = device_count();
+  RD_CHECK(device >= 0 && device < count, kDeviceMismatch, "cuda_backend: device cuda:", device,
+           " does not exist (", count, " CUDA devices visible)");
+  // One backend per device, created on first use and kept for the process (like the pools).
+  static std::mutex mutex;
+  static std::vector<std::unique_ptr<CudaBackend>>* backends =
+      new std::vector<std::unique_ptr<CudaBackend>>();
+  std::lock_guard<std::mutex> lock(mutex);
+  if (backends->size() < static_cast<size_t>(count)) backends->resize(count);
+  auto& slot = (*backends)[device];
+  if (slot == nullptr) slot = std::make_unique<CudaBackend>(device);
+  return *slot;
+}
+
+}  // namespace rd::kernels::cuda

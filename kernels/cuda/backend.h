@@ -1,0 +1,13 @@
+// The CUDA implementation of KernelBackend, one instance per device.
+#pragma once
+
+#include "ringdilated/kernels/backend.h"
+
+namespace rd::kernels::cuda {
+
+// The backend of CUDA device `device`, created on first use. Each call makes the device
+// current, queues its work on the thread's current stream of that device and returns
+// without waiting.
+KernelBackend& cuda_backend(int device);
+
+}  // namespace rd::kernels::cuda

@@ -1,0 +1,603 @@
+// CUDA data movement and elementwise math: fill, arange, copy, accumulate, unary, binary and
+// where. Each op is a small __host__ __device__ functor run by one of two generic loops: a
+// vectorized loop over contiguous operands (16-byte loads and stores; broadcast scalars such
+// as the `s` of `x * s` stay on it) or a strided loop through OffsetCalculator. Kernels are
+// instantiated per storage type only; the op is a runtime enum switched inside the functor,
+// uniform across a launch. Results match the CPU backend bit for bit except where a device
+// math function (exp, log, tanh, erf, pow) differs from the host's in the last ulps, and for
+// float sums into an overlapping `out` (atomics: the order of the adds is free).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+
+#include "ringdilated/kernels/cpu/view_checks.h"
+#include "ringdilated/kernels/cuda/dtype_dispatch.cuh"
+#include "ringdilated/kernels/cuda/kernels.h"
+#include "ringdilated/kernels/cuda/runtime.h"
+#include "ringdilated/kernels/cuda/strided_index.cuh"
+#include "ringdilated/kernels/error.h"
+
+namespace rd::kernels::cuda {
+namespace {
+
+using cpu::check_dtype;
+using cpu::check_same_shape;
+
+// ---------------------------------------------------------------------------------------
+// The two generic loops.
+// ---------------------------------------------------------------------------------------
+
+// An op's operand pointers: out, then the inputs (typed by the loop's In... at use).
+template <class Out, class... In>
+struct Operands {
+  Out* out;
+  const void* in[sizeof...(In) > 0 ? sizeof...(In) : 1];
+};
+
+// One item = kLanes consecutive elements of contiguous operands, loaded and stored as aligned
+// vectors; the last item may be partial and goes element by element. Inputs whose bit is set
+// in scalar_mask are broadcast scalars: element 0 serves every lane.
+template <int kLanes, class Op, class Out, class... In>
+struct VectorBody {
+  Op op;
+  Operands<Out, In...> p;
+  uint32_t scalar_mask;
+  int64_t n;
+
+  RD_HOST_DEVICE void operator()(int64_t item) const {
+    const int64_t base = item * kLanes;
+    if (base + kLanes <= n) {
+      full(base, std::index_sequence_for<In...>{});
+    } else {
+      partial(base, std::index_sequence_for<In...>{});
+    }
+  }
+
+ private:
+  template <size_t... I>
+  RD_HOST_DEVICE void full(int64_t base, std::index_sequence<I...>) const {
+    compute(base, load_lanes<In, I>(base)...);
+  }
+
+  RD_HOST_DEVICE void compute(int64_t base, const AlignedVec<In, kLanes>&... x) const {
+    AlignedVec<Out, kLanes> r;
+    RD_UNROLL
+    for (int j = 0; j < kLanes; ++j) r.v[j] = op(base + j, x.v[j]...);
+    *reinterpret_cast<AlignedVec<Out, kLanes>*>(p.out + base) = r;
+  }
+
+  template <class T, size_t I>
+  RD_HOST_DEVICE AlignedVec<T, kLanes> load_lanes(int64_t base) const {
+    const T* data = static_cast<const T*>(p.in[I]);
+    if ((scalar_mask >> I) & 1u) {
+      AlignedVec<T, kLanes> v;
+      const T s = data[0];
+      RD_UNROLL
+      for (int j = 0; j < kLanes; ++j) v.v[j] = s;
+      return v;
+    }
+    return *reinterpret_cast<const AlignedVec<T, kLanes>*>(data + base);
+  }
+
+  template <size_t... I>
+  RD_HOST_DEVICE void partial(int64_t base, std::index_sequence<I...>) const {
+    for (int64_t i = base; i < n; ++i) p.out[i] = op(i, element<In, I>(i)...);
+  }
+
+  template <class T, size_t I>
+  RD_HOST_DEVICE T element(int64_t i) const {
+    return static_cast<const T*>(p.in[I])[((scalar_mask >> I) & 1u) ? 0 : i];
+  }
+};
+
+// One item = one element of operands with any strides.
+template <class Op, class Out, class... In>
+struct StridedBody {
+  Op op;
+  Operands<Out, In...> p;
+  OffsetCalculator<1 + sizeof...(In)> calc;
+
+  RD_HOST_DEVICE void operator()(int64_t i) const {
+    apply(i, calc.get(i), std::index_sequence_for<In...>{});
+  }
+
+ private:
+  template <size_t... I>
+  RD_HOST_DEVICE void apply(int64_t i, const Offsets<1 + sizeof...(In)>& o,
+                            std::index_sequence<I...>) const {
+    p.out[o.v[0]] = op(i, static_cast<const In*>(p.in[I])[o.v[I + 1]]...);
+  }
+};
+
+template <class Out, class... In>
+Operands<Out, In...> operands_of(const StridedView& out,
+                                 const std::array<const StridedView*, sizeof...(In)>& ins) {
+  Operands<Out, In...> p{};
+  p.out = static_cast<Out*>(out.data);
+  if constexpr (sizeof...(In) > 0) {
+    for (size_t k = 0; k < sizeof...(In); ++k) p.in[k] = ins[k]->data;
+  }
+  return p;
+}
+
+// out[i] = op(i, ins[0][i], ...) over out's shape (every input has it), strided loop.
+template <class Out, class... In, class Op>
+void run_strided(const Op& op, const StridedView& out,
+                 const std::array<const StridedView*, sizeof...(In)>& ins, cudaStream_t stream) {
+  constexpr int kInputs = sizeof...(In);
+  std::array<const StridedView*, 1 + kInputs> views{};
+  views[0] = &out;
+  if constexpr (kInputs > 0) {
+    for (int k = 0; k < kInputs; ++k) views[k + 1] = ins[k];
+  }
+  launch_grid_stride(out.numel(),
+                     StridedBody<Op, Out, In...>{op, operands_of<Out, In...>(out, ins),
+                                                 make_offset_calculator<1 + kInputs>(views)},
+                     stream);
+}
+
+// As run_strided, but takes the vectorized loop when out is contiguous, every input is
+// contiguous or a broadcast scalar, and every contiguous pointer is aligned to its vector.
+template <class Out, class... In, class Op>
+void run_elementwise(const Op& op, const StridedView& out,
+                     const std::array<const StridedView*, sizeof...(In)>& ins,
+                     cudaStream_t stream) {
+  constexpr int kInputs = sizeof...(In);
+  constexpr size_t kWidest = std::max({sizeof(Out), sizeof(In)...});
+  constexpr int kLanes = static_cast<int>(16 / kWidest);
+  constexpr size_t kInSizes[] = {sizeof(In)..., 0};
+  const int64_t n = out.numel();
+  if (n == 0) return;
+  bool vectorize = out.is_contiguous() && is_aligned(out.data, sizeof(Out) * kLanes);
+  uint32_t scalar_mask = 0;
+  if constexpr (kInputs > 0) {
+    for (int k = 0; k < kInputs && vectorize; ++k) {
+      if (is_broadcast_scalar(*ins[k])) {
+        scalar_mask |= 1u << k;
+      } else {
+        vectorize = ins[k]->is_contiguous() && is_aligned(ins[k]->data, kInSizes[k] * kLanes);
+      }
+    }
+  }
+  if (!vectorize) return run_strided<Out, In...>(op, out, ins, stream);
+  launch_grid_stride((n + kLanes - 1) / kLanes,
+                     VectorBody<kLanes, Op, Out, In...>{op, operands_of<Out, In...>(out, ins),
+                                                        scalar_mask, n},
+                     stream);
+}
+
+// ---------------------------------------------------------------------------------------
+// Names and dtype rules (as the CPU backend's, so errors read the same on every device).
+// ---------------------------------------------------------------------------------------
+
+std::string_view unary_name(UnaryOp op) {
+  switch (op) {
+    case UnaryOp::kNeg: return "neg";
+    case UnaryOp::kAbs: return "abs";
+    case UnaryOp::kExp: return "exp";
+    case UnaryOp::kLog: return "log";
+    case UnaryOp::kSqrt: return "sqrt";
+    case UnaryOp::kRsqrt: return "rsqrt";
+    case UnaryOp::kTanh: return "tanh";
+    case UnaryOp::kSigmoid: return "sigmoid";
+    case UnaryOp::kRelu: return "relu";
+    case UnaryOp::kGeluTanh: return "gelu_tanh";
+    case UnaryOp::kGeluErf: return "gelu_erf";
+    case UnaryOp::kSilu: return "silu";
+    case UnaryOp::kPowScalar: return "pow_scalar";
+    case UnaryOp::kClamp: return "clamp";
+    case UnaryOp::kGeluTanhGrad: return "gelu_tanh_grad";
+    case UnaryOp::kGeluErfGrad: return "gelu_erf_grad";
+  }
+  return "?";
+}
+
+std::string_view binary_name(BinaryOp op) {
+  switch (op) {
+    case BinaryOp::kAdd: return "add";
+    case BinaryOp::kSub: return "sub";
+    case BinaryOp::kMul: return "mul";
+    case BinaryOp::kDiv: return "div";
+    case BinaryOp::kPow: return "pow";
+    case BinaryOp::kMaximum: return "maximum";
+    case BinaryOp::kMinimum: return "minimum";
+    case BinaryOp::kEq: return "eq";
+    case BinaryOp::kNe: return "ne";
+    case BinaryOp::kLt: return "lt";
+    case BinaryOp::kLe: return "le";
+    case BinaryOp::kGt: return "gt";
+    case BinaryOp::kGe: return "ge";
+    case BinaryOp::kLogicalAnd: return "logical_and";
+  }
+  return "?";
+}
+
+[[noreturn]] void fail_dtype(std::string_view kernel, std::string_view op, DType dtype) {
+  RD_FAIL(kDTypeMismatch, kernel, ": op ", op, " does not support dtype ", dtype_name(dtype));
+}
+
+bool is_integer_unary(UnaryOp op) {
+  return op == UnaryOp::kNeg || op == UnaryOp::kAbs || op == UnaryOp::kRelu ||
+         op == UnaryOp::kClamp;
+}
+
+// Whether arithmetic (non-comparison) binary `op` applies to dtype t.
+bool binary_supports(BinaryOp op, DType t) {
+  switch (op) {
+    case BinaryOp::kMaximum:
+    case BinaryOp::kMinimum: return true;
+    case BinaryOp::kLogicalAnd: return t == DType::kBool;
+    case BinaryOp::kAdd:
+    case BinaryOp::kSub:
+    case BinaryOp::kMul: return t != DType::kBool;
+    case BinaryOp::kDiv:
+    case BinaryOp::kPow: return is_floating(t);
+    default: return false;
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Op functors: T operator()(int64_t logical_index, inputs...).
+// ---------------------------------------------------------------------------------------
+
+// Precise float/double overloads (never the fast-math intrinsics), so templates on the compute
+// type pick the matching precision; on the host these are the C library's, as the CPU's.
+RD_HOST_DEVICE inline float math_abs(float x) { return fabsf(x); }
+RD_HOST_DEVICE inline double math_abs(double x) { return fabs(x); }
+RD_HOST_DEVICE inline float math_exp(float x) { return expf(x); }
+RD_HOST_DEVICE inline double math_exp(double x) { return exp(x); }
+RD_HOST_DEVICE inline float math_log(float x) { return logf(x); }
+RD_HOST_DEVICE inline double math_log(double x) { return log(x); }
+RD_HOST_DEVICE inline float math_sqrt(float x) { return sqrtf(x); }
+RD_HOST_DEVICE inline double math_sqrt(double x) { return sqrt(x); }
+RD_HOST_DEVICE inline float math_tanh(float x) { return tanhf(x); }
+RD_HOST_DEVICE inline double math_tanh(double x) { return tanh(x); }
+RD_HOST_DEVICE inline float math_erf(float x) { return erff(x); }
+RD_HOST_DEVICE inline double math_erf(double x) { return erf(x); }
+RD_HOST_DEVICE inline float math_pow(float x, float y) { return powf(x, y); }
+RD_HOST_DEVICE inline double math_pow(double x, double y) { return pow(x, y); }
+
+template <class U>
+struct FillOp {
+  U value;
+  RD_HOST_DEVICE U operator()(int64_t) const { return value; }
+};
+
+template <class T>
+struct ArangeOp {
+  double start;
+  double step;
+  RD_HOST_DEVICE T operator()(int64_t i) const {
+    return convert<T>(affine_no_fma(start, step, static_cast<double>(i)));
+  }
+};
+
+template <class U>
+struct IdentityOp {
+  RD_HOST_DEVICE U operator()(int64_t, U x) const { return x; }
+};
+
+// Every UnaryOp, with the CPU's formulas in Compute<T> (float for 16-bit floats). The host
+// only lets float ops through for floating T.
+template <class T>
+struct UnaryFunctor {
+  using C = Compute<T>;
+  UnaryOp op;
+  C scalar;  // kPowScalar's exponent
+  C lo;      // kClamp's bounds, when has_lo / has_hi
+  C hi;
+  bool has_lo;
+  bool has_hi;
+
+  RD_HOST_DEVICE T operator()(int64_t, T v) const {
+    return static_cast<T>(apply(static_cast<C>(v)));
+  }
+
+ private:
+  RD_HOST_DEVICE C clamp(C x) const {
+    // NaN passes through; lo > hi gives hi, as on the CPU.
+    if (has_lo && x < lo) x = lo;
+    if (has_hi && x > hi) x = hi;
+    return x;
+  }
+
+  RD_HOST_DEVICE C apply(C x) const {
+    if constexpr (kIsFloating<T>) {
+      constexpr C kHalf = C(0.5);
+      constexpr C kSqrt2OverPi = C(0.79788456080286535588);  // sqrt(2 / pi)
+      constexpr C kGeluCubic = C(0.044715);
+      constexpr C kInvSqrt2 = C(0.70710678118654752440);
+      constexpr C kInvSqrt2Pi = C(0.39894228040143267794);  // 1 / sqrt(2 pi)
+      switch (op) {
+        case UnaryOp::kNeg: return -x;
+        case UnaryOp::kAbs: return math_abs(x);
+        case UnaryOp::kExp: return math_exp(x);
+        case UnaryOp::kLog: return math_log(x);
+        case UnaryOp::kSqrt: return math_sqrt(x);
+        case UnaryOp::kRsqrt: return C(1) / math_sqrt(x);
+        case UnaryOp::kTanh: return math_tanh(x);
+        case UnaryOp::kSigmoid: return C(1) / (C(1) + math_exp(-x));
+        case UnaryOp::kRelu: return x < C(0) ? C(0) : x;
+        case UnaryOp::kSilu: return x / (C(1) + math_exp(-x));
+        case UnaryOp::kGeluTanh: {
+          const C inner = kSqrt2OverPi * (x + kGeluCubic * x * x * x);
+          return kHalf * x * (C(1) + math_tanh(inner));
+        }
+        case UnaryOp::kGeluTanhGrad: {
+          const C inner = kSqrt2OverPi * (x + kGeluCubic * x * x * x);
+          const C t = math_tanh(inner);
+          const C d_inner = kSqrt2OverPi * (C(1) + C(3) * kGeluCubic * x * x);
+          return kHalf * (C(1) + t) + kHalf * x * (C(1) - t * t) * d_inner;
+        }
+        case UnaryOp::kGeluErf: return kHalf * x * (C(1) + math_erf(x * kInvSqrt2));
+        case UnaryOp::kGeluErfGrad: {
+          const C cdf = kHalf * (C(1) + math_erf(x * kInvSqrt2));
+          return cdf + x * kInvSqrt2Pi * math_exp(-kHalf * x * x);
+        }
+        case UnaryOp::kPowScalar: return math_pow(x, scalar);
+        case UnaryOp::kClamp: return clamp(x);
+      }
+    } else {
+      switch (op) {
+        case UnaryOp::kNeg: return C(0) - x;
+        case UnaryOp::kAbs: return x < C(0) ? C(0) - x : x;
+        case UnaryOp::kRelu: return x < C(0) ? C(0) : x;
+        case UnaryOp::kClamp: return clamp(x);
+        default: break;
+      }
+    }
+    return x;
+  }
+};
+
+// Builds the functor with the CPU's parameter rounding: float bounds are cast to the compute
+// type; integer bounds round toward the kept range, are limited to what T holds, and NaN
+// bounds are ignored.
+template <class T>
+UnaryFunctor<T> make_unary(UnaryOp op, const UnaryParams& p) {
+  using C = Compute<T>;
+  UnaryFunctor<T> f{op, static_cast<C>(p.scalar), C(0), C(0), false, false};
+  if constexpr (kIsFloating<T>) {
+    f.has_lo = p.lo.has_value();
+    f.has_hi = p.hi.has_value();
+    if (f.has_lo) f.lo = static_cast<C>(*p.lo);
+    if (f.has_hi) f.hi = static_cast<C>(*p.hi);
+  } else {
+    constexpr double kMax = std::is_same_v<T, int32_t> ? 2147483647.0 : 9.2e18;
+    f.has_lo = p.lo && !std::isnan(*p.lo);
+    f.has_hi = p.hi && !std::isnan(*p.hi);
+    if (f.has_lo) f.lo = static_cast<C>(std::ceil(std::clamp(*p.lo, -kMax, kMax)));
+    if (f.has_hi) f.hi = static_cast<C>(std::floor(std::clamp(*p.hi, -kMax, kMax)));
+  }
+  return f;
+}
+
+// Arithmetic BinaryOps in Compute<T>; the host has checked binary_supports(op, T).
+template <class T>
+struct BinaryFunctor {
+  BinaryOp op;
+
+  RD_HOST_DEVICE T operator()(int64_t, T a, T b) const {
+    using C = Compute<T>;
+    const C x = static_cast<C>(a);
+    const C y = static_cast<C>(b);
+    switch (op) {  // max/min propagate NaN: either operand NaN gives NaN
+      case BinaryOp::kMaximum: return static_cast<T>((x > y || is_nan(x)) ? x : y);
+      case BinaryOp::kMinimum: return static_cast<T>((x < y || is_nan(x)) ? x : y);
+      default: break;
+    }
+    if constexpr (std::is_same_v<T, bool>) {
+      return x && y;  // kLogicalAnd, the only other op allowed on bool
+    } else {
+      switch (op) {
+        case BinaryOp::kAdd: return static_cast<T>(x + y);
+        case BinaryOp::kSub: return static_cast<T>(x - y);
+        case BinaryOp::kMul: return static_cast<T>(x * y);
+        case BinaryOp::kDiv:
+          if constexpr (kIsFloating<T>) return static_cast<T>(x / y);
+          break;
+        case BinaryOp::kPow:
+          if constexpr (kIsFloating<T>) return static_cast<T>(math_pow(x, y));
+          break;
+        default: break;
+      }
+      return T{};
+    }
+  }
+};
+
+template <class T>
+struct CompareFunctor {
+  BinaryOp op;
+
+  RD_HOST_DEVICE bool operator()(int64_t, T a, T b) const {
+    using C = Compute<T>;
+    const C x = static_cast<C>(a);
+    const C y = static_cast<C>(b);
+    switch (op) {
+      case BinaryOp::kEq: return x == y;
+      case BinaryOp::kNe: return x != y;
+      case BinaryOp::kLt: return x < y;
+      case BinaryOp::kLe: return x <= y;
+      case BinaryOp::kGt: return x > y;
+      case BinaryOp::kGe: return x >= y;
+      default: return false;
+    }
+  }
+};
+
+template <class U>
+struct WhereOp {
+  RD_HOST_DEVICE U operator()(int64_t, bool c, U a, U b) const { return c ? a : b; }
+};
+
+// Copy with dtype conversion: one kernel per destination type, the source type switched at
+// run time (see load_converted).
+template <class To>
+struct ConvertBody {
+  To* out;
+  const void* in;
+  DType from;
+  OffsetCalculator<2> calc;
+
+  RD_HOST_DEVICE void operator()(int64_t i) const {
+    const Offsets<2> o = calc.get(i);
+    out[o.v[0]] = load_converted<To>(in, from, o.v[1]);
+  }
+};
+
+// out += in where out overlaps itself: elements sharing memory each add atomically.
+template <class T>
+struct AtomicAccumulateBody {
+  T* out;
+  const T* in;
+  OffsetCalculator<2> calc;
+
+  RD_HOST_DEVICE void operator()(int64_t i) const {
+    const Offsets<2> o = calc.get(i);
+    atomic_add_into(out + o.v[0], in[o.v[1]]);
+  }
+};
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------
+// Entry points.
+// ---------------------------------------------------------------------------------------
+
+void fill(const StridedView& out, double value, cudaStream_t stream) {
+  if (out.numel() == 0) return;
+  // Convert on the host with the CPU's rules, then only move bytes: one kernel per size.
+  // Several threads writing one element of an overlapping out store the same value.
+  uint64_t bits = 0;
+  dispatch_dtype(out.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T v = cpu::convert<T>(value);
+    std::memcpy(&bits, &v, sizeof(T));  // little-endian: the low bytes hold v
+  });
+  dispatch_by_size(out.dtype, [&](auto tag) {
+    using U = typename decltype(tag)::type;
+    run_elementwise<U>(FillOp<U>{static_cast<U>(bits)}, out, {}, stream);
+  });
+}
+
+void arange(const StridedView& out, double start, double step, cudaStream_t stream) {
+  dispatch_dtype(out.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    // Strided loop only: a contiguous out collapses to one dim and needs no division.
+    run_strided<T>(ArangeOp<T>{start, step}, out, {}, stream);
+  });
+}
+
+void copy(const StridedView& out, const StridedView& in, cudaStream_t stream) {
+  check_same_shape("copy", "out", out, "in", in);
+  const int64_t n = out.numel();
+  if (n == 0) return;
+  if (out.dtype == in.dtype) {
+    if (out.is_contiguous() && in.is_contiguous()) {
+      RD_CUDA_CHECK(cudaMemcpyAsync(out.data, in.data, n * dtype_size(out.dtype),
+                                    cudaMemcpyDefault, stream));
+      return;
+    }
+    dispatch_by_size(out.dtype, [&](auto tag) {
+      using U = typename decltype(tag)::type;
+      run_elementwise<U, U>(IdentityOp<U>{}, out, {&in}, stream);
+    });
+    return;
+  }
+  dispatch_dtype(out.dtype, [&](auto tag) {
+    using To = typename decltype(tag)::type;
+    launch_grid_stride(n,
+                       ConvertBody<To>{static_cast<To*>(out.data), in.data, in.dtype,
+                                       make_offset_calculator<2>({&out, &in})},
+                       stream);
+  });
+}
+
+void accumulate(const StridedView& out, const StridedView& in, cudaStream_t stream) {
+  check_same_shape("accumulate", "out", out, "in", in);
+  check_dtype("accumulate", "in", in, out.dtype);
+  const int64_t n = out.numel();
+  if (n == 0) return;
+  if (cpu::has_distinct_elements(out)) {
+    // A plain elementwise out = out + in (logical or, i.e. maximum, for bool).
+    const BinaryOp op = out.dtype == DType::kBool ? BinaryOp::kMaximum : BinaryOp::kAdd;
+    dispatch_dtype(out.dtype, [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      run_elementwise<T, T, T>(BinaryFunctor<T>{op}, out, {&out, &in}, stream);
+    });
+    return;
+  }
+  dispatch_dtype(out.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    launch_grid_stride(n,
+                       AtomicAccumulateBody<T>{static_cast<T*>(out.data),
+                                               static_cast<const T*>(in.data),
+                                               make_offset_calculator<2>({&out, &in})},
+                       stream);
+  });
+}
+
+void unary(UnaryOp op, const StridedView& out, const StridedView& in, const UnaryParams& params,
+           cudaStream_t stream) {
+  check_same_shape("unary", "out", out, "in", in);
+  check_dtype("unary", "out", out, in.dtype);
+  if (is_floating(in.dtype)) {
+    dispatch_floating(in.dtype, "unary", [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      run_elementwise<T, T>(make_unary<T>(op, params), out, {&in}, stream);
+    });
+    return;
+  }
+  if (!is_integer_unary(op) || !is_integral(in.dtype)) {
+    fail_dtype("unary", unary_name(op), in.dtype);
+  }
+  if (in.dtype == DType::kInt32) {
+    run_elementwise<int32_t, int32_t>(make_unary<int32_t>(op, params), out, {&in}, stream);
+  } else {
+    run_elementwise<int64_t, int64_t>(make_unary<int64_t>(op, params), out, {&in}, stream);
+  }
+}
+
+void binary(BinaryOp op, const StridedView& out, const StridedView& a, const StridedView& b,
+            cudaStream_t stream) {
+  check_same_shape("binary", "out", out, "a", a);
+  check_same_shape("binary", "out", out, "b", b);
+  check_dtype("binary", "b", b, a.dtype);
+  if (is_comparison(op)) {
+    check_dtype("binary", "out", out, DType::kBool);
+    dispatch_dtype(a.dtype, [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      run_elementwise<bool, T, T>(CompareFunctor<T>{op}, out, {&a, &b}, stream);
+    });
+    return;
+  }
+  check_dtype("binary", "out", out, a.dtype);
+  if (!binary_supports(op, a.dtype)) fail_dtype("binary", binary_name(op), a.dtype);
+  dispatch_dtype(a.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    run_elementwise<T, T, T>(BinaryFunctor<T>{op}, out, {&a, &b}, stream);
+  });
+}
+
+void where(const StridedView& out, const StridedView& cond, const StridedView& a,
+           const StridedView& b, cudaStream_t stream) {
+  check_same_shape("where", "out", out, "cond", cond);
+  check_same_shape("where", "out", out, "a", a);
+  check_same_shape("where", "out", out, "b", b);
+  check_dtype("where", "cond", cond, DType::kBool);
+  check_dtype("where", "a", a, out.dtype);
+  check_dtype("where", "b", b, out.dtype);
+  dispatch_by_size(out.dtype, [&](auto tag) {
+    using U = typename decltype(tag)::type;
+    run_elementwise<U, bool, U, U>(WhereOp<U>{}, out, {&cond, &a, &b}, stream);
+  });
+}
+
+}  // namespace rd::kernels::cuda
