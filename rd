@@ -31,8 +31,9 @@ Usage: ./rd <command> [args]
   test             setup, then build and test the release and asan presets (GPU tests run
                    only where a GPU is present); prints "tests: N passed, F failed".
   demo [args]      setup, build and run the demo (build/release/train/rd_demo).
-  bench [args]     setup, build and run the CPU benchmarks; args go to Google Benchmark,
-                   e.g. ./rd bench --benchmark_filter=Matmul
+  bench [args]     setup, build and run the CPU benchmarks (and the GPU ones where a GPU
+                   is present); args go to Google Benchmark, e.g.
+                   ./rd bench --benchmark_filter=Matmul
   help             This text.
 
 Build folders: build/<preset>. Set RD_JOBS=N to limit parallel compile jobs.
@@ -255,13 +256,21 @@ cmd_demo() {
   build/release/train/rd_demo "$@"
 }
 
+# Runs the CPU benchmarks (bench/*_bench.cc); the GPU ones (bench/cuda_*_bench.cc) too when
+# a GPU and the CUDA toolkit are present.
 cmd_bench() {
   cmd_setup
-  local sources=(bench/*_bench.cc) targets=() source
-  [[ -e "${sources[0]}" ]] || die "no benchmarks in bench/"
-  for source in "${sources[@]}"; do
-    targets+=("$(basename "$source" .cc)")
+  local targets=() source name
+  for source in bench/*_bench.cc; do
+    [[ -e "$source" ]] || continue
+    name="$(basename "$source" .cc)"
+    if [[ "$name" == cuda_* ]] && ! { have_gpu && have_nvcc; }; then
+      log "skipping $name: it needs a GPU"
+      continue
+    fi
+    targets+=("$name")
   done
+  ((${#targets[@]} > 0)) || die "no benchmarks to run in bench/"
   configure_and_build release "${targets[@]}"
   local target
   for target in "${targets[@]}"; do
