@@ -318,7 +318,10 @@ AlgoChoice choose_algo(LtContext& context, cublasLtHandle_t handle, const Proble
   if (std::optional<AlgoChoice> cached = context.find(p)) return *cached;
   Problem q = p;
   std::optional<cublasLtMatmulAlgo_t> algo;
-  if (p.bias || p.gelu) {
+  // cuBLASLt's fused GELU is not double-exact for float64 (seen on an H100: errors of
+  // ~1e-10 relative), so float64 GELU runs in our epilogue kernel, which computes in double.
+  const bool fused_is_exact = !(p.gelu && p.dtype == DType::kFloat64);
+  if ((p.bias || p.gelu) && fused_is_exact) {
     q.fused_epilogue = true;
     algo = query_algo(handle, q, bias);
   }
