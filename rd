@@ -34,6 +34,11 @@ Usage: ./rd <command> [args]
   bench [args]     setup, build and run the CPU benchmarks (and the GPU ones where a GPU
                    is present); args go to Google Benchmark, e.g.
                    ./rd bench --benchmark_filter=Matmul
+  gpu-pack         (machine with nvcc) build release and pack the GPU tests and benches,
+                   stripped, with the libraries a bare GPU machine lacks, into
+                   .carry/gpu.tar.xz.
+  gpu-run          (GPU machine) unpack .carry/gpu.tar.xz, run the GPU tests, again under
+                   compute-sanitizer memcheck, then the benches; logs to $OUT/gpu-logs.tgz.
   help             This text.
 
 Build folders: build/<preset>. Set RD_JOBS=N to limit parallel compile jobs.
@@ -237,6 +242,74 @@ cmd_test() {
   ((TOTAL_FAILED == 0))
 }
 
+# --- GPU suite --------------------------------------------------------------------------
+# The GPU machine has the CUDA runtime and cuBLASLt but not our Debian dependencies
+# (Abseil, OpenBLAS). So the suite is built here (release preset) and packed, stripped and
+# with the libraries the GPU machine lacks, into .carry/gpu.tar.xz (git-ignored). On the
+# GPU machine, `./rd gpu-run` unpacks it and runs every GPU test binary, then again under
+# compute-sanitizer memcheck, then the GPU benchmarks; logs go to $OUT/gpu-logs.tgz.
+GPU_PACK_DIR=.carry/gpu
+GPU_PACK=.carry/gpu.tar.xz
+
+cmd_gpu_pack() {
+  cmd_setup
+  have_nvcc || die "gpu-pack needs the CUDA toolkit (nvcc) on this machine"
+  configure_and_build release
+  rm -rf "$GPU_PACK_DIR"
+  mkdir -p "$GPU_PACK_DIR/bin" "$GPU_PACK_DIR/lib"
+  local binary name path
+  for binary in build/release/tests/cuda_*_test build/release/bench/cuda_*_bench \
+    build/release/bench/cpu_ops_bench; do
+    [[ -x "$binary" ]] && strip -o "$GPU_PACK_DIR/bin/$(basename "$binary")" "$binary"
+  done
+  # Carry what a binary links beyond the C/C++ runtime, the driver and the CUDA toolkit.
+  for binary in "$GPU_PACK_DIR"/bin/*; do
+    while read -r name path; do
+      [[ "$name" =~ ^lib(absl_|gomp|openblas|gfortran|quadmath) ]] || continue
+      cp -L -n "$path" "$GPU_PACK_DIR/lib/$name"
+    done < <(ldd "$binary" | awk '$3 ~ /^\// {print $1, $3}')
+  done
+  tar -C .carry -cJf "$GPU_PACK" gpu
+  rm -rf "$GPU_PACK_DIR"
+  log "packed $(du -h "$GPU_PACK" | cut -f1) into $GPU_PACK; carry .carry and run ./rd gpu-run there"
+}
+
+cmd_gpu_run() {
+  [[ -f "$GPU_PACK" ]] || die "no $GPU_PACK: run ./rd gpu-pack first and carry .carry"
+  tar -C .carry -xJf "$GPU_PACK"
+  export LD_LIBRARY_PATH="$ROOT/$GPU_PACK_DIR/lib:${LD_LIBRARY_PATH:-}"
+  local logs binary name rc passed=0 failed=0
+  logs="$(mktemp -d)"
+  nvidia-smi -L
+  for binary in "$GPU_PACK_DIR"/bin/cuda_*_test; do
+    name="$(basename "$binary")"
+    rc=0
+    timeout 300 "$binary" --gtest_brief=1 >"$logs/$name.log" 2>&1 || rc=$?
+    log "$name: exit $rc"
+    grep -E 'PASSED|FAILED|SKIPPED' "$logs/$name.log" | tail -n 5 || true
+    if ((rc == 0)); then passed=$((passed + 1)); else failed=$((failed + 1)); fi
+    if command -v compute-sanitizer >/dev/null 2>&1; then
+      rc=0
+      # API errors are expected (the out-of-memory tests); memory errors are not.
+      timeout 300 compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 \
+        "$binary" --gtest_brief=1 >"$logs/$name.memcheck.log" 2>&1 || rc=$?
+      log "$name under memcheck: exit $rc"
+      grep -E 'ERROR SUMMARY|FAILED' "$logs/$name.memcheck.log" | tail -n 5 || true
+      if ((rc == 0)); then passed=$((passed + 1)); else failed=$((failed + 1)); fi
+    fi
+  done
+  for binary in "$GPU_PACK_DIR"/bin/*_bench; do
+    [[ -x "$binary" ]] || continue
+    name="$(basename "$binary")"
+    # shellcheck disable=SC2086  # RD_BENCH_ARGS holds several words on purpose
+    "$binary" --benchmark_min_time=0.2 ${RD_BENCH_ARGS:-} >"$logs/$name.txt" 2>&1 || true
+    tail -n 30 "$logs/$name.txt"
+  done
+  tar -C "$logs" -czf "${OUT:-build}/gpu-logs.tgz" .
+  echo "gpu runs: $passed passed, $failed failed"
+  ((failed == 0))
+}
+
 # --- demo and bench -------------------------------------------------------------------
 
 # OpenMP threads spin while they wait for work by default. On a busy machine (a shared CI
@@ -289,6 +362,8 @@ case "$command" in
   test) cmd_test ;;
   demo) cmd_demo "$@" ;;
   bench) cmd_bench "$@" ;;
+  gpu-pack) cmd_gpu_pack ;;
+  gpu-run) cmd_gpu_run ;;
   help | -h | --help) usage ;;
   *)
     usage >&2
