@@ -56,6 +56,50 @@ enum class BinaryOp : uint8_t {
   kLogicalAnd,
 };
 
+// Op names for error messages, shared by every backend and the tensor layer so that a
+// message reads the same whichever device raised it.
+constexpr const char* op_name(UnaryOp op) {
+  switch (op) {
+    case UnaryOp::kNeg: return "neg";
+    case UnaryOp::kAbs: return "abs";
+    case UnaryOp::kExp: return "exp";
+    case UnaryOp::kLog: return "log";
+    case UnaryOp::kSqrt: return "sqrt";
+    case UnaryOp::kRsqrt: return "rsqrt";
+    case UnaryOp::kTanh: return "tanh";
+    case UnaryOp::kSigmoid: return "sigmoid";
+    case UnaryOp::kRelu: return "relu";
+    case UnaryOp::kGeluTanh: return "gelu_tanh";
+    case UnaryOp::kGeluErf: return "gelu_erf";
+    case UnaryOp::kSilu: return "silu";
+    case UnaryOp::kPowScalar: return "pow_scalar";
+    case UnaryOp::kClamp: return "clamp";
+    case UnaryOp::kGeluTanhGrad: return "gelu_tanh_grad";
+    case UnaryOp::kGeluErfGrad: return "gelu_erf_grad";
+  }
+  return "?";
+}
+
+constexpr const char* op_name(BinaryOp op) {
+  switch (op) {
+    case BinaryOp::kAdd: return "add";
+    case BinaryOp::kSub: return "sub";
+    case BinaryOp::kMul: return "mul";
+    case BinaryOp::kDiv: return "div";
+    case BinaryOp::kPow: return "pow";
+    case BinaryOp::kMaximum: return "maximum";
+    case BinaryOp::kMinimum: return "minimum";
+    case BinaryOp::kEq: return "eq";
+    case BinaryOp::kNe: return "ne";
+    case BinaryOp::kLt: return "lt";
+    case BinaryOp::kLe: return "le";
+    case BinaryOp::kGt: return "gt";
+    case BinaryOp::kGe: return "ge";
+    case BinaryOp::kLogicalAnd: return "logical_and";
+  }
+  return "?";
+}
+
 constexpr bool is_comparison(BinaryOp op) {
   return op == BinaryOp::kEq || op == BinaryOp::kNe || op == BinaryOp::kLt ||
          op == BinaryOp::kLe || op == BinaryOp::kGt || op == BinaryOp::kGe;

@@ -45,29 +45,9 @@ Tensor scalar_like(const Tensor& t, double value) {
   return scalar_tensor(value, TensorOptions(dtype).with_device(t.device()));
 }
 
-const char* binary_name(BinaryOp op) {
-  switch (op) {
-    case BinaryOp::kAdd: return "add";
-    case BinaryOp::kSub: return "sub";
-    case BinaryOp::kMul: return "mul";
-    case BinaryOp::kDiv: return "div";
-    case BinaryOp::kPow: return "pow";
-    case BinaryOp::kMaximum: return "maximum";
-    case BinaryOp::kMinimum: return "minimum";
-    case BinaryOp::kEq: return "eq";
-    case BinaryOp::kNe: return "ne";
-    case BinaryOp::kLt: return "lt";
-    case BinaryOp::kLe: return "le";
-    case BinaryOp::kGt: return "gt";
-    case BinaryOp::kGe: return "ge";
-    case BinaryOp::kLogicalAnd: return "logical_and";
-  }
-  return "binary";
-}
-
 // Runs a binary kernel after broadcasting and promotion; no autograd.
 Tensor binary_forward(BinaryOp op, const Tensor& a, const Tensor& b) {
-  const char* name = binary_name(op);
+  const char* name = kernels::op_name(op);
   check_same_device({&a, &b}, name);
   DType common = promote_types(a.dtype(), b.dtype());
   if ((op == BinaryOp::kDiv || op == BinaryOp::kPow) && !is_floating(common)) {
@@ -195,7 +175,7 @@ Tensor extremum(BinaryOp op, const Tensor& a, const Tensor& b) {
   Tensor out = binary_forward(op, a, b);
   if (autograd::needs_grad({&a, &b})) {
     Tensor sa = a.detach(), sb = b.detach();
-    autograd::record(out, binary_name(op), {a, b}, [=](const Tensor& g) -> std::vector<Tensor> {
+    autograd::record(out, kernels::op_name(op), {a, b}, [=](const Tensor& g) -> std::vector<Tensor> {
       DType dtype = g.dtype();
       Tensor a_wins = mask_as(op == BinaryOp::kMaximum ? gt(sa, sb) : lt(sa, sb), dtype);
       Tensor tie = mul(mask_as(eq(sa, sb), dtype), 0.5);

@@ -12,48 +12,6 @@
 namespace rd::kernels::cpu {
 namespace {
 
-std::string_view unary_name(UnaryOp op) {
-  switch (op) {
-    case UnaryOp::kNeg: return "neg";
-    case UnaryOp::kAbs: return "abs";
-    case UnaryOp::kExp: return "exp";
-    case UnaryOp::kLog: return "log";
-    case UnaryOp::kSqrt: return "sqrt";
-    case UnaryOp::kRsqrt: return "rsqrt";
-    case UnaryOp::kTanh: return "tanh";
-    case UnaryOp::kSigmoid: return "sigmoid";
-    case UnaryOp::kRelu: return "relu";
-    case UnaryOp::kGeluTanh: return "gelu_tanh";
-    case UnaryOp::kGeluErf: return "gelu_erf";
-    case UnaryOp::kSilu: return "silu";
-    case UnaryOp::kPowScalar: return "pow_scalar";
-    case UnaryOp::kClamp: return "clamp";
-    case UnaryOp::kGeluTanhGrad: return "gelu_tanh_grad";
-    case UnaryOp::kGeluErfGrad: return "gelu_erf_grad";
-  }
-  return "?";
-}
-
-std::string_view binary_name(BinaryOp op) {
-  switch (op) {
-    case BinaryOp::kAdd: return "add";
-    case BinaryOp::kSub: return "sub";
-    case BinaryOp::kMul: return "mul";
-    case BinaryOp::kDiv: return "div";
-    case BinaryOp::kPow: return "pow";
-    case BinaryOp::kMaximum: return "maximum";
-    case BinaryOp::kMinimum: return "minimum";
-    case BinaryOp::kEq: return "eq";
-    case BinaryOp::kNe: return "ne";
-    case BinaryOp::kLt: return "lt";
-    case BinaryOp::kLe: return "le";
-    case BinaryOp::kGt: return "gt";
-    case BinaryOp::kGe: return "ge";
-    case BinaryOp::kLogicalAnd: return "logical_and";
-  }
-  return "?";
-}
-
 [[noreturn]] void fail_dtype(std::string_view kernel, std::string_view op, DType dtype) {
   RD_FAIL(kDTypeMismatch, kernel, ": op ", op, " does not support dtype ", dtype_name(dtype));
 }
@@ -153,7 +111,7 @@ void unary_integral(UnaryOp op, const StridedView& out, const StridedView& in,
     }
     default: break;
   }
-  RD_FAIL(kInternal, "unary: op ", unary_name(op), " reached the integer path");
+  RD_FAIL(kInternal, "unary: op ", op_name(op), " reached the integer path");
 }
 
 // out = f(a, b) with inputs in the compute type of T and out of type Out.
@@ -177,7 +135,7 @@ void compare(BinaryOp op, const StridedView& out, const StridedView& a, const St
     case BinaryOp::kGe: return map_binary<T, bool>(out, a, b, [](C x, C y) { return x >= y; });
     default: break;
   }
-  RD_FAIL(kInternal, "binary: ", binary_name(op), " is not a comparison");
+  RD_FAIL(kInternal, "binary: ", op_name(op), " is not a comparison");
 }
 
 // Arithmetic binary ops; returns false if `op` does not apply to T.
@@ -240,7 +198,7 @@ void CpuBackend::unary(UnaryOp op, const StridedView& out, const StridedView& in
   }
   bool integral_op = op == UnaryOp::kNeg || op == UnaryOp::kAbs || op == UnaryOp::kRelu ||
                      op == UnaryOp::kClamp;
-  if (!integral_op || !is_integral(in.dtype)) fail_dtype("unary", unary_name(op), in.dtype);
+  if (!integral_op || !is_integral(in.dtype)) fail_dtype("unary", op_name(op), in.dtype);
   if (in.dtype == DType::kInt32) {
     unary_integral<int32_t>(op, out, in, params);
   } else {
@@ -263,7 +221,7 @@ void CpuBackend::binary(BinaryOp op, const StridedView& out, const StridedView& 
   bool done = dispatch_dtype(a.dtype, [&](auto tag) {
     return arithmetic<typename decltype(tag)::type>(op, out, a, b);
   });
-  if (!done) fail_dtype("binary", binary_name(op), a.dtype);
+  if (!done) fail_dtype("binary", op_name(op), a.dtype);
 }
 
 void CpuBackend::where(const StridedView& out, const StridedView& cond, const StridedView& a,

@@ -176,48 +176,6 @@ void run_elementwise(const Op& op, const StridedView& out,
 // Names and dtype rules (as the CPU backend's, so errors read the same on every device).
 // ---------------------------------------------------------------------------------------
 
-std::string_view unary_name(UnaryOp op) {
-  switch (op) {
-    case UnaryOp::kNeg: return "neg";
-    case UnaryOp::kAbs: return "abs";
-    case UnaryOp::kExp: return "exp";
-    case UnaryOp::kLog: return "log";
-    case UnaryOp::kSqrt: return "sqrt";
-    case UnaryOp::kRsqrt: return "rsqrt";
-    case UnaryOp::kTanh: return "tanh";
-    case UnaryOp::kSigmoid: return "sigmoid";
-    case UnaryOp::kRelu: return "relu";
-    case UnaryOp::kGeluTanh: return "gelu_tanh";
-    case UnaryOp::kGeluErf: return "gelu_erf";
-    case UnaryOp::kSilu: return "silu";
-    case UnaryOp::kPowScalar: return "pow_scalar";
-    case UnaryOp::kClamp: return "clamp";
-    case UnaryOp::kGeluTanhGrad: return "gelu_tanh_grad";
-    case UnaryOp::kGeluErfGrad: return "gelu_erf_grad";
-  }
-  return "?";
-}
-
-std::string_view binary_name(BinaryOp op) {
-  switch (op) {
-    case BinaryOp::kAdd: return "add";
-    case BinaryOp::kSub: return "sub";
-    case BinaryOp::kMul: return "mul";
-    case BinaryOp::kDiv: return "div";
-    case BinaryOp::kPow: return "pow";
-    case BinaryOp::kMaximum: return "maximum";
-    case BinaryOp::kMinimum: return "minimum";
-    case BinaryOp::kEq: return "eq";
-    case BinaryOp::kNe: return "ne";
-    case BinaryOp::kLt: return "lt";
-    case BinaryOp::kLe: return "le";
-    case BinaryOp::kGt: return "gt";
-    case BinaryOp::kGe: return "ge";
-    case BinaryOp::kLogicalAnd: return "logical_and";
-  }
-  return "?";
-}
-
 [[noreturn]] void fail_dtype(std::string_view kernel, std::string_view op, DType dtype) {
   RD_FAIL(kDTypeMismatch, kernel, ": op ", op, " does not support dtype ", dtype_name(dtype));
 }
@@ -556,7 +514,7 @@ void unary(UnaryOp op, const StridedView& out, const StridedView& in, const Unar
     return;
   }
   if (!is_integer_unary(op) || !is_integral(in.dtype)) {
-    fail_dtype("unary", unary_name(op), in.dtype);
+    fail_dtype("unary", op_name(op), in.dtype);
   }
   if (in.dtype == DType::kInt32) {
     run_elementwise<int32_t, int32_t>(make_unary<int32_t>(op, params), out, {&in}, stream);
@@ -579,7 +537,7 @@ void binary(BinaryOp op, const StridedView& out, const StridedView& a, const Str
     return;
   }
   check_dtype("binary", "out", out, a.dtype);
-  if (!binary_supports(op, a.dtype)) fail_dtype("binary", binary_name(op), a.dtype);
+  if (!binary_supports(op, a.dtype)) fail_dtype("binary", op_name(op), a.dtype);
   dispatch_dtype(a.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     run_elementwise<T, T, T>(BinaryFunctor<T>{op}, out, {&a, &b}, stream);
