@@ -37,8 +37,9 @@ Usage: ./rd <command> [args]
   gpu-pack         (machine with nvcc) build release and pack the GPU tests and benches,
                    stripped, with the libraries a bare GPU machine lacks, into
                    .carry/gpu.tar.xz.
-  gpu-run          (GPU machine) unpack .carry/gpu.tar.xz, run the GPU tests, again under
-                   compute-sanitizer memcheck, then the benches; logs to $OUT/gpu-logs.tgz.
+  gpu-run [phase]  (GPU machine) unpack .carry/gpu.tar.xz, run the GPU tests (phase tests),
+                   again under compute-sanitizer memcheck (memcheck), then the benches and
+                   their markdown report (bench); default all. Logs to $OUT/gpu-logs.tgz.
   help             This text.
 
 Build folders: build/<preset>. Set RD_JOBS=N to limit parallel compile jobs.
@@ -251,6 +252,11 @@ cmd_test() {
 GPU_PACK_DIR=.carry/gpu
 GPU_PACK=.carry/gpu.tar.xz
 
+# Test binaries that run on the GPU: the CUDA tests, plus the op suite, whose CUDA cases
+# register only where a GPU is visible (its filter below skips the CPU cases there).
+GPU_TESTS=(build/release/tests/cuda_*_test build/release/tests/op_suite_test)
+GPU_BENCHES=(build/release/bench/cuda_*_bench)
+
 cmd_gpu_pack() {
   cmd_setup
   have_nvcc || die "gpu-pack needs the CUDA toolkit (nvcc) on this machine"
@@ -258,14 +264,14 @@ cmd_gpu_pack() {
   rm -rf "$GPU_PACK_DIR"
   mkdir -p "$GPU_PACK_DIR/bin" "$GPU_PACK_DIR/lib"
   local binary name path
-  for binary in build/release/tests/cuda_*_test build/release/bench/cuda_*_bench \
-    build/release/bench/cpu_ops_bench; do
+  for binary in "${GPU_TESTS[@]}" "${GPU_BENCHES[@]}"; do
     [[ -x "$binary" ]] && strip -o "$GPU_PACK_DIR/bin/$(basename "$binary")" "$binary"
   done
+  cp bench/report.py "$GPU_PACK_DIR/bin/" 2>/dev/null || true
   # Carry what a binary links beyond the C/C++ runtime, the driver and the CUDA toolkit.
-  for binary in "$GPU_PACK_DIR"/bin/*; do
+  for binary in "$GPU_PACK_DIR"/bin/*_test "$GPU_PACK_DIR"/bin/*_bench; do
     while read -r name path; do
-      [[ "$name" =~ ^lib(absl_|gomp|openblas|gfortran|quadmath) ]] || continue
+      [[ "$name" =~ ^lib(absl_|gomp|openblas|gfortran|quadmath|benchmark) ]] || continue
       cp -L -n "$path" "$GPU_PACK_DIR/lib/$name"
     done < <(ldd "$binary" | awk '$3 ~ /^\// {print $1, $3}')
   done
@@ -274,37 +280,61 @@ cmd_gpu_pack() {
   log "packed $(du -h "$GPU_PACK" | cut -f1) into $GPU_PACK; carry .carry and run ./rd gpu-run there"
 }
 
+# gtest arguments for one GPU test binary: the op suite runs only its CUDA cases (and the
+# harness checks), since CI covers its CPU cases.
+gpu_test_args() {
+  case "$1" in
+    op_suite_test) echo "--gtest_brief=1 --gtest_filter=*cuda*:Harness.*" ;;
+    *) echo "--gtest_brief=1" ;;
+  esac
+}
+
+# Runs the GPU tests (phase "tests"), the same under compute-sanitizer memcheck
+# ("memcheck"), and the benches ("bench"); "all" runs the three.
 cmd_gpu_run() {
+  local phase="${1:-all}"
+  [[ "$phase" =~ ^(all|tests|memcheck|bench)$ ]] || die "gpu-run: unknown phase '$phase'"
   [[ -f "$GPU_PACK" ]] || die "no $GPU_PACK: run ./rd gpu-pack first and carry .carry"
   tar -C .carry -xJf "$GPU_PACK"
   export LD_LIBRARY_PATH="$ROOT/$GPU_PACK_DIR/lib:${LD_LIBRARY_PATH:-}"
-  local logs binary name rc passed=0 failed=0
+  local logs binary name rc passed=0 failed=0 args
   logs="$(mktemp -d)"
   nvidia-smi -L
-  for binary in "$GPU_PACK_DIR"/bin/cuda_*_test; do
+  for binary in "$GPU_PACK_DIR"/bin/*_test; do
     name="$(basename "$binary")"
-    rc=0
-    timeout 300 "$binary" --gtest_brief=1 >"$logs/$name.log" 2>&1 || rc=$?
-    log "$name: exit $rc"
-    grep -E 'PASSED|FAILED|SKIPPED' "$logs/$name.log" | tail -n 5 || true
-    if ((rc == 0)); then passed=$((passed + 1)); else failed=$((failed + 1)); fi
-    if command -v compute-sanitizer >/dev/null 2>&1; then
+    read -r -a args <<<"$(gpu_test_args "$name")"
+    if [[ "$phase" == all || "$phase" == tests ]]; then
+      rc=0
+      timeout 400 "$binary" "${args[@]}" >"$logs/$name.log" 2>&1 || rc=$?
+      log "$name: exit $rc"
+      grep -E 'PASSED|FAILED|SKIPPED' "$logs/$name.log" | tail -n 12 || true
+      if ((rc == 0)); then passed=$((passed + 1)); else failed=$((failed + 1)); fi
+    fi
+    if [[ "$phase" == all || "$phase" == memcheck ]] && command -v compute-sanitizer >/dev/null; then
       rc=0
       # API errors are expected (the out-of-memory tests); memory errors are not.
-      timeout 300 compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 \
-        "$binary" --gtest_brief=1 >"$logs/$name.memcheck.log" 2>&1 || rc=$?
+      timeout 400 compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 \
+        "$binary" "${args[@]}" >"$logs/$name.memcheck.log" 2>&1 || rc=$?
       log "$name under memcheck: exit $rc"
-      grep -E 'ERROR SUMMARY|FAILED' "$logs/$name.memcheck.log" | tail -n 5 || true
+      grep -E 'ERROR SUMMARY|FAILED' "$logs/$name.memcheck.log" | tail -n 8 || true
       if ((rc == 0)); then passed=$((passed + 1)); else failed=$((failed + 1)); fi
     fi
   done
-  for binary in "$GPU_PACK_DIR"/bin/*_bench; do
-    [[ -x "$binary" ]] || continue
-    name="$(basename "$binary")"
-    # shellcheck disable=SC2086  # RD_BENCH_ARGS holds several words on purpose
-    "$binary" --benchmark_min_time=0.2 ${RD_BENCH_ARGS:-} >"$logs/$name.txt" 2>&1 || true
-    tail -n 30 "$logs/$name.txt"
-  done
+  if [[ "$phase" == all || "$phase" == bench ]]; then
+    for binary in "$GPU_PACK_DIR"/bin/*_bench; do
+      [[ -x "$binary" ]] || continue
+      name="$(basename "$binary")"
+      # shellcheck disable=SC2086  # RD_BENCH_ARGS holds several words on purpose
+      "$binary" --benchmark_min_time=0.3 --benchmark_repetitions=3 \
+        --benchmark_display_aggregates_only=true --benchmark_out="$logs/$name.json" \
+        --benchmark_out_format=json ${RD_BENCH_ARGS:-} >"$logs/$name.txt" 2>&1 || true
+      tail -n 5 "$logs/$name.txt"
+    done
+    if compgen -G "$logs/*.json" >/dev/null; then
+      python3 "$GPU_PACK_DIR/bin/report.py" "$logs"/*.json >"$logs/report.md" 2>&1 || true
+      cat "$logs/report.md"
+    fi
+  fi
   tar -C "$logs" -czf "${OUT:-build}/gpu-logs.tgz" .
   echo "gpu runs: $passed passed, $failed failed"
   ((failed == 0))
@@ -363,7 +393,7 @@ case "$command" in
   demo) cmd_demo "$@" ;;
   bench) cmd_bench "$@" ;;
   gpu-pack) cmd_gpu_pack ;;
-  gpu-run) cmd_gpu_run ;;
+  gpu-run) cmd_gpu_run "$@" ;;
   help | -h | --help) usage ;;
   *)
     usage >&2

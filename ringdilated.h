@@ -4,6 +4,7 @@
 #include "ringdilated/kernels/dtype.h"
 #include "ringdilated/kernels/error.h"
 #include "ringdilated/kernels/half.h"
+#include "ringdilated/nn/optimizer.h"
 #include "ringdilated/tensor/allocator.h"
 #include "ringdilated/tensor/autograd.h"
 #include "ringdilated/tensor/checkpoint.h"

@@ -12,4 +12,9 @@ std::string memory_stats_str(const MemoryStats& s) {
                  " system_frees=", s.system_frees);
 }
 
+void Allocator::set_fill_on_allocate(std::optional<uint8_t> /*byte*/) {
+  RD_FAIL(kUnimplemented, "set_fill_on_allocate: the ", device().str(),
+          " allocator cannot fill blocks on allocation");
+}
+
 }  // namespace rd

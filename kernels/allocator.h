@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "ringdilated/kernels/device.h"
@@ -37,7 +38,28 @@ class Allocator {
   virtual void reset_peak_stats() = 0;
   // Returns cached, unused blocks to the system.
   virtual void empty_cache() = 0;
+
+  // Debugging aid for tests: while set, every block is filled with `byte` before it is
+  // handed out, so a kernel that leaves part of its output unwritten shows garbage instead
+  // of plausible stale values. Off by default. Pools that cannot fill throw kUnimplemented.
+  virtual void set_fill_on_allocate(std::optional<uint8_t> byte);
 };
 
+// Scratch memory for the duration of a host scope, returned to its pool on every exit path.
+// With the CUDA pool this is stream-ordered: memory returned here is handed out again only to
+// work queued later on the same stream, which runs after the kernels that used it.
+class ScratchBuffer {
+ public:
+  ScratchBuffer(Allocator& allocator, size_t bytes)
+      : allocator_(allocator), ptr_(allocator.allocate(bytes)) {}
+  ~ScratchBuffer() { allocator_.deallocate(ptr_); }
+  ScratchBuffer(const ScratchBuffer&) = delete;
+  ScratchBuffer& operator=(const ScratchBuffer&) = delete;
+  void* get() const { return ptr_; }
+
+ private:
+  Allocator& allocator_;
+  void* ptr_;
+};
 
 }  // namespace rd

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 
 #include "ringdilated/kernels/strided.h"
 
@@ -117,6 +118,19 @@ enum class ReduceOp : uint8_t {
   kLogSumExp,  // max-shifted; all -inf gives -inf
 };
 
+constexpr const char* op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return "sum";
+    case ReduceOp::kMean: return "mean";
+    case ReduceOp::kMax: return "max";
+    case ReduceOp::kMin: return "min";
+    case ReduceOp::kArgMax: return "argmax";
+    case ReduceOp::kArgMin: return "argmin";
+    case ReduceOp::kLogSumExp: return "logsumexp";
+  }
+  return "?";
+}
+
 // Random fills from a counter-based Philox4x32-10 stream, so that every device produces the
 // same numbers for the same (seed, offset). Element i of the logical (row-major) order uses
 // counter offset + i.
@@ -149,6 +163,31 @@ struct GemmArgs {
   // float32 only: lets the device round A and B to TF32 (10-bit mantissa) inside the
   // product, for speed. Off by default: float32 GEMMs are computed in float32.
   bool allow_tf32 = false;
+};
+
+// AdamW (Loshchilov & Hutter; PyTorch's torch.optim.AdamW): with g the gradient and t = step,
+//   param *= 1 - lr * weight_decay
+//   exp_avg = beta1 * exp_avg + (1 - beta1) * g
+//   exp_avg_sq = beta2 * exp_avg_sq + (1 - beta2) * g^2
+//   param -= lr * (exp_avg / (1 - beta1^t)) / (sqrt(exp_avg_sq / (1 - beta2^t)) + eps)
+// computed in accumulation_dtype(dtype) and rounded to the parameter's dtype once.
+struct AdamWStep {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 1e-2;
+  int64_t step = 1;  // 1-based count of steps taken, including this one
+};
+
+// One tensor of an AdamW step: param and grad of the call's dtype, the two moment buffers
+// of accumulation_dtype(dtype), all contiguous with `numel` elements, none aliasing.
+struct AdamWTensor {
+  void* param = nullptr;
+  const void* grad = nullptr;
+  void* exp_avg = nullptr;
+  void* exp_avg_sq = nullptr;
+  int64_t numel = 0;
 };
 
 class KernelBackend {
@@ -195,15 +234,40 @@ class KernelBackend {
                                 DType dtype, int64_t rows, int64_t cols, bool log) = 0;
   // Layer norm (rms=false) or RMS norm (rms=true) over each row. weight/bias may be null.
   // mean (unused for rms) and rstd are float32 [rows] outputs kept for the backward pass.
-  virtual void norm(void* out, float* mean, float* rstd, const void* in, const void* weight,
-                    const void* bias, DType dtype, int64_t rows, int64_t cols, double eps,
-                    bool rms) = 0;
-  // Backward of norm(). grad_weight/grad_bias are float32 [cols] and may be null; they are
-  // overwritten, not accumulated.
+  // Residual fusion: when `residual` is not null the normalized row is in + residual, and
+  // that sum is also written to `sum` (the transformer's new residual stream), so the add
+  // costs no extra pass over memory. `sum` must be non-null exactly when `residual` is.
+  virtual void norm(void* out, float* mean, float* rstd, const void* in, const void* residual,
+                    void* sum, const void* weight, const void* bias, DType dtype, int64_t rows,
+                    int64_t cols, double eps, bool rms) = 0;
+  // Backward of norm(); `in` is what was normalized (the sum when a residual was fused).
+  // grad_weight/grad_bias are float32 [cols] and may be null; they are overwritten, not
+  // accumulated. grad_sum (may be null) is the gradient reaching the fused `sum` output
+  // from elsewhere; it is added into grad_in, which is then the gradient of both the input
+  // and the residual.
   virtual void norm_backward(void* grad_in, float* grad_weight, float* grad_bias,
-                             const void* grad_out, const void* in, const float* mean,
-                             const float* rstd, const void* weight, DType dtype, int64_t rows,
-                             int64_t cols, bool rms) = 0;
+                             const void* grad_out, const void* grad_sum, const void* in,
+                             const float* mean, const float* rstd, const void* weight,
+                             DType dtype, int64_t rows, int64_t cols, bool rms) = 0;
+
+  // Cross-entropy over contiguous [rows, cols] logits and int64 targets [rows], never
+  // materializing the probabilities: lse[r] = logsumexp(logits[r]) and
+  // loss[r] = lse[r] - logits[r, targets[r]], or 0 when targets[r] == ignore_index.
+  // loss and lse are of accumulation_dtype(dtype). Targets are bounds-checked by the caller.
+  virtual void cross_entropy(void* loss, void* lse, const void* logits, const int64_t* targets,
+                             DType dtype, int64_t rows, int64_t cols, int64_t ignore_index) = 0;
+  // grad_logits[r, c] = grad_loss[r * grad_loss_stride] * (exp(logits[r, c] - lse[r]) -
+  // (c == targets[r])), and 0 on ignored rows. grad_loss (accumulation_dtype(dtype)) may
+  // broadcast one value with stride 0, which is how a mean or sum reduction arrives.
+  virtual void cross_entropy_backward(void* grad_logits, const void* grad_loss,
+                                      int64_t grad_loss_stride, const void* logits,
+                                      const void* lse, const int64_t* targets, DType dtype,
+                                      int64_t rows, int64_t cols, int64_t ignore_index) = 0;
+
+  // --- optimizers ---
+  // One AdamW step over many tensors in a single pass (one launch on CUDA); see AdamWStep.
+  virtual void adamw(std::span<const AdamWTensor> tensors, DType dtype,
+                     const AdamWStep& step) = 0;
 
   // --- indexing ---
   // out.select(dim, i) = in.select(dim, index[i]); index is int64 1-D. Bounds are checked by

@@ -45,6 +45,12 @@ constexpr std::string_view dtype_name(DType t) {
   return "?";
 }
 
+// The type kernels accumulate and keep statistics in: float64 for float64 data, else
+// float32 (16-bit floats are stored 16-bit but computed in float32).
+constexpr DType accumulation_dtype(DType t) {
+  return t == DType::kFloat64 ? DType::kFloat64 : DType::kFloat32;
+}
+
 // Result type of a binary op on two tensors (PyTorch's rules, minus scalars):
 // bool < int32 < int64 < 16-bit floats < float32 < float64; bf16 with f16 gives float32.
 constexpr DType promote_types(DType a, DType b) {

@@ -4,7 +4,9 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
+#include "ringdilated/kernels/dtype_dispatch.h"
 #include "ringdilated/kernels/half.h"
 
 namespace rd::kernels {
@@ -97,21 +99,69 @@ RD_HOST_DEVICE inline double philox_unit53(uint32_t lo, uint32_t hi) {
   return static_cast<double>(x >> 11) * (1.0 / 9007199254740992.0);  // 2^-53
 }
 
-// a + scale * u in double with the multiply and add rounded separately (no FMA), so that
-// compilers that contract to FMA by default (nvcc) give the same bits as those that don't.
-RD_HOST_DEVICE inline double philox_affine(double a, double scale, double u) {
-#if defined(__CUDA_ARCH__)
-  return __dadd_rn(a, __dmul_rn(scale, u));
-#else
-  volatile double product = scale * u;  // volatile: forbid contraction into an FMA
-  return a + product;
-#endif
-}
-
 // Standard normal pair -> one sample, from u1 in (0, 1] and u2 in [0, 1).
 RD_HOST_DEVICE inline double philox_box_muller(double u1, double u2) {
   constexpr double kTwoPi = 6.283185307179586476925286766559;
   return sqrt(-2.0 * log(u1)) * cos(kTwoPi * u2);
+}
+
+// ---------------------------------------------------------------------------------------
+// From an element's Philox block to its sample: the one mapping every backend uses.
+
+// Significand precision of T: the uniform draw's bit count, so u is exact in T.
+template <class T>
+constexpr int philox_uniform_bits() {
+  if constexpr (std::is_same_v<T, BFloat16>) return 8;
+  if constexpr (std::is_same_v<T, Float16>) return 11;
+  return 24;
+}
+
+// Rounds a double sample to the floating type T: to float32 first, then to the storage type.
+template <class T>
+RD_HOST_DEVICE T philox_round(double v) {
+  if constexpr (std::is_same_v<T, double>) {
+    return v;
+  } else {
+    return T(static_cast<float>(v));
+  }
+}
+
+template <class T>
+RD_HOST_DEVICE double philox_as_double(T v) {
+  if constexpr (std::is_same_v<T, double>) {
+    return v;
+  } else {
+    return static_cast<double>(static_cast<float>(v));
+  }
+}
+
+// One uniform ([a, b)) or normal (mean a, stddev b) sample of floating type T from the
+// element's Philox block r. Uniform uses word 0 (words 0-1 for double); normal uses words
+// 0-1 (all four for double) through Box-Muller.
+template <class T>
+RD_HOST_DEVICE T philox_sample(bool normal, double a, double b, const Philox4x32& r) {
+  constexpr bool kDouble = std::is_same_v<T, double>;
+  if (!normal) {
+    const double u =
+        kDouble ? philox_unit53(r.w[0], r.w[1]) : philox_unit(r.w[0], philox_uniform_bits<T>());
+    const T v = philox_round<T>(affine_no_fma(a, b - a, u));
+    // Rounding may reach b; keep the range half-open.
+    return (a < b && philox_as_double(v) >= b) ? philox_round<T>(a) : v;
+  }
+  double u1, u2;
+  if constexpr (kDouble) {
+    u1 = philox_unit53(r.w[0], r.w[1]) + 1.0 / 9007199254740992.0;  // (0, 1]
+    u2 = philox_unit53(r.w[2], r.w[3]);
+  } else {
+    u1 = philox_unit(r.w[0], 24) + 1.0 / 16777216.0;  // (0, 1]
+    u2 = philox_unit(r.w[1], 24);
+  }
+  return philox_round<T>(affine_no_fma(a, b, philox_box_muller(u1, u2)));
+}
+
+// A Bernoulli draw with probability p from word 0 of the block.
+RD_HOST_DEVICE inline bool philox_bernoulli(double p, const Philox4x32& r) {
+  return philox_unit(r.w[0], 24) < p;
 }
 
 }  // namespace rd::kernels

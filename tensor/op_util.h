@@ -6,8 +6,10 @@
 #include <cstdint>
 #include <optional>
 #include <string_view>
+#include <vector>
 
 #include "ringdilated/kernels/error.h"
+#include "ringdilated/tensor/ops.h"
 #include "ringdilated/tensor/tensor.h"
 
 namespace rd::op_util {
@@ -21,13 +23,26 @@ inline Tensor int64_index(const Tensor& index, std::string_view op, std::string_
 }
 
 // Checks every value of the int64 tensor `index` lies in [0, bound), except values equal to
-// `ignore`. `bound_desc` says what bounds it, e.g. "num_embeddings". The values are read on
-// the host, so only CPU tensors are checked here; device tensors will need a device-side
-// check (until then their kernels must not trust the indices).
+// `ignore`. `bound_desc` says what bounds it, e.g. "num_embeddings". CPU values are read
+// directly. Device values are checked with two reductions (min and max) whose results come
+// back to the host, costing one synchronization; only when they fail are the values copied
+// to find the first offending one for the message. Ops whose device kernels check indices
+// themselves (the index kernels do) pass check_device = false to skip that cost.
 inline void check_index_bounds(const Tensor& index, int64_t bound, std::string_view op,
                                std::string_view arg, std::string_view bound_desc,
-                               std::optional<int64_t> ignore = std::nullopt) {
-  if (!index.device().is_cpu() || index.numel() == 0) return;
+                               std::optional<int64_t> ignore = std::nullopt,
+                               bool check_device = false) {
+  if (index.numel() == 0) return;
+  if (!index.device().is_cpu()) {
+    if (!check_device) return;
+    const Tensor considered =
+        ignore.has_value() ? where(ne(index, static_cast<double>(*ignore)), index, 0.0) : index;
+    const Tensor extremes = stack({min(considered), max(considered)}).to(Device::cpu());
+    const std::vector<int64_t> lo_hi = extremes.to_vector<int64_t>();
+    if (lo_hi[0] >= 0 && lo_hi[1] < bound) return;
+    check_index_bounds(index.to(Device::cpu()), bound, op, arg, bound_desc, ignore);
+    return;
+  }
   for (int64_t v : index.to_vector<int64_t>()) {
     if (ignore.has_value() && v == *ignore) continue;
     RD_CHECK(v >= 0 && v < bound, kOutOfRange, op, ": argument '", arg, "' holds index ", v,

@@ -97,6 +97,18 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
                   const Tensor& bias = {}, double eps = 1e-5);
 Tensor rms_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight = {},
                 double eps = 1e-6);
+// Residual add fused with a norm, as in a pre-norm transformer block: sum = x + residual
+// and out = layer_norm(sum) (or rms_norm(sum)), computed in one pass over memory. `sum` is
+// the new residual stream; gradients reach x and residual through both outputs.
+struct AddNormResult {
+  Tensor out;
+  Tensor sum;
+};
+AddNormResult add_layer_norm(const Tensor& x, const Tensor& residual,
+                             const Shape& normalized_shape, const Tensor& weight = {},
+                             const Tensor& bias = {}, double eps = 1e-5);
+AddNormResult add_rms_norm(const Tensor& x, const Tensor& residual, const Shape& normalized_shape,
+                           const Tensor& weight = {}, double eps = 1e-6);
 // Rows of weight [V, E] picked by integer `indices` of any shape -> [..., E].
 Tensor embedding(const Tensor& weight, const Tensor& indices);
 // Zeroes each element with probability p and scales survivors by 1/(1-p), when training.
@@ -104,6 +116,7 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator& gen);
 enum class Reduction { kNone, kMean, kSum };
 // logits [N, C] (or [C]), integer targets [N] (or []). Targets equal to ignore_index add
 // nothing; kMean divides by the number of targets not ignored (0/0 gives NaN, as PyTorch).
+// One fused kernel per direction: the probabilities are never materialized.
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index = -100,
                      Reduction reduction = Reduction::kMean);
 

@@ -101,7 +101,8 @@ Tensor softmax_impl(const Tensor& x, int64_t dim, bool log) {
   return out;
 }
 
-// --- layer norm and RMS norm over the trailing dims given by normalized_shape.
+// --- layer norm and RMS norm over the trailing dims given by normalized_shape, optionally
+// fused with a residual add (add_layer_norm / add_rms_norm).
 
 void check_norm_param(const Tensor& param, const Tensor& x, const Shape& normalized_shape,
                       const char* op, const char* arg) {
@@ -111,6 +112,17 @@ void check_norm_param(const Tensor& param, const Tensor& x, const Shape& normali
   RD_CHECK(param.shape() == normalized_shape, kShapeMismatch, op, ": argument '", arg,
            "' has shape ", shape_str(param.shape()), " but normalized_shape is ",
            shape_str(normalized_shape));
+}
+
+// The residual is added elementwise, without broadcasting: its gradient is then exactly x's.
+void check_residual(const Tensor& residual, const Tensor& x, const char* op) {
+  check_defined_floating(residual, op, "residual");
+  check_same_device({&x, &residual}, op);
+  RD_CHECK(residual.dtype() == x.dtype(), kDTypeMismatch, op, ": argument 'residual' has dtype ",
+           dtype_name(residual.dtype()), " but argument 'x' has dtype ", dtype_name(x.dtype()));
+  RD_CHECK(residual.shape() == x.shape(), kShapeMismatch, op, ": argument 'residual' has shape ",
+           shape_str(residual.shape()), " but argument 'x' has shape ", shape_str(x.shape()),
+           " (they must match; no broadcasting)");
 }
 
 // The parameter converted to the kernel's layout: x's dtype, contiguous (undefined stays).
@@ -127,10 +139,77 @@ float* float_data(const Tensor& t, const char* op) {
   return t.defined() ? static_cast<float*>(contiguous_data(t, op)) : nullptr;
 }
 
-Tensor norm_impl(const Tensor& x, const Shape& normalized_shape, const Tensor& weight,
-                 const Tensor& bias, double eps, bool rms) {
-  const char* op = rms ? "rms_norm" : "layer_norm";
+const char* norm_op_name(bool rms, bool fused) {
+  if (rms) return fused ? "add_rms_norm" : "rms_norm";
+  return fused ? "add_layer_norm" : "layer_norm";
+}
+
+// What the backward pass of a norm needs, saved by the forward pass.
+struct NormSaved {
+  Tensor normalized;  // the rows that were normalized (x, or the sum x + residual), contiguous
+  Tensor weight;      // kernel_param(weight), or undefined
+  Tensor mean, rstd;  // float32 [rows]
+  int64_t rows = 0, cols = 0;
+  bool rms = false;
+  bool fused = false;  // a residual was added: the node has a second output and input
+  bool has_weight = false, has_bias = false;
+  bool want_weight = false, want_bias = false;
+  DType weight_dtype = DType::kFloat32, bias_dtype = DType::kFloat32;
+  Shape normalized_shape;
+};
+
+// The gradients of the norm node's inputs (x, [residual], [weight], [bias]) from those of its
+// outputs (out, [sum]); either output's gradient may be undefined.
+std::vector<Tensor> norm_backward(const NormSaved& s, const std::vector<Tensor>& grads,
+                                  const char* op) {
+  const size_t num_inputs = 1 + (s.fused ? 1 : 0) + (s.has_weight ? 1 : 0) + (s.has_bias ? 1 : 0);
+  std::vector<Tensor> result(num_inputs);
+  const Tensor& grad_out = grads[0];
+  const Tensor grad_sum = s.fused ? grads[1] : Tensor();
+  if (!grad_out.defined() && !grad_sum.defined()) return result;
+
+  const DType dtype = s.normalized.dtype();
+  Tensor grad_sum_c = grad_sum.defined() ? grad_sum.to(dtype).contiguous() : Tensor();
+  // Only the sum output got a gradient: it reaches x and residual unchanged.
+  Tensor grad_x = grad_sum_c;
+  Tensor grad_w, grad_b;
+  if (grad_out.defined()) {
+    Tensor gc = grad_out.to(dtype).contiguous();
+    grad_x = empty(s.normalized.shape(), options_like(s.normalized));
+    // Zeros so that an empty batch gives zero parameter gradients.
+    const TensorOptions f32 = options_like(s.normalized, DType::kFloat32);
+    if (s.want_weight) grad_w = zeros({s.cols}, f32);
+    if (s.want_bias) grad_b = zeros({s.cols}, f32);
+    if (s.normalized.numel() > 0) {
+      backend_for(s.normalized.device())
+          .norm_backward(contiguous_data(grad_x, op), float_data(grad_w, op),
+                         float_data(grad_b, op), contiguous_data(gc, op),
+                         data_or_null(grad_sum_c, op), contiguous_data(s.normalized, op),
+                         float_data(s.mean, op), float_data(s.rstd, op),
+                         data_or_null(s.weight, op), dtype, s.rows, s.cols, s.rms);
+    }
+  }
+  size_t i = 0;
+  result[i++] = grad_x;
+  if (s.fused) result[i++] = grad_x;  // d(x + residual)/d(residual) = d/dx
+  if (s.has_weight) {
+    result[i++] =
+        grad_w.defined() ? grad_w.to(s.weight_dtype).view(s.normalized_shape) : Tensor();
+  }
+  if (s.has_bias) {
+    result[i++] = grad_b.defined() ? grad_b.to(s.bias_dtype).view(s.normalized_shape) : Tensor();
+  }
+  return result;
+}
+
+// Layer or RMS norm of x, or of x + residual when residual is defined (then `sum` is that
+// sum, the new residual stream; otherwise it is undefined).
+AddNormResult norm_impl(const Tensor& x, const Tensor& residual, const Shape& normalized_shape,
+                        const Tensor& weight, const Tensor& bias, double eps, bool rms) {
+  const bool fused = residual.defined();
+  const char* op = norm_op_name(rms, fused);
   check_defined_floating(x, op, "x");
+  if (fused) check_residual(residual, x, op);
   const auto norm_dims = static_cast<int64_t>(normalized_shape.size());
   RD_CHECK(norm_dims > 0, kInvalidArgument, op, ": normalized_shape must not be empty");
   RD_CHECK(x.dim() >= norm_dims &&
@@ -142,65 +221,55 @@ Tensor norm_impl(const Tensor& x, const Shape& normalized_shape, const Tensor& w
   check_norm_param(bias, x, normalized_shape, op, "bias");
   RD_CHECK(eps >= 0.0, kInvalidArgument, op, ": argument 'eps' must be >= 0, got ", eps);
 
+  NormSaved s;
+  s.rms = rms;
+  s.fused = fused;
+  s.normalized_shape = normalized_shape;
   const DType dtype = x.dtype();
-  const int64_t cols = shape_numel(normalized_shape);
-  int64_t rows = 1;
-  for (int64_t d = 0; d < x.dim() - norm_dims; ++d) rows *= x.size(d);
+  s.cols = shape_numel(normalized_shape);
+  s.rows = 1;
+  for (int64_t d = 0; d < x.dim() - norm_dims; ++d) s.rows *= x.size(d);
 
   Tensor xc = x.detach().contiguous();
-  Tensor wc = kernel_param(weight, dtype);
+  Tensor rc = fused ? residual.detach().contiguous() : Tensor();
+  s.weight = kernel_param(weight, dtype);
   Tensor bc = kernel_param(bias, dtype);
-  Tensor out = empty(x.shape(), options_like(x));
+  AddNormResult result;
+  result.out = empty(x.shape(), options_like(x));
+  if (fused) result.sum = empty(x.shape(), options_like(x));
   // mean is unused by RMS norm but allocated anyway so the kernel never sees null.
-  Tensor mean = empty({rows}, options_like(x, DType::kFloat32));
-  Tensor rstd = empty({rows}, options_like(x, DType::kFloat32));
+  s.mean = empty({s.rows}, options_like(x, DType::kFloat32));
+  s.rstd = empty({s.rows}, options_like(x, DType::kFloat32));
   if (x.numel() > 0) {
     backend_for(x.device())
-        .norm(contiguous_data(out, op), float_data(mean, op), float_data(rstd, op),
-              contiguous_data(xc, op), data_or_null(wc, op), data_or_null(bc, op), dtype, rows,
-              cols, eps, rms);
+        .norm(contiguous_data(result.out, op), float_data(s.mean, op), float_data(s.rstd, op),
+              contiguous_data(xc, op), data_or_null(rc, op),
+              fused ? contiguous_data(result.sum, op) : nullptr,
+              data_or_null(s.weight, op), data_or_null(bc, op), dtype, s.rows, s.cols, eps, rms);
   }
 
-  // Only defined tensors are graph inputs; the closure returns grads in the same order.
+  // Only defined tensors are graph inputs; the backward returns grads in the same order.
   std::vector<Tensor> inputs{x};
+  if (fused) inputs.push_back(residual);
   if (weight.defined()) inputs.push_back(weight);
   if (bias.defined()) inputs.push_back(bias);
-  if (!autograd::needs_grad(inputs)) return out;
+  if (!autograd::needs_grad(inputs)) return result;
 
-  const bool want_weight = weight.defined() && weight.requires_grad();
-  const bool want_bias = bias.defined() && bias.requires_grad();
-  autograd::record(
-      out, op, inputs,
-      [xc, wc, mean, rstd, rows, cols, rms, op, want_weight, want_bias,
-       has_weight = weight.defined(), has_bias = bias.defined(),
-       weight_dtype = weight.defined() ? weight.dtype() : dtype,
-       bias_dtype = bias.defined() ? bias.dtype() : dtype,
-       normalized_shape](const Tensor& g) {
-        const DType dtype = xc.dtype();
-        Tensor gc = g.to(dtype).contiguous();
-        Tensor grad_x = empty(xc.shape(), options_like(xc));
-        // Zeros so that an empty batch gives zero parameter gradients.
-        Tensor grad_w = want_weight ? zeros({cols}, options_like(xc, DType::kFloat32)) : Tensor();
-        Tensor grad_b = want_bias ? zeros({cols}, options_like(xc, DType::kFloat32)) : Tensor();
-        if (xc.numel() > 0) {
-          backend_for(xc.device())
-              .norm_backward(contiguous_data(grad_x, op), float_data(grad_w, op),
-                             float_data(grad_b, op), contiguous_data(gc, op),
-                             contiguous_data(xc, op), float_data(mean, op),
-                             float_data(rstd, op),
-                             data_or_null(wc, op), dtype, rows, cols, rms);
-        }
-        std::vector<Tensor> grads{grad_x};
-        if (has_weight) {
-          grads.push_back(want_weight ? grad_w.to(weight_dtype).view(normalized_shape)
-                                      : Tensor());
-        }
-        if (has_bias) {
-          grads.push_back(want_bias ? grad_b.to(bias_dtype).view(normalized_shape) : Tensor());
-        }
-        return grads;
-      });
-  return out;
+  // The sum is saved detached: capturing the output itself would make a reference cycle
+  // through its own grad_fn.
+  s.normalized = fused ? result.sum.detach() : xc;
+  s.has_weight = weight.defined();
+  s.has_bias = bias.defined();
+  s.want_weight = s.has_weight && weight.requires_grad();
+  s.want_bias = s.has_bias && bias.requires_grad();
+  if (s.has_weight) s.weight_dtype = weight.dtype();
+  if (s.has_bias) s.bias_dtype = bias.dtype();
+  std::vector<Tensor> outputs{result.out};
+  if (fused) outputs.push_back(result.sum);
+  autograd::record(outputs, op, inputs, [s = std::move(s), op](const std::vector<Tensor>& grads) {
+    return norm_backward(s, grads, op);
+  });
+  return result;
 }
 
 }  // namespace
@@ -211,12 +280,27 @@ Tensor log_softmax(const Tensor& x, int64_t dim) { return softmax_impl(x, dim, /
 
 Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight,
                   const Tensor& bias, double eps) {
-  return norm_impl(x, normalized_shape, weight, bias, eps, /*rms=*/false);
+  return norm_impl(x, Tensor(), normalized_shape, weight, bias, eps, /*rms=*/false).out;
 }
 
 Tensor rms_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight,
                 double eps) {
-  return norm_impl(x, normalized_shape, weight, Tensor(), eps, /*rms=*/true);
+  return norm_impl(x, Tensor(), normalized_shape, weight, Tensor(), eps, /*rms=*/true).out;
+}
+
+AddNormResult add_layer_norm(const Tensor& x, const Tensor& residual,
+                             const Shape& normalized_shape, const Tensor& weight,
+                             const Tensor& bias, double eps) {
+  RD_CHECK(residual.defined(), kInvalidArgument,
+           "add_layer_norm: argument 'residual' is undefined");
+  return norm_impl(x, residual, normalized_shape, weight, bias, eps, /*rms=*/false);
+}
+
+AddNormResult add_rms_norm(const Tensor& x, const Tensor& residual, const Shape& normalized_shape,
+                           const Tensor& weight, double eps) {
+  RD_CHECK(residual.defined(), kInvalidArgument,
+           "add_rms_norm: argument 'residual' is undefined");
+  return norm_impl(x, residual, normalized_shape, weight, Tensor(), eps, /*rms=*/true);
 }
 
 Tensor embedding(const Tensor& weight, const Tensor& indices) {
@@ -274,31 +358,74 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore
            ": argument 'targets' has shape ", shape_str(targets.shape()),
            " but logits of shape ", shape_str(logits.shape()), " need targets of shape ",
            shape_str(expected_targets));
+  // The fused kernels trust the targets (a bad one would read outside its row), so device
+  // targets are checked here too.
   op_util::check_index_bounds(target, num_classes, kOp, "targets", "num_classes C",
-                              ignore_index);
+                              ignore_index, /*check_device=*/true);
 
-  // Composed from differentiable ops: the backward is gather's scatter into zeros followed
-  // by the fused log-softmax backward, which is what a dedicated kernel would do.
-  Tensor logits2 = batched ? logits : logits.unsqueeze(0);
-  Tensor target1 = target.reshape({logits2.size(0)});
-  Tensor log_probs = log_softmax(logits2, 1);
-  Tensor valid = ne(target1, static_cast<double>(ignore_index));
-  Tensor safe_target = where(valid, target1, 0.0);  // ignored rows pick class 0, then masked
-  Tensor picked = gather(log_probs, 1, safe_target.unsqueeze(1)).squeeze(1);
-  Tensor losses = where(valid, neg(picked), 0.0);
+  // One fused kernel per direction over [N, C] rows: the forward pass keeps each row's
+  // logsumexp (in the accumulation dtype) for the backward pass, which then needs neither
+  // the probabilities nor a second softmax.
+  const DType dtype = logits.dtype();
+  const DType acc = accumulation_dtype(dtype);
+  const int64_t rows = batched ? logits.size(0) : 1;
+  Tensor logits_c = logits.detach().reshape({rows, num_classes}).contiguous();
+  Tensor target_c = target.reshape({rows}).contiguous();
+  Tensor losses = empty({rows}, options_like(logits, acc));
+  Tensor lse = empty({rows}, options_like(logits, acc));
+  const auto* target_data = static_cast<const int64_t*>(contiguous_data(target_c, kOp));
+  if (rows > 0) {
+    backend_for(logits.device())
+        .cross_entropy(contiguous_data(losses, kOp), contiguous_data(lse, kOp),
+                       contiguous_data(logits_c, kOp), target_data, dtype, rows, num_classes,
+                       ignore_index);
+  }
+
+  // The reduction in the accumulation dtype; kMean divides by the count of targets not
+  // ignored (0/0 gives NaN, as PyTorch), which a 16-bit count would round above 256.
+  Tensor count;  // kMean only
+  Tensor loss;
   switch (reduction) {
     case Reduction::kNone:
-      return batched ? losses : losses.reshape({});
+      loss = batched ? losses : losses.reshape({});
+      break;
     case Reduction::kSum:
-      return sum(losses);
-    case Reduction::kMean: {
-      // Divides by the count of targets not ignored (0/0 gives NaN, as PyTorch), in float32
-      // at least: a 16-bit count would round above 256 targets.
-      const DType acc = logits.dtype() == DType::kFloat64 ? DType::kFloat64 : DType::kFloat32;
-      return div(sum(losses.to(acc)), sum(valid.to(acc))).to(logits.dtype());
-    }
+      loss = sum(losses);
+      break;
+    case Reduction::kMean:
+      count = sum(ne(target_c, static_cast<double>(ignore_index)).to(acc));
+      loss = div(sum(losses), count);
+      break;
+    default:
+      RD_FAIL(kInvalidArgument, kOp, ": unknown reduction ", static_cast<int>(reduction));
   }
-  RD_FAIL(kInvalidArgument, kOp, ": unknown reduction ", static_cast<int>(reduction));
+  Tensor out = loss.to(dtype);
+  if (!autograd::needs_grad({&logits})) return out;
+
+  autograd::record(
+      out, kOp, {logits},
+      [logits_c, target_c, lse, count, reduction, ignore_index, acc, rows, num_classes,
+       logits_shape = logits.shape()](const Tensor& g) {
+        // grad_loss per row: g itself for kNone; for kSum and kMean one value (the mean's
+        // 1/count folded in) broadcast to every row through stride 0.
+        Tensor grad_loss = g.to(acc).contiguous();
+        int64_t grad_loss_stride = 1;
+        if (reduction != Reduction::kNone) {
+          if (reduction == Reduction::kMean) grad_loss = div(grad_loss, count).contiguous();
+          grad_loss_stride = 0;
+        }
+        Tensor grad = empty({rows, num_classes}, options_like(logits_c));
+        if (grad.numel() > 0) {
+          backend_for(logits_c.device())
+              .cross_entropy_backward(
+                  contiguous_data(grad, kOp), contiguous_data(grad_loss, kOp), grad_loss_stride,
+                  contiguous_data(logits_c, kOp), contiguous_data(lse, kOp),
+                  static_cast<const int64_t*>(contiguous_data(target_c, kOp)), logits_c.dtype(),
+                  rows, num_classes, ignore_index);
+        }
+        return std::vector<Tensor>{grad.view(logits_shape)};
+      });
+  return out;
 }
 
 }  // namespace rd

@@ -95,6 +95,29 @@ TEST(CpuAllocatorTest, ReusesAFreedBlockOfTheSameClass) {
   pool.deallocate(other);
 }
 
+TEST(CpuAllocatorTest, FillOnAllocateCoversFreshAndReusedBlocksUntilTurnedOff) {
+  CpuCachingAllocator pool;
+  auto bytes_of = [](void* p, size_t n) {
+    const auto* b = static_cast<const unsigned char*>(p);
+    return std::vector<unsigned char>(b, b + n);
+  };
+  pool.set_fill_on_allocate(0xA5);
+  void* fresh = pool.allocate(1000);
+  EXPECT_EQ(bytes_of(fresh, 1000), std::vector<unsigned char>(1000, 0xA5));
+  std::memset(fresh, 0x11, 1000);  // a stale result left in the block
+  pool.deallocate(fresh);
+  void* reused = pool.allocate(1000);
+  ASSERT_EQ(reused, fresh);
+  EXPECT_EQ(bytes_of(reused, 1000), std::vector<unsigned char>(1000, 0xA5));
+  std::memset(reused, 0x11, 1000);
+  pool.deallocate(reused);
+  pool.set_fill_on_allocate(std::nullopt);
+  void* plain = pool.allocate(1000);
+  ASSERT_EQ(plain, fresh);
+  EXPECT_EQ(bytes_of(plain, 1000), std::vector<unsigned char>(1000, 0x11));
+  pool.deallocate(plain);
+}
+
 TEST(CpuAllocatorTest, StatsArithmeticIsExact) {
   CpuCachingAllocator pool;
   void* a = pool.allocate(100);   // block 128

@@ -164,6 +164,25 @@ TEST_F(CudaAllocatorTest, FreedBlockIsReusedForTheSameSize) {
   pool.deallocate(b);
 }
 
+TEST_F(CudaAllocatorTest, FillOnAllocateCoversFreshAndReusedBlocks) {
+  CudaCachingAllocator pool(0);
+  pool.set_fill_on_allocate(0xA5);
+  constexpr size_t kBytes = 3000;
+  std::vector<unsigned char> host(kBytes);
+  for (int round = 0; round < 2; ++round) {  // a fresh block, then the same block reused
+    void* block = pool.allocate(kBytes);
+    ASSERT_EQ(cudaMemcpy(host.data(), block, kBytes, cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_EQ(host, std::vector<unsigned char>(kBytes, 0xA5)) << "round " << round;
+    ASSERT_EQ(cudaMemset(block, 0x11, kBytes), cudaSuccess);  // a stale result
+    pool.deallocate(block);
+  }
+  pool.set_fill_on_allocate(std::nullopt);
+  void* plain = pool.allocate(kBytes);
+  ASSERT_EQ(cudaMemcpy(host.data(), plain, kBytes, cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(host, std::vector<unsigned char>(kBytes, 0x11));
+  pool.deallocate(plain);
+}
+
 TEST_F(CudaAllocatorTest, SmallBlocksAreCarvedFromOneSegment) {
   CudaCachingAllocator pool(0);
   void* a = pool.allocate(1000);     // 1024 B at the start of a 2 MiB segment

@@ -25,6 +25,7 @@
 #if defined(RD_WITH_CUDA)
 #include <cuda_runtime.h>
 
+#include "ringdilated/kernels/cuda/caching_allocator.h"
 #include "ringdilated/kernels/cuda/kernels.h"
 #endif
 
@@ -329,6 +330,8 @@ class CudaKernelsTest : public ::testing::Test {
   void SetUp() override {
     if (!rd::cuda_available()) GTEST_SKIP() << "no CUDA device";
   }
+  // The pool index kernels take their bounds-check flag from.
+  static Allocator& scratch() { return cuda::cuda_caching_allocator(0); }
   std::mt19937 rng_{20240611};
 };
 
@@ -678,7 +681,7 @@ TEST_F(CudaKernelsTest, IndexSelectAndGatherMatchCpu) {
                                index.cpu(index_layout));
             run_gpu([&] {
               cuda::index_select(out.gpu(out_layout), in.gpu(*in_layout), dim,
-                                 index.gpu(index_layout), nullptr);
+                                 index.gpu(index_layout), scratch(), nullptr);
             });
             expect_same(out, Match::kExact,
                         describe("index_select", dtype, {&out_layout, in_layout}) + " dim " +
@@ -695,7 +698,7 @@ TEST_F(CudaKernelsTest, IndexSelectAndGatherMatchCpu) {
             cpu().gather(out.cpu(out_layout), in.cpu(*in_layout), dim, index.cpu(index_layout));
             run_gpu([&] {
               cuda::gather(out.gpu(out_layout), in.gpu(*in_layout), dim, index.gpu(index_layout),
-                           nullptr);
+                           scratch(), nullptr);
             });
             expect_same(out, Match::kExact,
                         describe("gather", dtype, {&out_layout, in_layout}) + " dim " +
@@ -724,7 +727,7 @@ TEST_F(CudaKernelsTest, IndexAddMatchesCpuInLineAndElementModes) {
         cpu().index_add(out.cpu(kIn3d), dim, index.cpu(index_layout), src.cpu(src_layout));
         run_gpu([&] {
           cuda::index_add(out.gpu(kIn3d), dim, index.gpu(index_layout), src.gpu(src_layout),
-                          nullptr);
+                          scratch(), nullptr);
         });
         expect_same(out, Match::kExact,
                     describe("index_add", dtype, {&kIn3d, &src_layout}) + " dim " +
@@ -761,7 +764,7 @@ TEST_F(CudaKernelsTest, ScatterMatchesCpu) {
                       accumulate);
         run_gpu([&] {
           cuda::scatter(out.gpu(out_layout), 1, index.gpu(index_layout), src.gpu(src_layout),
-                        accumulate, nullptr);
+                        accumulate, scratch(), nullptr);
         });
         expect_same(out, Match::kExact,
                     describe("scatter lines", dtype, {&out_layout, &src_layout}) +
@@ -780,7 +783,7 @@ TEST_F(CudaKernelsTest, ScatterMatchesCpu) {
                       accumulate);
         run_gpu([&] {
           cuda::scatter(out.gpu(out_layout), 0, index.gpu(index_layout), src.gpu(index_layout),
-                        accumulate, nullptr);
+                        accumulate, scratch(), nullptr);
         });
         expect_same(out, Match::kExact,
                     describe("scatter elements", dtype, {&out_layout, &index_layout}) +
@@ -797,7 +800,7 @@ TEST_F(CudaKernelsTest, ScatterMatchesCpu) {
                       accumulate);
         run_gpu([&] {
           cuda::scatter(out.gpu(out_layout), 0, index.gpu(index_layout), src.gpu(index_layout),
-                        accumulate, nullptr);
+                        accumulate, scratch(), nullptr);
         });
         expect_same(out, Match::kExact,
                     describe("scatter overlapping", dtype, {&out_layout, &index_layout}) +
@@ -818,7 +821,8 @@ TEST_F(CudaKernelsTest, OutOfRangeIndicesThrowBeforeAnyWrite) {
     Mirror out(poisoned_array(DType::kFloat32, out_layout.extent()));
     const Layout index_layout = contiguous({11}, "index");
     try {
-      cuda::index_select(out.gpu(out_layout), in.gpu(kIn3d), 0, index.gpu(index_layout), nullptr);
+      cuda::index_select(out.gpu(out_layout), in.gpu(kIn3d), 0, index.gpu(index_layout),
+                         scratch(), nullptr);
       ADD_FAILURE() << "index_select with index " << bad << " did not throw";
     } catch (const Error& e) {
       EXPECT_EQ(e.code(), ErrorCode::kOutOfRange) << e.what();
@@ -834,7 +838,7 @@ TEST_F(CudaKernelsTest, OutOfRangeIndicesThrowBeforeAnyWrite) {
     Mirror src(random_array(DType::kFloat32, src_layout.extent(), rng_));
     Mirror target(random_array(DType::kFloat32, kIn3d.extent(), rng_));
     EXPECT_THROW(cuda::index_add(target.gpu(kIn3d), 0, index.gpu(index_layout),
-                                 src.gpu(src_layout), nullptr),
+                                 src.gpu(src_layout), scratch(), nullptr),
                  Error);
     expect_same(target, Match::kExact, "index_add output after a bad index");  // unchanged
   }

@@ -14,7 +14,7 @@
 
 #include "ringdilated/kernels/backend.h"
 #include "ringdilated/kernels/cpu/parallel.h"
-#include "ringdilated/kernels/cpu/view_checks.h"
+#include "ringdilated/kernels/view_checks.h"
 #include "ringdilated/kernels/error.h"
 #include "ringdilated/kernels/half.h"
 
@@ -235,14 +235,14 @@ TEST(CpuKernelsTest, AccumulateIntoOverlappingOutputAppliesAddsInOrder) {
 
 TEST(CpuKernelsTest, OverlapDetectionIsExactOnCommonLayouts) {
   Buffer b(DType::kFloat32, 64);
-  EXPECT_TRUE(cpu::has_distinct_elements(b.view({4, 8})));
-  EXPECT_TRUE(cpu::has_distinct_elements(b.view({8, 4}, {1, 8})));      // transposed
-  EXPECT_TRUE(cpu::has_distinct_elements(b.view({3, 2, 5}, {20, 1, 2})));  // interleaved
-  EXPECT_TRUE(cpu::has_distinct_elements(b.view({1, 4}, {0, 1})));      // size-1 dim
-  EXPECT_TRUE(cpu::has_distinct_elements(b.view({0, 4}, {0, 1})));      // empty
-  EXPECT_FALSE(cpu::has_distinct_elements(b.view({4, 8}, {0, 1})));     // broadcast
-  EXPECT_FALSE(cpu::has_distinct_elements(b.view({4, 3}, {2, 1})));     // rows overlap
-  EXPECT_FALSE(cpu::has_distinct_elements(b.view({2, 3, 2}, {3, 2, 1})));  // offset 3 twice
+  EXPECT_TRUE(has_distinct_elements(b.view({4, 8})));
+  EXPECT_TRUE(has_distinct_elements(b.view({8, 4}, {1, 8})));      // transposed
+  EXPECT_TRUE(has_distinct_elements(b.view({3, 2, 5}, {20, 1, 2})));  // interleaved
+  EXPECT_TRUE(has_distinct_elements(b.view({1, 4}, {0, 1})));      // size-1 dim
+  EXPECT_TRUE(has_distinct_elements(b.view({0, 4}, {0, 1})));      // empty
+  EXPECT_FALSE(has_distinct_elements(b.view({4, 8}, {0, 1})));     // broadcast
+  EXPECT_FALSE(has_distinct_elements(b.view({4, 3}, {2, 1})));     // rows overlap
+  EXPECT_FALSE(has_distinct_elements(b.view({2, 3, 2}, {3, 2, 1})));  // offset 3 twice
 }
 
 TEST(CpuKernelsTest, AccumulateIntoTransposedViewIsExact) {
@@ -1034,10 +1034,10 @@ TEST(CpuKernelsTest, NormForwardAndBackwardMatchFiniteDifferencesOfFloat64Refere
       b.randomize(rng);
       go.randomize(rng);
       std::vector<float> mean(rows), rstd(rows), gw(cols), gb(cols);
-      cpu().norm(y.data(), mean.data(), rstd.data(), x.data(), w.data(), rms ? nullptr : b.data(),
-                 t, rows, cols, eps, rms);
-      cpu().norm_backward(gi.data(), gw.data(), rms ? nullptr : gb.data(), go.data(), x.data(),
-                          mean.data(), rstd.data(), w.data(), t, rows, cols, rms);
+      cpu().norm(y.data(), mean.data(), rstd.data(), x.data(), nullptr, nullptr, w.data(),
+                 rms ? nullptr : b.data(), t, rows, cols, eps, rms);
+      cpu().norm_backward(gi.data(), gw.data(), rms ? nullptr : gb.data(), go.data(), nullptr,
+                          x.data(), mean.data(), rstd.data(), w.data(), t, rows, cols, rms);
       std::vector<double> wv(cols), bv;
       for (int64_t j = 0; j < cols; ++j) wv[j] = w.get(j);
       if (!rms) {
@@ -1095,17 +1095,17 @@ TEST(CpuKernelsTest, NormBackwardWeightGradIsThreadCountIndependent) {
   x.randomize(rng);
   go.randomize(rng);
   std::vector<float> mean(rows), rstd(rows), gw1(cols), gb1(cols), gw2(cols), gb2(cols);
-  cpu().norm(y.data(), mean.data(), rstd.data(), x.data(), nullptr, nullptr, DType::kFloat32,
-             rows, cols, 1e-5, false);
+  cpu().norm(y.data(), mean.data(), rstd.data(), x.data(), nullptr, nullptr, nullptr, nullptr,
+             DType::kFloat32, rows, cols, 1e-5, false);
   {
     ThreadCount threads(1);
-    cpu().norm_backward(gi.data(), gw1.data(), gb1.data(), go.data(), x.data(), mean.data(),
-                        rstd.data(), nullptr, DType::kFloat32, rows, cols, false);
+    cpu().norm_backward(gi.data(), gw1.data(), gb1.data(), go.data(), nullptr, x.data(),
+                        mean.data(), rstd.data(), nullptr, DType::kFloat32, rows, cols, false);
   }
   {
     ThreadCount threads(2);
-    cpu().norm_backward(gi.data(), gw2.data(), gb2.data(), go.data(), x.data(), mean.data(),
-                        rstd.data(), nullptr, DType::kFloat32, rows, cols, false);
+    cpu().norm_backward(gi.data(), gw2.data(), gb2.data(), go.data(), nullptr, x.data(),
+                        mean.data(), rstd.data(), nullptr, DType::kFloat32, rows, cols, false);
   }
   EXPECT_EQ(gw1, gw2);
   EXPECT_EQ(gb1, gb2);
@@ -1114,6 +1114,280 @@ TEST(CpuKernelsTest, NormBackwardWeightGradIsThreadCountIndependent) {
     for (int64_t r = 0; r < rows; ++r) want += go.get(r * cols + j);
     EXPECT_NEAR(gb1[j], want, 1e-5 * (std::fabs(want) + 1));
   }
+}
+
+// dL/dx of L = sum(go * norm_ref(x)) by central differences of the float64 reference.
+std::vector<double> norm_grad_ref(const std::vector<double>& x, const std::vector<double>& go,
+                                  const std::vector<double>& w, double eps, bool rms) {
+  auto loss = [&](const std::vector<double>& xs) {
+    std::vector<double> ys = norm_ref(xs, w, {}, eps, rms);
+    double l = 0;
+    for (size_t j = 0; j < xs.size(); ++j) l += go[j] * ys[j];
+    return l;
+  };
+  const double h = 1e-6;
+  std::vector<double> dx(x.size());
+  for (size_t j = 0; j < x.size(); ++j) {
+    std::vector<double> xp = x, xm = x;
+    xp[j] += h;
+    xm[j] -= h;
+    dx[j] = (loss(xp) - loss(xm)) / (2 * h);
+  }
+  return dx;
+}
+
+TEST(CpuKernelsTest, NormWithResidualNormalizesTheStoredSumAndAddsGradSum) {
+  std::mt19937 rng(17);
+  const double eps = 1e-5;
+  struct Case {
+    int64_t rows, cols;
+    int64_t grad_row_step;  // finite differences on every step-th row (they cost cols^2)
+  };
+  // The second case exceeds the parallel grain: its rows run on several threads.
+  for (const Case& c : {Case{6, 37, 1}, Case{48, 700, 8}}) {
+    for (bool rms : {false, true}) {
+      for (DType t : kFloatTypes) {
+        SCOPED_TRACE(std::string(dtype_name(t)) + (rms ? " rms" : " layer") +
+                     " cols=" + std::to_string(c.cols));
+        const int64_t rows = c.rows, cols = c.cols, n = rows * cols;
+        Buffer x(t, n), res(t, n), sum(t, n), y(t, n), go(t, n), gs(t, n), gi(t, n), w(t, cols),
+            b(t, cols);
+        for (Buffer* buf : {&x, &res, &go, &gs, &w, &b}) buf->randomize(rng);
+        for (Buffer* buf : {&sum, &y, &gi}) {
+          for (int64_t i = 0; i < buf->size(); ++i) buf->set(i, NAN);  // unwritten shows
+        }
+        std::vector<float> mean(rows, NAN), rstd(rows, NAN), gw(cols, NAN), gb(cols, NAN);
+        const void* bias = rms ? nullptr : b.data();
+        cpu().norm(y.data(), mean.data(), rstd.data(), x.data(), res.data(), sum.data(), w.data(),
+                   bias, t, rows, cols, eps, rms);
+        // The backward pass reads the stored sum, as the tensor layer saves it.
+        cpu().norm_backward(gi.data(), gw.data(), rms ? nullptr : gb.data(), go.data(), gs.data(),
+                            sum.data(), mean.data(), rstd.data(), w.data(), t, rows, cols, rms);
+        std::vector<double> wv(cols), bv;
+        for (int64_t j = 0; j < cols; ++j) wv[j] = w.get(j);
+        if (!rms) {
+          for (int64_t j = 0; j < cols; ++j) bv.push_back(b.get(j));
+        }
+        const double tol = 8 * unit_roundoff(t) + 1e-6;
+        std::vector<double> gw_want(cols, 0), gb_want(cols, 0), gw_scale(cols, 0);
+        int failures = 0;
+        for (int64_t r = 0; r < rows && failures < 10; ++r) {
+          std::vector<double> sr(cols), gor(cols);
+          for (int64_t j = 0; j < cols; ++j) {
+            const int64_t q = r * cols + j;
+            // x + residual is exact in double and rounds once to t, as the kernel's sum must.
+            const double want = stored(t, x.get(q) + res.get(q));
+            if (sum.get(q) != want) {
+              ++failures;
+              ADD_FAILURE() << "sum row " << r << " col " << j << ": got " << sum.get(q)
+                            << ", want " << want;
+            }
+            sr[j] = want;
+            gor[j] = go.get(q);
+          }
+          // The float64 statistics of the stored sum.
+          double mu = 0, var = 0;
+          if (!rms) {
+            for (double v : sr) mu += v;
+            mu /= static_cast<double>(cols);
+          }
+          for (double v : sr) var += (v - mu) * (v - mu);
+          const double rstd_want = 1 / std::sqrt(var / static_cast<double>(cols) + eps);
+          EXPECT_NEAR(rstd[r], rstd_want, 1e-5 * rstd_want) << "row " << r;
+          if (!rms) {
+            EXPECT_NEAR(mean[r], mu, 1e-5 * (std::fabs(mu) + 1)) << "row " << r;
+          }
+          const std::vector<double> yr = norm_ref(sr, wv, bv, eps, rms);
+          for (int64_t j = 0; j < cols; ++j) {
+            const int64_t q = r * cols + j;
+            if (!(std::fabs(y.get(q) - yr[j]) <= tol * (std::fabs(yr[j]) + 1)) && failures++ < 10) {
+              ADD_FAILURE() << "out row " << r << " col " << j << ": got " << y.get(q)
+                            << ", want " << yr[j];
+            }
+            const double xhat = (sr[j] - mu) * rstd_want;
+            gw_want[j] += gor[j] * xhat;
+            gw_scale[j] += std::fabs(gor[j] * xhat);
+            gb_want[j] += gor[j];
+          }
+          if (r % c.grad_row_step != 0) continue;
+          const std::vector<double> dx = norm_grad_ref(sr, gor, wv, eps, rms);
+          for (int64_t j = 0; j < cols; ++j) {
+            const int64_t q = r * cols + j;
+            const double want = dx[j] + gs.get(q);
+            if (!(std::fabs(gi.get(q) - want) <= 20 * tol * (std::fabs(want) + 1)) &&
+                failures++ < 10) {
+              ADD_FAILURE() << "grad_in row " << r << " col " << j << ": got " << gi.get(q)
+                            << ", want " << want << " (" << dx[j] << " + grad_sum "
+                            << gs.get(q) << ")";
+            }
+          }
+        }
+        for (int64_t j = 0; j < cols; ++j) {
+          EXPECT_NEAR(gw[j], gw_want[j], 20 * tol * (gw_scale[j] + 1)) << "col " << j;
+          if (!rms) {
+            EXPECT_NEAR(gb[j], gb_want[j], 1e-5 * (std::fabs(gb_want[j]) + 1));
+          }
+        }
+
+        // The sum may be written over the residual (an in-place residual stream).
+        Buffer in_place = res, y2(t, n);
+        std::vector<float> mean2(rows), rstd2(rows);
+        cpu().norm(y2.data(), mean2.data(), rstd2.data(), x.data(), in_place.data(),
+                   in_place.data(), w.data(), bias, t, rows, cols, eps, rms);
+        for (int64_t i = 0; i < n; ++i) {
+          ASSERT_EQ(in_place.get(i), sum.get(i)) << "in-place sum, element " << i;
+          ASSERT_EQ(y2.get(i), y.get(i)) << "in-place out, element " << i;
+        }
+      }
+    }
+  }
+}
+
+TEST(CpuKernelsTest, NormNeedsResidualAndSumTogether) {
+  Buffer x(DType::kFloat32, 8), y(DType::kFloat32, 8), s(DType::kFloat32, 8);
+  std::vector<float> mean(2), rstd(2);
+  expect_error(
+      [&] {
+        cpu().norm(y.data(), mean.data(), rstd.data(), x.data(), x.data(), nullptr, nullptr,
+                   nullptr, DType::kFloat32, 2, 4, 1e-5, false);
+      },
+      ErrorCode::kInvalidArgument, "'residual' and 'sum'");
+  expect_error(
+      [&] {
+        cpu().norm(y.data(), mean.data(), rstd.data(), x.data(), nullptr, s.data(), nullptr,
+                   nullptr, DType::kFloat32, 2, 4, 1e-5, true);
+      },
+      ErrorCode::kInvalidArgument, "'residual' and 'sum'");
+}
+
+// ---------------------------------------------------------------------------------------
+// Cross-entropy
+// ---------------------------------------------------------------------------------------
+
+// Float64 logsumexp of one row.
+double logsumexp_ref(const std::vector<double>& x) {
+  double m = -INFINITY;
+  for (double v : x) m = std::max(m, v);
+  double s = 0;
+  for (double v : x) s += std::exp(v - m);
+  return m + std::log(s);
+}
+
+TEST(CpuKernelsTest, CrossEntropyMatchesFloat64ReferenceOnShortAndLongRows) {
+  std::mt19937 rng(18);
+  struct Case {
+    int64_t rows, cols;
+    int64_t ignore_index;
+  };
+  // Long rows exceed the parallel grain and the logsumexp's 128-value blocks many times
+  // over; ignore_index 3 is also a valid class, so targets equal to it must be skipped.
+  for (const Case& c : {Case{7, 37, -100}, Case{5, 1, -100}, Case{4, 70001, -100},
+                        Case{6, 300, 3}}) {
+    for (DType t : kFloatTypes) {
+      SCOPED_TRACE(std::string(dtype_name(t)) + " rows=" + std::to_string(c.rows) +
+                   " cols=" + std::to_string(c.cols) +
+                   " ignore_index=" + std::to_string(c.ignore_index));
+      const int64_t rows = c.rows, cols = c.cols, n = rows * cols;
+      const DType acc = accumulation_dtype(t);
+      Buffer x(t, n), targets(DType::kInt64, rows), loss(acc, rows), lse(acc, rows),
+          g(acc, rows), gx(t, n);
+      x.randomize(rng, -8, 8);
+      // A few -inf logits (never a target): they must add exactly 0 to the sum.
+      for (int64_t i = 5; i < n; i += 997) x.set(i, -INFINITY);
+      g.randomize(rng, 0.5, 2);
+      for (int64_t r = 0; r < rows; ++r) {
+        int64_t target = (r * 7919 + 11) % cols;
+        while (std::isinf(x.get(r * cols + target))) target = (target + 1) % cols;
+        if (r % 3 == 1) target = c.ignore_index;
+        targets.set(r, static_cast<double>(target));
+      }
+      if (c.ignore_index >= 0 && rows > 2) targets.set(2, static_cast<double>(c.ignore_index));
+      for (Buffer* buf : {&loss, &lse, &gx}) {
+        for (int64_t i = 0; i < buf->size(); ++i) buf->set(i, NAN);
+      }
+      const auto* tp = static_cast<const int64_t*>(targets.data());
+      cpu().cross_entropy(loss.data(), lse.data(), x.data(), tp, t, rows, cols, c.ignore_index);
+
+      const double u_acc = unit_roundoff(acc);
+      for (bool broadcast : {false, true}) {
+        SCOPED_TRACE(broadcast ? "grad_loss stride 0" : "grad_loss stride 1");
+        cpu().cross_entropy_backward(gx.data(), g.data(), broadcast ? 0 : 1, x.data(),
+                                     lse.data(), tp, t, rows, cols, c.ignore_index);
+        int failures = 0;
+        for (int64_t r = 0; r < rows && failures < 10; ++r) {
+          std::vector<double> xr(cols);
+          double max_abs = 0;
+          for (int64_t j = 0; j < cols; ++j) {
+            xr[j] = x.get(r * cols + j);
+            if (!std::isinf(xr[j])) max_abs = std::max(max_abs, std::fabs(xr[j]));
+          }
+          const double lse_want = logsumexp_ref(xr);
+          // Error scale of a float logsumexp: the operands' magnitude and the sum's length.
+          const double scale = max_abs + std::log(static_cast<double>(cols)) + 1;
+          EXPECT_NEAR(lse.get(r), lse_want, 16 * u_acc * scale) << "lse row " << r;
+          const auto target = static_cast<int64_t>(targets.get(r));
+          const bool ignored = target == c.ignore_index;
+          const double loss_want = ignored ? 0.0 : lse_want - xr[target];
+          EXPECT_NEAR(loss.get(r), loss_want, 16 * u_acc * scale) << "loss row " << r;
+          if (ignored) {
+            EXPECT_EQ(loss.get(r), 0.0) << "ignored row " << r;
+          }
+          const double gr = g.get(broadcast ? 0 : r);
+          for (int64_t j = 0; j < cols; ++j) {
+            const double p = std::exp(xr[j] - lse_want);
+            const double want = ignored ? 0.0 : gr * (p - (j == target ? 1.0 : 0.0));
+            const double tol = ignored ? 0.0
+                                       : 2 * unit_roundoff(t) * std::fabs(want) +
+                                             32 * u_acc * scale * std::fabs(gr) * p +
+                                             (t == DType::kFloat16 ? std::ldexp(1.0, -24) : 0.0);
+            if (!(std::fabs(gx.get(r * cols + j) - want) <= tol) && failures++ < 10) {
+              ADD_FAILURE() << "grad row " << r << " col " << j << ": got "
+                            << gx.get(r * cols + j) << ", want " << want << " (tol " << tol
+                            << ")";
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(CpuKernelsTest, CrossEntropyRejectsBadArguments) {
+  Buffer x(DType::kFloat32, 6), loss(DType::kFloat32, 2), lse(DType::kFloat32, 2);
+  std::vector<int64_t> targets = {1, 3};  // 3 is out of range for 3 classes
+  expect_error(
+      [&] {
+        cpu().cross_entropy(loss.data(), lse.data(), x.data(), targets.data(), DType::kFloat32, 2,
+                            3, -100);
+      },
+      ErrorCode::kOutOfRange, "cross_entropy: target 3");
+  targets[1] = -100;
+  expect_error(
+      [&] {
+        cpu().cross_entropy(loss.data(), lse.data(), nullptr, targets.data(), DType::kFloat32, 2,
+                            3, -100);
+      },
+      ErrorCode::kInvalidArgument, "'logits'");
+  expect_error(
+      [&] {
+        cpu().cross_entropy(loss.data(), lse.data(), x.data(), targets.data(), DType::kFloat32,
+                            -1, 3, -100);
+      },
+      ErrorCode::kInvalidArgument, "cross_entropy: rows and cols");
+  expect_error(
+      [&] {
+        cpu().cross_entropy(loss.data(), lse.data(), x.data(), targets.data(), DType::kInt32, 2, 3,
+                            -100);
+      },
+      ErrorCode::kDTypeMismatch, "cross_entropy");
+  expect_error(
+      [&] {
+        cpu().cross_entropy_backward(x.data(), loss.data(), -1, x.data(), lse.data(),
+                                     targets.data(), DType::kFloat32, 2, 3, -100);
+      },
+      ErrorCode::kInvalidArgument, "cross_entropy_backward: argument 'grad_loss_stride'");
+  // No rows: nothing is read, so null pointers are fine.
+  cpu().cross_entropy(nullptr, nullptr, nullptr, nullptr, DType::kFloat32, 0, 3, -100);
 }
 
 // ---------------------------------------------------------------------------------------

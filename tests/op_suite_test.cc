@@ -14,7 +14,9 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "ringdilated/tensor/allocator.h"
 #include "ringdilated/tensor/autograd.h"
+#include "ringdilated/tensor/device.h"
 #include "ringdilated/tensor/ops.h"
 #include "ringdilated/tensor/tensor.h"
 #include "testing/gradcheck.h"
@@ -627,6 +629,62 @@ void add_nn(CaseTable& t) {
         .accumulates(len);
   }
 
+  // add_layer_norm / add_rms_norm: both outputs (the norm and the sum x + residual, which
+  // the gradient check weights too), with and without affine parameters.
+  for (const NormVariant& v :
+       {NormVariant{{3, 4}, {4}, false, false}, NormVariant{{3, 4}, {4}, true, true},
+        NormVariant{{2, 3, 4}, {3, 4}, true, false}, NormVariant{{2, 3, 4}, {4}, false, true},
+        NormVariant{{4}, {4}, true, true}}) {
+    Shape ns = v.normalized;
+    bool has_w = v.weight, has_b = v.bias;
+    std::vector<InputSpec> inputs = {Data(v.x), Data(v.x)};
+    if (has_w) inputs.push_back(Data(ns));
+    if (has_b) inputs.push_back(Data(ns));
+    std::string tag = std::string(has_w ? "_w" : "") + (has_b ? "_b" : "");
+    int64_t len = ref::numel_of(ns);
+    t.def_multi(
+         "add_layer_norm" + tag, kFloat, inputs,
+         [ns, has_w, has_b](const Ts& x) {
+           AddNormResult r = add_layer_norm(x[0], x[1], ns, has_w ? x[2] : Tensor(),
+                                            has_b ? x[has_w ? 3 : 2] : Tensor());
+           return Ts{r.out, r.sum};
+         },
+         [ns, has_w, has_b](const Rs& r) {
+           std::optional<RefArray> w, b;
+           if (has_w) w = r[2];
+           if (has_b) b = r[has_w ? 3 : 2];
+           return ref::add_layer_norm(r[0], r[1], ns, w, b, 1e-5);
+         })
+        .accumulates(len);
+    if (has_b) continue;  // rms_norm has no bias
+    t.def_multi(
+         "add_rms_norm" + tag, kFloat, inputs,
+         [ns, has_w](const Ts& x) {
+           AddNormResult r = add_rms_norm(x[0], x[1], ns, has_w ? x[2] : Tensor());
+           return Ts{r.out, r.sum};
+         },
+         [ns, has_w](const Rs& r) {
+           std::optional<RefArray> w;
+           if (has_w) w = r[2];
+           return ref::add_rms_norm(r[0], r[1], ns, w, 1e-6);
+         })
+        .accumulates(len);
+  }
+
+  // One output used alone: the backward pass gets an undefined gradient for the other.
+  t.def(
+       "add_layer_norm_sum_only", kFloat, {Data({3, 4}), Data({3, 4}), Data({4})},
+       [](const Ts& x) { return add_layer_norm(x[0], x[1], {4}, x[2]).sum; },
+       [](const Rs& r) {
+         return ref::add_layer_norm(r[0], r[1], {4}, r[2], std::nullopt, 1e-5)[1];
+       })
+      .accumulates(4);
+  t.def(
+       "add_rms_norm_out_only", kFloat, {Data({3, 4}), Data({3, 4}), Data({4})},
+       [](const Ts& x) { return add_rms_norm(x[0], x[1], {4}, x[2]).out; },
+       [](const Rs& r) { return ref::add_rms_norm(r[0], r[1], {4}, r[2], 1e-6)[0]; })
+      .accumulates(4);
+
   auto embed = [](const Ts& x) { return embedding(x[0], x[1]); };
   auto embed_ref = [](const Rs& r) { return ref::embedding(r[0], r[1]); };
   t.def("embedding", kFloat, {Data({6, 3}), Index({2, 4}, 6)}, embed, embed_ref);
@@ -690,6 +748,19 @@ void add_nn(CaseTable& t) {
        "cross_entropy_mean_all_ignored", kFloat, {Data({3, 4}), AllIgnored({3}, -100)},
        [](const Ts& x) { return cross_entropy(x[0], x[1]); },
        [](const Rs& r) { return ref::cross_entropy(r[0], r[1], -100, ref::Reduction::kMean); })
+      .forward_only();
+  // A vocabulary-sized row (the fused kernels' long-row path) next to an ignored row. The
+  // gradient check (finite differences over 6000 logits, ~3 s) runs for kMean only.
+  t.def(
+       "cross_entropy_wide_mean", kFloat, {Data({2, 3000}), Targets({2}, 3000, -100)},
+       [](const Ts& x) { return cross_entropy(x[0], x[1]); },
+       [](const Rs& r) { return ref::cross_entropy(r[0], r[1], -100, ref::Reduction::kMean); })
+      .accumulates(3000);
+  t.def(
+       "cross_entropy_wide_none", kFloat, {Data({2, 3000}), Targets({2}, 3000, -100)},
+       [](const Ts& x) { return cross_entropy(x[0], x[1], -100, rd::Reduction::kNone); },
+       [](const Rs& r) { return ref::cross_entropy(r[0], r[1], -100, ref::Reduction::kNone); })
+      .accumulates(3000)
       .forward_only();
 }
 
@@ -1080,7 +1151,24 @@ const std::vector<OpCase>& all_cases() {
 // Running a case.
 
 // The devices every case runs on. A non-CPU device is checked against the CPU's results.
-std::vector<Device> suite_devices() { return {Device::cpu()}; }
+// Every device this process can run: CPU always, plus the first CUDA device when one is
+// visible (CUDA cases are checked against the CPU's results). Without a GPU, as in CI, the
+// CUDA cases are not registered at all; the GPU machine runs this binary directly.
+std::vector<Device> suite_devices() {
+  std::vector<Device> devices{Device::cpu()};
+  if (cuda_available()) devices.push_back(Device::cuda(0));
+  return devices;
+}
+
+// Byte every new block of the device's pool is filled with during the checks: 0x7F7F...
+// reads as ~3.4e38 in float32 and bfloat16, ~1.4e306 in float64, NaN in float16 and a huge
+// integer, so an output element an op never writes cannot pass for a right answer.
+constexpr uint8_t kPoisonByte = 0x7F;
+
+// Turns the fill on for a device's pool (idempotent; the pools are per process).
+void poison_new_memory(Device device) {
+  allocator_for(device).set_fill_on_allocate(kPoisonByte);
+}
 
 std::string device_tag(Device d) { return d.is_cpu() ? "cpu" : "cuda" + std::to_string(d.index); }
 
@@ -1202,6 +1290,7 @@ Tolerance case_tolerance(const SuiteParam& p, DType out_dtype) {
 // The checks report through EXPECT/ASSERT; an ASSERT ends only the current check.
 void check_forward(const SuiteParam& p) {
   const OpCase& op = *p.op;
+  poison_new_memory(p.device);
   std::vector<LaidOutInput> inputs = make_case_inputs(p, p.device);
   Ts tensors = input_tensors(inputs);
   Ts outputs = op.run(tensors);
@@ -1253,6 +1342,7 @@ Ts leaves_of(const std::vector<LaidOutInput>& inputs) {
 
 void check_gradient(const SuiteParam& p) {
   const OpCase& op = *p.op;
+  poison_new_memory(p.device);
   std::vector<LaidOutInput> inputs = make_case_inputs(p, p.device);
   if (p.device.is_cpu()) {
     EXPECT_TRUE(gradcheck(differentiated_fn(op, inputs), leaves_of(inputs)));
@@ -1372,6 +1462,17 @@ TEST(Harness, LayoutsReallyChangeStridesButNotValues) {
     EXPECT_EQ(in->input().shape(), (Shape{3, 4}));
     EXPECT_TRUE(values_close(in->values, to_ref(in->input().contiguous()), {}));
     for (double v : in->values.data) EXPECT_GE(std::abs(v), 0.099);
+  }
+}
+
+TEST(Harness, PoisonedMemoryCannotPassForAResult) {
+  for (Device device : suite_devices()) {
+    poison_new_memory(device);
+    for (DType dtype : kFloat) {
+      SCOPED_TRACE(device_tag(device) + " " + std::string(dtype_name(dtype)));
+      RefArray unwritten = to_ref(empty({257}, TensorOptions(dtype).with_device(device)));
+      for (double v : unwritten.data) ASSERT_FALSE(std::abs(v) < 1e38) << v;
+    }
   }
 }
 

@@ -1,5 +1,6 @@
 // CpuBackend: the KernelBackend for host memory. Its methods are defined by concern across
-// kernels/cpu/*.cc (copy, elementwise, reduce, gemm, rowwise, indexing, random).
+// kernels/cpu/*.cc (copy, elementwise, reduce, gemm, rowwise, cross_entropy, adamw,
+// indexing, random).
 #pragma once
 
 #include "ringdilated/kernels/backend.h"
@@ -41,12 +42,24 @@ class CpuBackend final : public KernelBackend {
                bool log) override;
   void softmax_backward(void* grad_in, const void* grad_out, const void* out, DType dtype,
                         int64_t rows, int64_t cols, bool log) override;
-  void norm(void* out, float* mean, float* rstd, const void* in, const void* weight,
-            const void* bias, DType dtype, int64_t rows, int64_t cols, double eps,
-            bool rms) override;
+  void norm(void* out, float* mean, float* rstd, const void* in, const void* residual, void* sum,
+            const void* weight, const void* bias, DType dtype, int64_t rows, int64_t cols,
+            double eps, bool rms) override;
   void norm_backward(void* grad_in, float* grad_weight, float* grad_bias, const void* grad_out,
-                     const void* in, const float* mean, const float* rstd, const void* weight,
-                     DType dtype, int64_t rows, int64_t cols, bool rms) override;
+                     const void* grad_sum, const void* in, const float* mean, const float* rstd,
+                     const void* weight, DType dtype, int64_t rows, int64_t cols,
+                     bool rms) override;
+
+  // cross_entropy.cc
+  void cross_entropy(void* loss, void* lse, const void* logits, const int64_t* targets,
+                     DType dtype, int64_t rows, int64_t cols, int64_t ignore_index) override;
+  void cross_entropy_backward(void* grad_logits, const void* grad_loss, int64_t grad_loss_stride,
+                              const void* logits, const void* lse, const int64_t* targets,
+                              DType dtype, int64_t rows, int64_t cols,
+                              int64_t ignore_index) override;
+
+  // adamw.cc
+  void adamw(std::span<const AdamWTensor> tensors, DType dtype, const AdamWStep& step) override;
 
   // indexing.cc
   void index_select(const StridedView& out, const StridedView& in, int dim,

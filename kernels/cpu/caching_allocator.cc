@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <bit>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <utility>
 
@@ -43,6 +44,17 @@ size_t CpuCachingAllocator::block_size(size_t nbytes) {
 }
 
 void* CpuCachingAllocator::allocate(size_t nbytes) {
+  void* ptr = allocate_block(nbytes);
+  const int fill = fill_byte_.load(std::memory_order_relaxed);
+  if (ptr != nullptr && fill >= 0) std::memset(ptr, fill, nbytes);
+  return ptr;
+}
+
+void CpuCachingAllocator::set_fill_on_allocate(std::optional<uint8_t> byte) {
+  fill_byte_.store(byte ? static_cast<int>(*byte) : -1, std::memory_order_relaxed);
+}
+
+void* CpuCachingAllocator::allocate_block(size_t nbytes) {
   if (nbytes == 0) return nullptr;
   if (nbytes > kMaxRequestBytes) throw_out_of_memory(nbytes, nbytes);
   const bool cacheable = nbytes <= options_.large_block_bytes;

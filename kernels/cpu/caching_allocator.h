@@ -2,9 +2,11 @@
 // tests (and tools) can build private pools with their own limits and system hooks.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <optional>
 #include <string>
 
 #include "absl/base/thread_annotations.h"
@@ -68,10 +70,12 @@ class CpuCachingAllocator final : public Allocator {
   MemoryStats stats() const override;
   void reset_peak_stats() override;
   void empty_cache() override;
+  void set_fill_on_allocate(std::optional<uint8_t> byte) override;
 
   size_t cached_bytes() const;
 
  private:
+  void* allocate_block(size_t nbytes);
   struct LiveBlock {
     size_t size = 0;
     bool cacheable = false;
@@ -97,6 +101,7 @@ class CpuCachingAllocator final : public Allocator {
   FreeLists free_lists_ ABSL_GUARDED_BY(mu_);  // block size -> cached blocks, oldest first
   size_t cached_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t next_freed_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  std::atomic<int> fill_byte_{-1};  // -1: off
 };
 
 }  // namespace rd

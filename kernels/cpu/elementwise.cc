@@ -226,12 +226,7 @@ void CpuBackend::binary(BinaryOp op, const StridedView& out, const StridedView& 
 
 void CpuBackend::where(const StridedView& out, const StridedView& cond, const StridedView& a,
                        const StridedView& b) {
-  check_same_shape("where", "out", out, "cond", cond);
-  check_same_shape("where", "out", out, "a", a);
-  check_same_shape("where", "out", out, "b", b);
-  check_dtype("where", "cond", cond, DType::kBool);
-  check_dtype("where", "a", a, out.dtype);
-  check_dtype("where", "b", b, out.dtype);
+  check_where_args(out, cond, a, b);
   dispatch_by_size(out.dtype, [&](auto tag) {
     using U = typename decltype(tag)::type;
     for_each_typed<U, bool, U, U>(

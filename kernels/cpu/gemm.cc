@@ -14,27 +14,15 @@
 #include "ringdilated/kernels/cpu/backend.h"
 #include "ringdilated/kernels/cpu/dispatch_types.h"
 #include "ringdilated/kernels/error.h"
+#include "ringdilated/kernels/view_checks.h"
 
 namespace rd::kernels::cpu {
 namespace {
 
-// A stored (untransposed) operand: rows x cols with row stride ld.
-struct Stored {
-  int64_t rows = 0, cols = 0, ld = 0;
-};
-
-// Validates a leading dim. With a single row (or no columns) the row stride is never used,
-// so any value is accepted and replaced by one CBLAS takes.
-Stored stored_matrix(const char* name, int64_t rows, int64_t cols, int64_t ld) {
-  Stored s{rows, cols, ld};
-  if (rows <= 1 || cols == 0) {
-    s.ld = std::max<int64_t>(cols, 1);
-    return s;
-  }
-  RD_CHECK(ld >= std::max<int64_t>(cols, 1), kInvalidArgument, "gemm: argument '", name,
-           "' is ", ld, " but the stored ", rows, "x", cols, " matrix needs at least ",
-           std::max<int64_t>(cols, 1));
-  RD_CHECK(ld <= INT_MAX, kInvalidArgument, "gemm: argument '", name, "' is ", ld,
+// A validated operand (view_checks.h), held to CBLAS's int leading dims.
+StoredMatrix stored_matrix(const char* name, int64_t rows, int64_t cols, int64_t ld) {
+  const StoredMatrix s = gemm_stored_matrix(name, rows, cols, ld);
+  RD_CHECK(s.ld <= INT_MAX, kInvalidArgument, "gemm: argument '", name, "' is ", ld,
            ", beyond the CBLAS limit ", INT_MAX);
   return s;
 }
@@ -53,7 +41,7 @@ void scale_c(const GemmArgs& g, T* c) {
 
 // Copies a stored matrix of T into a dense float32 buffer (row stride = cols).
 template <class T>
-void widen(const T* src, const Stored& s, std::vector<float>& dst) {
+void widen(const T* src, const StoredMatrix& s, std::vector<float>& dst) {
   dst.resize(s.rows * s.cols);
   for (int64_t i = 0; i < s.rows; ++i) {
     for (int64_t j = 0; j < s.cols; ++j) {
@@ -103,7 +91,7 @@ void apply_epilogue(const GemmArgs& g, Elem* c, int64_t ld) {
 }
 
 template <class T>
-void gemm_typed(const GemmArgs& g, const Stored& sa, const Stored& sb) {
+void gemm_typed(const GemmArgs& g, const StoredMatrix& sa, const StoredMatrix& sb) {
   const T* a = static_cast<const T*>(g.a);
   const T* b = static_cast<const T*>(g.b);
   T* c = static_cast<T*>(g.c);
@@ -152,10 +140,10 @@ void CpuBackend::gemm(const GemmArgs& g) {
   RD_CHECK(g.m <= INT_MAX && g.n <= INT_MAX && g.k <= INT_MAX, kInvalidArgument,
            "gemm: sizes m=", g.m, " n=", g.n, " k=", g.k, " exceed the CBLAS limit ", INT_MAX);
   if (g.m == 0 || g.n == 0 || g.batch == 0) return;
-  const Stored sa = g.trans_a ? stored_matrix("lda", g.k, g.m, g.lda)
-                              : stored_matrix("lda", g.m, g.k, g.lda);
-  const Stored sb = g.trans_b ? stored_matrix("ldb", g.n, g.k, g.ldb)
-                              : stored_matrix("ldb", g.k, g.n, g.ldb);
+  const StoredMatrix sa = g.trans_a ? stored_matrix("lda", g.k, g.m, g.lda)
+                                    : stored_matrix("lda", g.m, g.k, g.lda);
+  const StoredMatrix sb = g.trans_b ? stored_matrix("ldb", g.n, g.k, g.ldb)
+                                    : stored_matrix("ldb", g.k, g.n, g.ldb);
   RD_CHECK((g.ldc >= g.n && g.ldc <= INT_MAX) || g.m == 1, kInvalidArgument,
            "gemm: argument 'ldc' is ", g.ldc, " but C has ", g.n,
            " columns (and CBLAS takes at most ", INT_MAX, ")");

@@ -11,13 +11,10 @@
 #include "ringdilated/kernels/cpu/dispatch_types.h"
 #include "ringdilated/kernels/cpu/strided_iter.h"
 #include "ringdilated/kernels/error.h"
+#include "ringdilated/kernels/view_checks.h"
 
 namespace rd::kernels::cpu {
 namespace {
-
-std::string shape_of(const StridedView& v) {
-  return shape_str(std::span<const int64_t>(v.shape.data(), v.ndim));
-}
 
 int64_t byte_stride(const StridedView& v, int dim) {
   return v.strides[dim] * static_cast<int64_t>(dtype_size(v.dtype));
@@ -30,11 +27,6 @@ StridedView line_base(const StridedView& v, const StridedView& shape, int dim) {
   r.shape = shape.shape;
   r.strides[dim] = 0;
   return r;
-}
-
-void check_dim(const char* op, int dim, const StridedView& v) {
-  RD_CHECK(dim >= 0 && dim < v.ndim, kOutOfRange, op, ": argument 'dim' is ", dim,
-           " but the tensor has ", v.ndim, " dims");
 }
 
 // Throws kOutOfRange naming the first index value outside [0, limit).
@@ -153,17 +145,7 @@ void scatter_kernel(const char* op, const StridedView& out_base, int dim,
 
 void CpuBackend::index_select(const StridedView& out, const StridedView& in, int dim,
                               const StridedView& index) {
-  check_dim("index_select", dim, in);
-  check_dtype("index_select", "out", out, in.dtype);
-  RD_CHECK(index.ndim == 1, kShapeMismatch,
-           "index_select: argument 'index' must be 1-D, got shape ", shape_of(index));
-  bool shapes_ok = out.ndim == in.ndim;
-  for (int d = 0; shapes_ok && d < in.ndim; ++d) {
-    shapes_ok = out.shape[d] == (d == dim ? index.shape[0] : in.shape[d]);
-  }
-  RD_CHECK(shapes_ok, kShapeMismatch, "index_select: argument 'out' has shape ", shape_of(out),
-           " but 'in' ", shape_of(in), " with ", index.shape[0], " indices along dim ", dim,
-           " needs the same shape with size ", index.shape[0], " in dim ", dim);
+  check_index_select_args(out, in, dim, index);
   check_index_values("index_select", index, in.shape[dim]);
   StridedView index_view = index;  // the 1-D index seen along `dim` of out's shape
   index_view.ndim = out.ndim;
@@ -175,32 +157,14 @@ void CpuBackend::index_select(const StridedView& out, const StridedView& in, int
 
 void CpuBackend::gather(const StridedView& out, const StridedView& in, int dim,
                         const StridedView& index) {
-  check_dim("gather", dim, in);
-  check_dtype("gather", "out", out, in.dtype);
-  check_same_shape("gather", "out", out, "index", index);
-  bool shapes_ok = in.ndim == out.ndim;
-  for (int d = 0; shapes_ok && d < in.ndim; ++d) {
-    shapes_ok = d == dim || index.shape[d] <= in.shape[d];
-  }
-  RD_CHECK(shapes_ok, kShapeMismatch, "gather: argument 'index' has shape ", shape_of(index),
-           ", larger than 'in' ", shape_of(in), " outside dim ", dim);
+  check_gather_args(out, in, dim, index);
   check_index_values("gather", index, in.shape[dim]);
   gather_kernel(out, line_base(in, out, dim), index, byte_stride(in, dim));
 }
 
 void CpuBackend::index_add(const StridedView& out, int dim, const StridedView& index,
                            const StridedView& src) {
-  check_dim("index_add", dim, out);
-  check_dtype("index_add", "src", src, out.dtype);
-  RD_CHECK(index.ndim == 1, kShapeMismatch, "index_add: argument 'index' must be 1-D, got shape ",
-           shape_of(index));
-  bool shapes_ok = src.ndim == out.ndim;
-  for (int d = 0; shapes_ok && d < out.ndim; ++d) {
-    shapes_ok = src.shape[d] == (d == dim ? index.shape[0] : out.shape[d]);
-  }
-  RD_CHECK(shapes_ok, kShapeMismatch, "index_add: argument 'src' has shape ", shape_of(src),
-           " but 'out' ", shape_of(out), " with ", index.shape[0], " indices along dim ", dim,
-           " needs the same shape with size ", index.shape[0], " in dim ", dim);
+  check_index_add_args(out, dim, index, src);
   check_index_values("index_add", index, out.shape[dim]);
   StridedView index_view = index;
   index_view.ndim = src.ndim;
@@ -213,15 +177,7 @@ void CpuBackend::index_add(const StridedView& out, int dim, const StridedView& i
 
 void CpuBackend::scatter(const StridedView& out, int dim, const StridedView& index,
                          const StridedView& src, bool accumulate) {
-  check_dim("scatter", dim, out);
-  check_dtype("scatter", "src", src, out.dtype);
-  bool shapes_ok = index.ndim == out.ndim && src.ndim == out.ndim;
-  for (int d = 0; shapes_ok && d < out.ndim; ++d) {
-    shapes_ok = src.shape[d] >= index.shape[d] && (d == dim || index.shape[d] <= out.shape[d]);
-  }
-  RD_CHECK(shapes_ok, kShapeMismatch, "scatter: argument 'index' has shape ", shape_of(index),
-           ", which must fit in 'src' ", shape_of(src), " and, outside dim ", dim, ", in 'out' ",
-           shape_of(out));
+  check_scatter_args(out, dim, index, src);
   check_index_values("scatter", index, out.shape[dim]);
   StridedView src_view = src;  // src restricted to the index's shape
   src_view.shape = index.shape;

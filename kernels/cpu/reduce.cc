@@ -16,22 +16,10 @@
 #include "ringdilated/kernels/cpu/strided_iter.h"
 #include "ringdilated/kernels/cpu/summation.h"
 #include "ringdilated/kernels/error.h"
+#include "ringdilated/kernels/view_checks.h"
 
 namespace rd::kernels::cpu {
 namespace {
-
-std::string_view reduce_name(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::kSum: return "sum";
-    case ReduceOp::kMean: return "mean";
-    case ReduceOp::kMax: return "max";
-    case ReduceOp::kMin: return "min";
-    case ReduceOp::kArgMax: return "argmax";
-    case ReduceOp::kArgMin: return "argmin";
-    case ReduceOp::kLogSumExp: return "logsumexp";
-  }
-  return "?";
-}
 
 template <class T>
 Compute<T> load(const char* p) {
@@ -408,37 +396,8 @@ void reduce_typed(ReduceOp op, const StridedView& out, const StridedView& in,
       }
       break;
   }
-  RD_FAIL(kDTypeMismatch, "reduce: op ", reduce_name(op), " does not support dtype ",
+  RD_FAIL(kDTypeMismatch, "reduce: op ", op_name(op), " does not support dtype ",
           dtype_name(in.dtype));
-}
-
-void check_reduce_args(ReduceOp op, const StridedView& out, const StridedView& in,
-                       uint32_t dims_mask) {
-  const std::string_view name = reduce_name(op);
-  auto in_shape = shape_str(std::span<const int64_t>(in.shape.data(), in.ndim));
-  auto out_shape = shape_str(std::span<const int64_t>(out.shape.data(), out.ndim));
-  RD_CHECK(in.ndim < 32 && (dims_mask >> in.ndim) == 0, kOutOfRange, "reduce ", name,
-           ": dims_mask ", dims_mask, " names dims beyond ndim ", in.ndim);
-  bool shapes_ok = out.ndim == in.ndim;
-  for (int d = 0; shapes_ok && d < in.ndim; ++d) {
-    shapes_ok = out.shape[d] == (((dims_mask >> d) & 1u) ? 1 : in.shape[d]);
-  }
-  RD_CHECK(shapes_ok, kShapeMismatch, "reduce ", name, ": argument 'out' has shape ",
-           out_shape, ", expected input shape ", in_shape, " with reduced dims (mask ",
-           dims_mask, ") of size 1");
-  const bool arg = op == ReduceOp::kArgMax || op == ReduceOp::kArgMin;
-  if (arg) {
-    RD_CHECK(std::popcount(dims_mask) == 1, kInvalidArgument, "reduce ", name,
-             ": needs exactly one reduced dim, got dims_mask ", dims_mask);
-    RD_CHECK(out.dtype == DType::kInt64, kDTypeMismatch, "reduce ", name,
-             ": argument 'out' must be int64, got ", dtype_name(out.dtype));
-  }
-  if (arg || op == ReduceOp::kMax || op == ReduceOp::kMin) {
-    for (int d = 0; d < in.ndim; ++d) {
-      RD_CHECK(!((dims_mask >> d) & 1u) || in.shape[d] > 0, kInvalidArgument, "reduce ", name,
-               ": cannot reduce over dim ", d, " of size 0 (input shape ", in_shape, ")");
-    }
-  }
 }
 
 }  // namespace
@@ -453,12 +412,7 @@ void CpuBackend::reduce(ReduceOp op, const StridedView& out, const StridedView& 
 }
 
 void CpuBackend::cumsum(const StridedView& out, const StridedView& in, int dim, bool reverse) {
-  check_same_shape("cumsum", "out", out, "in", in);
-  RD_CHECK(dim >= 0 && dim < in.ndim, kOutOfRange, "cumsum: argument 'dim' is ", dim,
-           " but the input has ", in.ndim, " dims");
-  RD_CHECK(out.dtype == in.dtype, kDTypeMismatch, "cumsum: argument 'out' has dtype ",
-           dtype_name(out.dtype), " but 'in' has ", dtype_name(in.dtype));
-  RD_CHECK(in.dtype != DType::kBool, kDTypeMismatch, "cumsum: does not support dtype bool");
+  check_cumsum_args(out, in, dim);
   const int64_t length = in.shape[dim];
   if (in.numel() == 0) return;
   // Reverse scans are forward scans of views whose `dim` runs backwards.

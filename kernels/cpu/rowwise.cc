@@ -1,6 +1,6 @@
 // CPU row-wise fused ops on contiguous [rows, cols] data: softmax / log-softmax, layer and
-// RMS norm, and their backward passes. Rows run in parallel; each row is computed in float32
-// (float64 for float64 data) with cascade sums.
+// RMS norm (optionally fused with a residual add), and their backward passes. Rows run in
+// parallel; each row is computed in float32 (float64 for float64 data) with cascade sums.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -85,6 +85,8 @@ void softmax_backward_rows(T* grad_in, const T* grad_out, const T* out, int64_t 
 struct NormArgs {
   float* mean;
   float* rstd;
+  const void* residual;  // null: the row normalized is `in` itself
+  void* sum;             // in + residual, written when residual is set
   const void* weight;
   const void* bias;
   int64_t rows, cols;
@@ -99,6 +101,15 @@ void norm_rows(T* out, const T* in, const NormArgs& a) {
   parallel_items(a.rows, cols, [&](int64_t r) {
     const T* x = in + r * cols;
     T* y = out + r * cols;
+    if (a.residual != nullptr) {
+      // The row normalized is the sum as stored (rounded to T): what the caller keeps and
+      // the backward pass reads. Each element is read before it is written, so `sum` may
+      // alias `in` or `residual`.
+      const T* res = static_cast<const T*>(a.residual) + r * cols;
+      T* sum = static_cast<T*>(a.sum) + r * cols;
+      for (int64_t j = 0; j < cols; ++j) sum[j] = static_cast<T>(at<T>(x, j) + at<T>(res, j));
+      x = sum;
+    }
     A mu = 0;
     if (!a.rms) {
       Summer<A> sum;
@@ -125,6 +136,7 @@ void norm_rows(T* out, const T* in, const NormArgs& a) {
 struct NormBackwardArgs {
   float* grad_weight;
   float* grad_bias;
+  const void* grad_sum;  // may be null; added into grad_in
   const float* mean;
   const float* rstd;
   const void* weight;
@@ -175,7 +187,12 @@ void norm_backward_rows(T* grad_in, const T* grad_out, const T* in, const NormBa
       const A c1 = g_xhat.value() / static_cast<A>(cols);
       const A c2 = a.rms ? A(0) : g_sum.value() / static_cast<A>(cols);
       T* gi = grad_in + r * cols;
-      for (int64_t j = 0; j < cols; ++j) gi[j] = static_cast<T>(rstd * (g(j) - c2 - xhat(j) * c1));
+      const T* gs = a.grad_sum ? static_cast<const T*>(a.grad_sum) + r * cols : nullptr;
+      for (int64_t j = 0; j < cols; ++j) {
+        A v = rstd * (g(j) - c2 - xhat(j) * c1);
+        if (gs) v += at<T>(gs, j);
+        gi[j] = static_cast<T>(v);
+      }
     }
   });
   auto total = [&](const std::vector<double>& partial, float* dst) {
@@ -211,11 +228,14 @@ void CpuBackend::softmax_backward(void* grad_in, const void* grad_out, const voi
   });
 }
 
-void CpuBackend::norm(void* out, float* mean, float* rstd, const void* in, const void* weight,
-                      const void* bias, DType dtype, int64_t rows, int64_t cols, double eps,
-                      bool rms) {
+void CpuBackend::norm(void* out, float* mean, float* rstd, const void* in, const void* residual,
+                      void* sum, const void* weight, const void* bias, DType dtype, int64_t rows,
+                      int64_t cols, double eps, bool rms) {
   check_rows("norm", rows, cols);
-  const NormArgs args{mean, rstd, weight, bias, rows, cols, eps, rms};
+  RD_CHECK((residual == nullptr) == (sum == nullptr), kInvalidArgument,
+           "norm: arguments 'residual' and 'sum' must be both null or both set, got residual ",
+           residual == nullptr ? "null" : "set", " and sum ", sum == nullptr ? "null" : "set");
+  const NormArgs args{mean, rstd, residual, sum, weight, bias, rows, cols, eps, rms};
   dispatch_floating(dtype, "norm", [&](auto tag) {
     using T = typename decltype(tag)::type;
     norm_rows(static_cast<T*>(out), static_cast<const T*>(in), args);
@@ -223,13 +243,14 @@ void CpuBackend::norm(void* out, float* mean, float* rstd, const void* in, const
 }
 
 void CpuBackend::norm_backward(void* grad_in, float* grad_weight, float* grad_bias,
-                               const void* grad_out, const void* in, const float* mean,
-                               const float* rstd, const void* weight, DType dtype, int64_t rows,
-                               int64_t cols, bool rms) {
+                               const void* grad_out, const void* grad_sum, const void* in,
+                               const float* mean, const float* rstd, const void* weight,
+                               DType dtype, int64_t rows, int64_t cols, bool rms) {
   check_rows("norm_backward", rows, cols);
   RD_CHECK(rstd && (rms || mean), kInvalidArgument,
            "norm_backward: arguments 'rstd' (and 'mean' for layer norm) must not be null");
-  const NormBackwardArgs args{grad_weight, grad_bias, mean, rstd, weight, rows, cols, rms};
+  const NormBackwardArgs args{grad_weight, grad_bias, grad_sum, mean, rstd,
+                              weight,      rows,      cols,     rms};
   dispatch_floating(dtype, "norm_backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
     norm_backward_rows(static_cast<T*>(grad_in), static_cast<const T*>(grad_out),

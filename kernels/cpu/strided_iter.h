@@ -11,7 +11,7 @@
 #include <type_traits>
 #include <utility>
 
-#include "ringdilated/kernels/cpu/view_checks.h"
+#include "ringdilated/kernels/view_checks.h"
 #include "ringdilated/kernels/error.h"
 #include "ringdilated/kernels/strided.h"
 

@@ -79,38 +79,57 @@ class CudaBackend final : public KernelBackend {
     Scope s(device_);
     cuda::softmax_backward(grad_in, grad_out, out, dtype, rows, cols, log, s.stream);
   }
-  void norm(void* out, float* mean, float* rstd, const void* in, const void* weight,
-            const void* bias, DType dtype, int64_t rows, int64_t cols, double eps,
-            bool rms) override {
+  void norm(void* out, float* mean, float* rstd, const void* in, const void* residual, void* sum,
+            const void* weight, const void* bias, DType dtype, int64_t rows, int64_t cols,
+            double eps, bool rms) override {
     Scope s(device_);
-    cuda::norm(out, mean, rstd, in, weight, bias, dtype, rows, cols, eps, rms, s.stream);
+    cuda::norm(out, mean, rstd, in, residual, sum, weight, bias, dtype, rows, cols, eps, rms,
+               s.stream);
   }
   void norm_backward(void* grad_in, float* grad_weight, float* grad_bias, const void* grad_out,
-                     const void* in, const float* mean, const float* rstd, const void* weight,
-                     DType dtype, int64_t rows, int64_t cols, bool rms) override {
+                     const void* grad_sum, const void* in, const float* mean, const float* rstd,
+                     const void* weight, DType dtype, int64_t rows, int64_t cols,
+                     bool rms) override {
     Scope s(device_);
-    cuda::norm_backward(grad_in, grad_weight, grad_bias, grad_out, in, mean, rstd, weight, dtype,
-                        rows, cols, rms, scratch(), s.stream);
+    cuda::norm_backward(grad_in, grad_weight, grad_bias, grad_out, grad_sum, in, mean, rstd,
+                        weight, dtype, rows, cols, rms, scratch(), s.stream);
+  }
+  void cross_entropy(void* loss, void* lse, const void* logits, const int64_t* targets,
+                     DType dtype, int64_t rows, int64_t cols, int64_t ignore_index) override {
+    Scope s(device_);
+    cuda::cross_entropy(loss, lse, logits, targets, dtype, rows, cols, ignore_index, s.stream);
+  }
+  void cross_entropy_backward(void* grad_logits, const void* grad_loss, int64_t grad_loss_stride,
+                              const void* logits, const void* lse, const int64_t* targets,
+                              DType dtype, int64_t rows, int64_t cols,
+                              int64_t ignore_index) override {
+    Scope s(device_);
+    cuda::cross_entropy_backward(grad_logits, grad_loss, grad_loss_stride, logits, lse, targets,
+                                 dtype, rows, cols, ignore_index, s.stream);
+  }
+  void adamw(std::span<const AdamWTensor> tensors, DType dtype, const AdamWStep& step) override {
+    Scope s(device_);
+    cuda::adamw(tensors, dtype, step, s.stream);
   }
   void index_select(const StridedView& out, const StridedView& in, int dim,
                     const StridedView& index) override {
     Scope s(device_);
-    cuda::index_select(out, in, dim, index, s.stream);
+    cuda::index_select(out, in, dim, index, scratch(), s.stream);
   }
   void index_add(const StridedView& out, int dim, const StridedView& index,
                  const StridedView& src) override {
     Scope s(device_);
-    cuda::index_add(out, dim, index, src, s.stream);
+    cuda::index_add(out, dim, index, src, scratch(), s.stream);
   }
   void gather(const StridedView& out, const StridedView& in, int dim,
               const StridedView& index) override {
     Scope s(device_);
-    cuda::gather(out, in, dim, index, s.stream);
+    cuda::gather(out, in, dim, index, scratch(), s.stream);
   }
   void scatter(const StridedView& out, int dim, const StridedView& index, const StridedView& src,
                bool accumulate) override {
     Scope s(device_);
-    cuda::scatter(out, dim, index, src, accumulate, s.stream);
+    cuda::scatter(out, dim, index, src, accumulate, scratch(), s.stream);
   }
 
  private:

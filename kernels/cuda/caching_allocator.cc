@@ -79,6 +79,20 @@ size_t CudaCachingAllocator::segment_size(size_t block) {
 void* CudaCachingAllocator::allocate(size_t nbytes) {
   if (nbytes == 0) return nullptr;
   const cudaStream_t stream = current_stream(device_);
+  void* ptr = allocate_block(nbytes, stream);
+  const int fill = fill_byte_.load(std::memory_order_relaxed);
+  if (fill >= 0) {
+    DeviceGuard guard(device_);
+    RD_CUDA_CHECK(cudaMemsetAsync(ptr, fill, nbytes, stream));
+  }
+  return ptr;
+}
+
+void CudaCachingAllocator::set_fill_on_allocate(std::optional<uint8_t> byte) {
+  fill_byte_.store(byte ? static_cast<int>(*byte) : -1, std::memory_order_relaxed);
+}
+
+void* CudaCachingAllocator::allocate_block(size_t nbytes, cudaStream_t stream) {
   absl::MutexLock lock(&mu_);
   if (nbytes > kMaxRequestBytes) {
     throw_out_of_memory(nbytes, nbytes, "the request exceeds the largest supported size");

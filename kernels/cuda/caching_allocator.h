@@ -4,6 +4,7 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -99,7 +100,11 @@ class CudaCachingAllocator final : public Allocator {
   void set_reserved_limit(std::optional<size_t> limit_bytes);
   std::optional<size_t> reserved_limit() const;
 
+  // Fills each block on the allocating stream (cudaMemsetAsync) before handing it out.
+  void set_fill_on_allocate(std::optional<uint8_t> byte) override;
+
  private:
+  void* allocate_block(size_t nbytes, cudaStream_t stream);
   enum class BlockState : uint8_t {
     kAllocated,  // handed out
     kPending,    // freed, waiting for events on streams recorded with record_stream
@@ -164,6 +169,7 @@ class CudaCachingAllocator final : public Allocator {
   FreeSet large_free_ ABSL_GUARDED_BY(mu_);
   std::deque<PendingEvent> pending_events_ ABSL_GUARDED_BY(mu_);
   std::vector<cudaEvent_t> spare_events_ ABSL_GUARDED_BY(mu_);  // reusable, on device_
+  std::atomic<int> fill_byte_{-1};  // -1: off
 };
 
 // The process-wide pool of CUDA device `device`, created on first use and never destroyed

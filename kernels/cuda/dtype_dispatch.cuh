@@ -1,6 +1,5 @@
-// Storage types of CUDA kernels: host-side DType -> C++ type dispatch (shared with the CPU
-// backend), the compute/accumulate type of each storage type, conversions between any two of
-// them with exactly the CPU's semantics, and atomic adds, all usable in device code.
+// CUDA-side additions to the shared dtype dispatch (kernels/dtype_dispatch.h): loads of a
+// run-time dtype, index loads and atomic adds, usable in device code.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -11,49 +10,9 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "ringdilated/kernels/cpu/dispatch_types.h"
-#include "ringdilated/kernels/dtype.h"
-#include "ringdilated/kernels/half.h"
+#include "ringdilated/kernels/dtype_dispatch.h"
 
 namespace rd::kernels::cuda {
-
-// Host-side dispatch is the CPU backend's: the same dtype -> type table and error messages.
-using cpu::dispatch_by_size;
-using cpu::dispatch_dtype;
-using cpu::dispatch_floating;
-using cpu::dispatch_index;
-using cpu::TypeTag;
-
-template <class T>
-inline constexpr bool kIsHalf = std::is_same_v<T, BFloat16> || std::is_same_v<T, Float16>;
-template <class T>
-inline constexpr bool kIsFloating = kIsHalf<T> || std::is_floating_point_v<T>;
-
-// Arithmetic happens in Compute<T>: float for the 16-bit floats, T otherwise (as on the CPU).
-template <class T>
-using Compute = std::conditional_t<kIsHalf<T>, float, T>;
-
-// Sums accumulate in Accum<T>: float32 for 32/16-bit floats, double for float64, int64 for
-// integers and bool (as on the CPU).
-template <class T>
-using Accum = std::conditional_t<kIsFloating<T>, Compute<T>, int64_t>;
-
-// Converts between storage/compute types exactly like cpu::convert: nonzero -> true for bool,
-// through float for 16-bit floats, otherwise one static_cast from the source's compute type
-// (so int64 -> float32 rounds once, never through double). Out-of-range float -> int
-// conversions are undefined in C++; the GPU saturates (NaN -> 0) while x86 gives INT_MIN.
-template <class To, class From>
-RD_HOST_DEVICE inline To convert(From v) {
-  if constexpr (std::is_same_v<To, From>) {
-    return v;
-  } else if constexpr (std::is_same_v<To, bool>) {
-    return static_cast<Compute<From>>(v) != Compute<From>(0);
-  } else if constexpr (kIsHalf<To>) {
-    return To(static_cast<float>(static_cast<Compute<From>>(v)));
-  } else {
-    return static_cast<To>(static_cast<Compute<From>>(v));
-  }
-}
 
 // Reads element `offset` of `data`, whose dtype is only known at run time, converted to To.
 // The switch is uniform across a launch, so it costs a few predictable branches per element
@@ -76,16 +35,6 @@ RD_HOST_DEVICE inline To load_converted(const void* data, DType dtype, int64_t o
 RD_HOST_DEVICE inline int64_t load_index(const void* data, bool is_int64, int64_t offset) {
   return is_int64 ? static_cast<const int64_t*>(data)[offset]
                   : static_cast<int64_t>(static_cast<const int32_t*>(data)[offset]);
-}
-
-// o += x in the compute type of T (logical or for bool), like cpu::add_into.
-template <class T>
-RD_HOST_DEVICE inline void add_into(T& o, T x) {
-  if constexpr (std::is_same_v<T, bool>) {
-    o = o || x;
-  } else {
-    o = static_cast<T>(static_cast<Compute<T>>(o) + static_cast<Compute<T>>(x));
-  }
 }
 
 // *p += x atomically, for outputs that several threads may update. Each add rounds like
@@ -117,27 +66,6 @@ RD_HOST_DEVICE inline void atomic_add_into(T* p, T x) {
   }
 #else
   add_into(*p, x);
-#endif
-}
-
-// NaN test that is false for integer and bool types.
-template <class C>
-RD_HOST_DEVICE inline bool is_nan(C v) {
-  if constexpr (std::is_floating_point_v<C>) {
-    return v != v;
-  } else {
-    return false;
-  }
-}
-
-// start + step * i in double with the multiply and the add rounded separately, as the CPU
-// (which never contracts to FMA on x86-64) computes it; nvcc would contract by default.
-RD_HOST_DEVICE inline double affine_no_fma(double start, double step, double i) {
-#if defined(__CUDA_ARCH__)
-  return __dadd_rn(start, __dmul_rn(step, i));
-#else
-  volatile double product = step * i;  // volatile: forbid contraction into an FMA
-  return start + product;
 #endif
 }
 

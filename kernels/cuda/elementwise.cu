@@ -16,18 +16,16 @@
 #include <type_traits>
 #include <utility>
 
-#include "ringdilated/kernels/cpu/view_checks.h"
 #include "ringdilated/kernels/cuda/dtype_dispatch.cuh"
 #include "ringdilated/kernels/cuda/kernels.h"
 #include "ringdilated/kernels/cuda/runtime.h"
 #include "ringdilated/kernels/cuda/strided_index.cuh"
 #include "ringdilated/kernels/error.h"
+#include "ringdilated/kernels/view_checks.h"
 
 namespace rd::kernels::cuda {
 namespace {
 
-using cpu::check_dtype;
-using cpu::check_same_shape;
 
 // ---------------------------------------------------------------------------------------
 // The two generic loops.
@@ -436,7 +434,7 @@ void fill(const StridedView& out, double value, cudaStream_t stream) {
   uint64_t bits = 0;
   dispatch_dtype(out.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    const T v = cpu::convert<T>(value);
+    const T v = convert<T>(value);
     std::memcpy(&bits, &v, sizeof(T));  // little-endian: the low bytes hold v
   });
   dispatch_by_size(out.dtype, [&](auto tag) {
@@ -483,7 +481,7 @@ void accumulate(const StridedView& out, const StridedView& in, cudaStream_t stre
   check_dtype("accumulate", "in", in, out.dtype);
   const int64_t n = out.numel();
   if (n == 0) return;
-  if (cpu::has_distinct_elements(out)) {
+  if (has_distinct_elements(out)) {
     // A plain elementwise out = out + in (logical or, i.e. maximum, for bool).
     const BinaryOp op = out.dtype == DType::kBool ? BinaryOp::kMaximum : BinaryOp::kAdd;
     dispatch_dtype(out.dtype, [&](auto tag) {
@@ -546,12 +544,7 @@ void binary(BinaryOp op, const StridedView& out, const StridedView& a, const Str
 
 void where(const StridedView& out, const StridedView& cond, const StridedView& a,
            const StridedView& b, cudaStream_t stream) {
-  check_same_shape("where", "out", out, "cond", cond);
-  check_same_shape("where", "out", out, "a", a);
-  check_same_shape("where", "out", out, "b", b);
-  check_dtype("where", "cond", cond, DType::kBool);
-  check_dtype("where", "a", a, out.dtype);
-  check_dtype("where", "b", b, out.dtype);
+  check_where_args(out, cond, a, b);
   dispatch_by_size(out.dtype, [&](auto tag) {
     using U = typename decltype(tag)::type;
     run_elementwise<U, bool, U, U>(WhereOp<U>{}, out, {&cond, &a, &b}, stream);

@@ -33,6 +33,7 @@
 #include "ringdilated/kernels/cuda/kernels.h"
 #include "ringdilated/kernels/cuda/runtime.h"
 #include "ringdilated/kernels/error.h"
+#include "ringdilated/kernels/view_checks.h"
 
 namespace rd::kernels::cuda {
 namespace {
@@ -66,25 +67,6 @@ namespace {
 
 constexpr size_t kWorkspaceBytes = size_t{32} << 20;
 constexpr uint32_t kMaxAlignment = 256;  // cuBLASLt's default assumption for every pointer
-
-// A stored (untransposed) operand: rows x cols with row stride ld.
-struct Stored {
-  int64_t rows = 0, cols = 0, ld = 0;
-};
-
-// Validates a leading dim like the CPU backend. With a single row (or no columns) the row
-// stride is never used, so any value is accepted and replaced by one cuBLASLt takes.
-Stored stored_matrix(const char* name, int64_t rows, int64_t cols, int64_t ld) {
-  Stored s{rows, cols, ld};
-  if (rows <= 1 || cols == 0) {
-    s.ld = std::max<int64_t>(cols, 1);
-    return s;
-  }
-  RD_CHECK(ld >= std::max<int64_t>(cols, 1), kInvalidArgument, "gemm: argument '", name, "' is ",
-           ld, " but the stored ", rows, "x", cols, " matrix needs at least ",
-           std::max<int64_t>(cols, 1));
-  return s;
-}
 
 // The largest power of two (<= 256) dividing the address of every batch entry.
 uint32_t alignment_of(const void* p, int64_t stride, int64_t batch, size_t element_size) {
@@ -344,10 +326,10 @@ void gemm(const GemmArgs& g, Allocator& scratch, cudaStream_t stream) {
            " batch=", g.batch);
   cuda_type(g.dtype);  // rejects non-floating dtypes
   if (g.m == 0 || g.n == 0 || g.batch == 0) return;
-  const Stored sa =
-      g.trans_a ? stored_matrix("lda", g.k, g.m, g.lda) : stored_matrix("lda", g.m, g.k, g.lda);
-  const Stored sb =
-      g.trans_b ? stored_matrix("ldb", g.n, g.k, g.ldb) : stored_matrix("ldb", g.k, g.n, g.ldb);
+  const StoredMatrix sa = g.trans_a ? gemm_stored_matrix("lda", g.k, g.m, g.lda)
+                                    : gemm_stored_matrix("lda", g.m, g.k, g.lda);
+  const StoredMatrix sb = g.trans_b ? gemm_stored_matrix("ldb", g.n, g.k, g.ldb)
+                                    : gemm_stored_matrix("ldb", g.k, g.n, g.ldb);
   RD_CHECK(g.ldc >= g.n || g.m == 1, kInvalidArgument, "gemm: argument 'ldc' is ", g.ldc,
            " but C has ", g.n, " columns");
   RD_CHECK(g.batch <= INT32_MAX, kInvalidArgument, "gemm: batch ", g.batch,

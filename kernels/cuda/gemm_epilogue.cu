@@ -50,7 +50,7 @@ void gemm_epilogue(const GemmEpilogueArgs& a, cudaStream_t stream) {
   const unsigned blocks =
       static_cast<unsigned>(std::min<int64_t>(kMaxBlocks, (total + kThreads - 1) / kThreads));
   dispatch_floating(a.dtype, "gemm", [&](auto tag) {
-    using T = decltype(tag);
+    using T = typename decltype(tag)::type;
     gemm_epilogue_kernel<T><<<blocks, kThreads, 0, stream>>>(
         static_cast<T*>(a.c), static_cast<const T*>(a.bias), a.m, a.n, a.ldc, a.stride_c, total,
         static_cast<Compute<T>>(a.scale), a.gelu);

@@ -20,33 +20,22 @@
 #include <string>
 #include <type_traits>
 
-#include "ringdilated/kernels/cpu/view_checks.h"
 #include "ringdilated/kernels/cuda/dtype_dispatch.cuh"
 #include "ringdilated/kernels/cuda/kernels.h"
 #include "ringdilated/kernels/cuda/runtime.h"
 #include "ringdilated/kernels/cuda/strided_index.cuh"
 #include "ringdilated/kernels/error.h"
+#include "ringdilated/kernels/view_checks.h"
 
 namespace rd::kernels::cuda {
 namespace {
 
-using cpu::check_dtype;
-using cpu::check_same_shape;
 
 // Writes through an index run one line per thread, in order, when a line has at most this many
 // elements or there are at least kMinSerialLines lines (enough threads to fill the GPU);
 // otherwise one thread per element with atomics. Deterministic whenever the former holds.
 constexpr int64_t kMaxSerialLineLength = 256;
 constexpr int64_t kMinSerialLines = 65536;
-
-std::string shape_of(const StridedView& v) {
-  return shape_str(std::span<const int64_t>(v.shape.data(), v.ndim));
-}
-
-void check_dim(const char* op, int dim, const StridedView& v) {
-  RD_CHECK(dim >= 0 && dim < v.ndim, kOutOfRange, op, ": argument 'dim' is ", dim,
-           " but the tensor has ", v.ndim, " dims");
-}
 
 // `v` seen with `shape`'s shape (same ndim) and its stride along `dim` zeroed: the base of
 // every line along dim, to be offset by index * v.strides[dim].
@@ -96,33 +85,17 @@ struct IndexCheckBody {
   }
 };
 
-// A stream-ordered device allocation released when the scope ends, errors included.
-class StreamScratch {
- public:
-  StreamScratch(size_t bytes, cudaStream_t stream) : stream_(stream) {
-    RD_CUDA_CHECK(cudaMallocAsync(&data_, bytes, stream));
-  }
-  ~StreamScratch() { cudaFreeAsync(data_, stream_); }  // destructors must not throw
-  StreamScratch(const StreamScratch&) = delete;
-  StreamScratch& operator=(const StreamScratch&) = delete;
-  void* data() const { return data_; }
-
- private:
-  void* data_ = nullptr;
-  cudaStream_t stream_;
-};
-
 // Throws kOutOfRange naming the first (row-major) index value outside [0, limit), like the
 // CPU's check; waits for the stream.
 void check_index_values(const char* op, const StridedView& index, int64_t limit,
-                        cudaStream_t stream) {
+                        Allocator& scratch_pool, cudaStream_t stream) {
   dispatch_index(index.dtype, op, [](auto) {});  // int64 or int32, else kDTypeMismatch
   const int64_t n = index.numel();
   if (n == 0) return;
   const bool is_int64 = index.dtype == DType::kInt64;
   const OffsetCalculator<1> calc = make_offset_calculator<1>({&index});
-  StreamScratch scratch(sizeof(unsigned long long), stream);
-  auto* first_bad = static_cast<unsigned long long*>(scratch.data());
+  ScratchBuffer scratch(scratch_pool, sizeof(unsigned long long));
+  auto* first_bad = static_cast<unsigned long long*>(scratch.get());
   RD_CUDA_CHECK(cudaMemsetAsync(first_bad, 0xff, sizeof(unsigned long long), stream));
   launch_grid_stride(n, IndexCheckBody{index.data, is_int64, limit, calc, first_bad}, stream);
   unsigned long long bad_position = 0;
@@ -247,7 +220,7 @@ void scatter_kernel(const StridedView& out, const StridedView& out_base, int dim
   const int64_t lines = n / length;
   // With overlapping out elements, different lines may hit one target: assignment then runs
   // every line on a single thread in the CPU's order; accumulation uses atomics.
-  const bool distinct = cpu::has_distinct_elements(out);
+  const bool distinct = has_distinct_elements(out);
   const bool line_mode = distinct ? (length <= kMaxSerialLineLength || lines >= kMinSerialLines)
                                   : !accumulate;
   const bool serial = !distinct;
@@ -375,68 +348,32 @@ __global__ void __launch_bounds__(kScanThreads)
 }  // namespace
 
 void index_select(const StridedView& out, const StridedView& in, int dim,
-                  const StridedView& index, cudaStream_t stream) {
-  check_dim("index_select", dim, in);
-  check_dtype("index_select", "out", out, in.dtype);
-  RD_CHECK(index.ndim == 1, kShapeMismatch,
-           "index_select: argument 'index' must be 1-D, got shape ", shape_of(index));
-  bool shapes_ok = out.ndim == in.ndim;
-  for (int d = 0; shapes_ok && d < in.ndim; ++d) {
-    shapes_ok = out.shape[d] == (d == dim ? index.shape[0] : in.shape[d]);
-  }
-  RD_CHECK(shapes_ok, kShapeMismatch, "index_select: argument 'out' has shape ", shape_of(out),
-           " but 'in' ", shape_of(in), " with ", index.shape[0], " indices along dim ", dim,
-           " needs the same shape with size ", index.shape[0], " in dim ", dim);
-  check_index_values("index_select", index, in.shape[dim], stream);
+                  const StridedView& index, Allocator& scratch, cudaStream_t stream) {
+  check_index_select_args(out, in, dim, index);
+  check_index_values("index_select", index, in.shape[dim], scratch, stream);
   gather_kernel(out, line_base(in, out, dim), index_along(index, out, dim), in.strides[dim],
                 stream);
 }
 
 void gather(const StridedView& out, const StridedView& in, int dim, const StridedView& index,
-            cudaStream_t stream) {
-  check_dim("gather", dim, in);
-  check_dtype("gather", "out", out, in.dtype);
-  check_same_shape("gather", "out", out, "index", index);
-  bool shapes_ok = in.ndim == out.ndim;
-  for (int d = 0; shapes_ok && d < in.ndim; ++d) {
-    shapes_ok = d == dim || index.shape[d] <= in.shape[d];
-  }
-  RD_CHECK(shapes_ok, kShapeMismatch, "gather: argument 'index' has shape ", shape_of(index),
-           ", larger than 'in' ", shape_of(in), " outside dim ", dim);
-  check_index_values("gather", index, in.shape[dim], stream);
+            Allocator& scratch, cudaStream_t stream) {
+  check_gather_args(out, in, dim, index);
+  check_index_values("gather", index, in.shape[dim], scratch, stream);
   gather_kernel(out, line_base(in, out, dim), index, in.strides[dim], stream);
 }
 
 void index_add(const StridedView& out, int dim, const StridedView& index, const StridedView& src,
-               cudaStream_t stream) {
-  check_dim("index_add", dim, out);
-  check_dtype("index_add", "src", src, out.dtype);
-  RD_CHECK(index.ndim == 1, kShapeMismatch,
-           "index_add: argument 'index' must be 1-D, got shape ", shape_of(index));
-  bool shapes_ok = src.ndim == out.ndim;
-  for (int d = 0; shapes_ok && d < out.ndim; ++d) {
-    shapes_ok = src.shape[d] == (d == dim ? index.shape[0] : out.shape[d]);
-  }
-  RD_CHECK(shapes_ok, kShapeMismatch, "index_add: argument 'src' has shape ", shape_of(src),
-           " but 'out' ", shape_of(out), " with ", index.shape[0], " indices along dim ", dim,
-           " needs the same shape with size ", index.shape[0], " in dim ", dim);
-  check_index_values("index_add", index, out.shape[dim], stream);
+               Allocator& scratch, cudaStream_t stream) {
+  check_index_add_args(out, dim, index, src);
+  check_index_values("index_add", index, out.shape[dim], scratch, stream);
   scatter_kernel(out, line_base(out, src, dim), dim, index_along(index, src, dim), src,
                  /*accumulate=*/true, stream);
 }
 
 void scatter(const StridedView& out, int dim, const StridedView& index, const StridedView& src,
-             bool accumulate, cudaStream_t stream) {
-  check_dim("scatter", dim, out);
-  check_dtype("scatter", "src", src, out.dtype);
-  bool shapes_ok = index.ndim == out.ndim && src.ndim == out.ndim;
-  for (int d = 0; shapes_ok && d < out.ndim; ++d) {
-    shapes_ok = src.shape[d] >= index.shape[d] && (d == dim || index.shape[d] <= out.shape[d]);
-  }
-  RD_CHECK(shapes_ok, kShapeMismatch, "scatter: argument 'index' has shape ", shape_of(index),
-           ", which must fit in 'src' ", shape_of(src), " and, outside dim ", dim, ", in 'out' ",
-           shape_of(out));
-  check_index_values("scatter", index, out.shape[dim], stream);
+             bool accumulate, Allocator& scratch, cudaStream_t stream) {
+  check_scatter_args(out, dim, index, src);
+  check_index_values("scatter", index, out.shape[dim], scratch, stream);
   StridedView src_view = src;  // src restricted to the index's shape
   src_view.shape = index.shape;
   scatter_kernel(out, line_base(out, index, dim), dim, index, src_view, accumulate, stream);
@@ -444,12 +381,7 @@ void scatter(const StridedView& out, int dim, const StridedView& index, const St
 
 void cumsum(const StridedView& out, const StridedView& in, int dim, bool reverse,
             cudaStream_t stream) {
-  check_same_shape("cumsum", "out", out, "in", in);
-  RD_CHECK(dim >= 0 && dim < in.ndim, kOutOfRange, "cumsum: argument 'dim' is ", dim,
-           " but the input has ", in.ndim, " dims");
-  RD_CHECK(out.dtype == in.dtype, kDTypeMismatch, "cumsum: argument 'out' has dtype ",
-           dtype_name(out.dtype), " but 'in' has ", dtype_name(in.dtype));
-  RD_CHECK(in.dtype != DType::kBool, kDTypeMismatch, "cumsum: does not support dtype bool");
+  check_cumsum_args(out, in, dim);
   const int64_t n = in.numel();
   if (n == 0) return;
   const int64_t length = in.shape[dim];

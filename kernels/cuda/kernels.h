@@ -26,15 +26,15 @@ void where(const StridedView& out, const StridedView& cond, const StridedView& a
 void random(const StridedView& out, Distribution dist, double a, double b, uint64_t seed,
             uint64_t offset, cudaStream_t stream);
 
-// indexing.cu
+// indexing.cu (the index-bounds flag comes from `scratch`, the device's caching allocator)
 void index_select(const StridedView& out, const StridedView& in, int dim,
-                  const StridedView& index, cudaStream_t stream);
+                  const StridedView& index, Allocator& scratch, cudaStream_t stream);
 void index_add(const StridedView& out, int dim, const StridedView& index, const StridedView& src,
-               cudaStream_t stream);
+               Allocator& scratch, cudaStream_t stream);
 void gather(const StridedView& out, const StridedView& in, int dim, const StridedView& index,
-            cudaStream_t stream);
+            Allocator& scratch, cudaStream_t stream);
 void scatter(const StridedView& out, int dim, const StridedView& index, const StridedView& src,
-             bool accumulate, cudaStream_t stream);
+             bool accumulate, Allocator& scratch, cudaStream_t stream);
 void cumsum(const StridedView& out, const StridedView& in, int dim, bool reverse,
             cudaStream_t stream);
 
@@ -47,13 +47,26 @@ void softmax(void* out, const void* in, DType dtype, int64_t rows, int64_t cols,
              cudaStream_t stream);
 void softmax_backward(void* grad_in, const void* grad_out, const void* out, DType dtype,
                       int64_t rows, int64_t cols, bool log, cudaStream_t stream);
-void norm(void* out, float* mean, float* rstd, const void* in, const void* weight,
-          const void* bias, DType dtype, int64_t rows, int64_t cols, double eps, bool rms,
-          cudaStream_t stream);
+void norm(void* out, float* mean, float* rstd, const void* in, const void* residual, void* sum,
+          const void* weight, const void* bias, DType dtype, int64_t rows, int64_t cols,
+          double eps, bool rms, cudaStream_t stream);
 void norm_backward(void* grad_in, float* grad_weight, float* grad_bias, const void* grad_out,
-                   const void* in, const float* mean, const float* rstd, const void* weight,
-                   DType dtype, int64_t rows, int64_t cols, bool rms, Allocator& scratch,
+                   const void* grad_sum, const void* in, const float* mean, const float* rstd,
+                   const void* weight, DType dtype, int64_t rows, int64_t cols, bool rms,
+                   Allocator& scratch, cudaStream_t stream);
+
+// cross_entropy.cu
+void cross_entropy(void* loss, void* lse, const void* logits, const int64_t* targets,
+                   DType dtype, int64_t rows, int64_t cols, int64_t ignore_index,
                    cudaStream_t stream);
+void cross_entropy_backward(void* grad_logits, const void* grad_loss, int64_t grad_loss_stride,
+                            const void* logits, const void* lse, const int64_t* targets,
+                            DType dtype, int64_t rows, int64_t cols, int64_t ignore_index,
+                            cudaStream_t stream);
+
+// adamw.cu (one launch for the whole tensor list)
+void adamw(std::span<const AdamWTensor> tensors, DType dtype, const AdamWStep& step,
+           cudaStream_t stream);
 
 // gemm.cc (cuBLASLt)
 void gemm(const GemmArgs& args, Allocator& scratch, cudaStream_t stream);

@@ -15,54 +15,10 @@
 #include "ringdilated/kernels/cuda/strided_index.cuh"
 #include "ringdilated/kernels/error.h"
 #include "ringdilated/kernels/philox.h"
+#include "ringdilated/kernels/view_checks.h"
 
 namespace rd::kernels::cuda {
 namespace {
-
-// Significand precision of T: the uniform draw's bit count, so u is exact in T.
-template <class T>
-constexpr int uniform_bits() {
-  if constexpr (std::is_same_v<T, BFloat16>) return 8;
-  if constexpr (std::is_same_v<T, Float16>) return 11;
-  return 24;
-}
-
-// Rounds a double sample to T: to float32 first, then to the storage type.
-template <class T>
-RD_HOST_DEVICE T round_sample(double v) {
-  if constexpr (std::is_same_v<T, double>) {
-    return v;
-  } else {
-    return T(static_cast<float>(v));
-  }
-}
-
-template <class T>
-RD_HOST_DEVICE double as_double(T v) {
-  return static_cast<double>(static_cast<Compute<T>>(v));
-}
-
-// One uniform or normal sample from the element's Philox block (the CPU's `sample`).
-template <class T>
-RD_HOST_DEVICE T sample(Distribution dist, double a, double b, const Philox4x32& r) {
-  constexpr bool kDouble = std::is_same_v<T, double>;
-  if (dist == Distribution::kUniform) {
-    const double u =
-        kDouble ? philox_unit53(r.w[0], r.w[1]) : philox_unit(r.w[0], uniform_bits<T>());
-    const T v = round_sample<T>(philox_affine(a, b - a, u));
-    // Rounding may reach b; keep the range half-open.
-    return (a < b && as_double(v) >= b) ? round_sample<T>(a) : v;
-  }
-  double u1, u2;
-  if constexpr (kDouble) {
-    u1 = philox_unit53(r.w[0], r.w[1]) + 1.0 / 9007199254740992.0;  // (0, 1]
-    u2 = philox_unit53(r.w[2], r.w[3]);
-  } else {
-    u1 = philox_unit(r.w[0], 24) + 1.0 / 16777216.0;  // (0, 1]
-    u2 = philox_unit(r.w[1], 24);
-  }
-  return round_sample<T>(philox_affine(a, b, philox_box_muller(u1, u2)));
-}
 
 // Element i (logical row-major order) of out uses Philox counter offset + i.
 template <class T>
@@ -79,9 +35,9 @@ struct RandomBody {
     const Philox4x32 r = philox_for_element(seed, offset, static_cast<uint64_t>(i));
     T& o = out[calc.get(i).v[0]];
     if (dist == Distribution::kBernoulli) {
-      o = convert<T>(philox_unit(r.w[0], 24) < a ? 1 : 0);
+      o = convert<T>(philox_bernoulli(a, r) ? 1 : 0);
     } else if constexpr (kIsFloating<T>) {
-      o = sample<T>(dist, a, b, r);
+      o = philox_sample<T>(dist == Distribution::kNormal, a, b, r);
     }
   }
 };
@@ -90,25 +46,7 @@ struct RandomBody {
 
 void random(const StridedView& out, Distribution dist, double a, double b, uint64_t seed,
             uint64_t offset, cudaStream_t stream) {
-  switch (dist) {
-    case Distribution::kUniform:
-      RD_CHECK(std::isfinite(a) && std::isfinite(b) && a <= b, kInvalidArgument,
-               "random uniform: needs finite a <= b, got a=", a, " b=", b);
-      break;
-    case Distribution::kNormal:
-      RD_CHECK(std::isfinite(a) && std::isfinite(b) && b >= 0, kInvalidArgument,
-               "random normal: needs a finite mean and stddev >= 0, got mean=", a, " stddev=", b);
-      break;
-    case Distribution::kBernoulli:
-      RD_CHECK(a >= 0 && a <= 1, kInvalidArgument,
-               "random bernoulli: probability must be in [0, 1], got ", a);
-      break;
-  }
-  if (dist != Distribution::kBernoulli) {
-    RD_CHECK(is_floating(out.dtype), kDTypeMismatch,
-             "random: uniform and normal fills need a floating dtype, got ",
-             dtype_name(out.dtype));
-  }
+  check_random_args(out, dist, a, b);
   const int64_t n = out.numel();
   if (n == 0) return;
   dispatch_dtype(out.dtype, [&](auto tag) {

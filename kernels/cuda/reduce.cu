@@ -23,6 +23,7 @@
 #include "ringdilated/kernels/cuda/reduce_common.cuh"
 #include "ringdilated/kernels/cuda/runtime.h"
 #include "ringdilated/kernels/error.h"
+#include "ringdilated/kernels/view_checks.h"
 
 namespace rd::kernels::cuda {
 namespace {
@@ -393,53 +394,6 @@ __global__ void __launch_bounds__(kBlock)
 // ---------------------------------------------------------------------------------------
 // Host side.
 
-std::string_view reduce_name(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::kSum: return "sum";
-    case ReduceOp::kMean: return "mean";
-    case ReduceOp::kMax: return "max";
-    case ReduceOp::kMin: return "min";
-    case ReduceOp::kArgMax: return "argmax";
-    case ReduceOp::kArgMin: return "argmin";
-    case ReduceOp::kLogSumExp: return "logsumexp";
-  }
-  return "?";
-}
-
-// The CPU backend's argument checks, with the same messages.
-void check_reduce_args(ReduceOp op, const StridedView& out, const StridedView& in,
-                       uint32_t dims_mask) {
-  const std::string_view name = reduce_name(op);
-  auto in_shape = shape_str(std::span<const int64_t>(in.shape.data(), in.ndim));
-  auto out_shape = shape_str(std::span<const int64_t>(out.shape.data(), out.ndim));
-  RD_CHECK(in.ndim < 32 && (dims_mask >> in.ndim) == 0, kOutOfRange, "reduce ", name,
-           ": dims_mask ", dims_mask, " names dims beyond ndim ", in.ndim);
-  bool shapes_ok = out.ndim == in.ndim;
-  for (int d = 0; shapes_ok && d < in.ndim; ++d) {
-    shapes_ok = out.shape[d] == (((dims_mask >> d) & 1u) ? 1 : in.shape[d]);
-  }
-  RD_CHECK(shapes_ok, kShapeMismatch, "reduce ", name, ": argument 'out' has shape ", out_shape,
-           ", expected input shape ", in_shape, " with reduced dims (mask ", dims_mask,
-           ") of size 1");
-  const bool arg = op == ReduceOp::kArgMax || op == ReduceOp::kArgMin;
-  if (arg) {
-    RD_CHECK(std::popcount(dims_mask) == 1, kInvalidArgument, "reduce ", name,
-             ": needs exactly one reduced dim, got dims_mask ", dims_mask);
-    RD_CHECK(out.dtype == DType::kInt64, kDTypeMismatch, "reduce ", name,
-             ": argument 'out' must be int64, got ", dtype_name(out.dtype));
-  }
-  if (arg || op == ReduceOp::kMax || op == ReduceOp::kMin) {
-    for (int d = 0; d < in.ndim; ++d) {
-      RD_CHECK(!((dims_mask >> d) & 1u) || in.shape[d] > 0, kInvalidArgument, "reduce ", name,
-               ": cannot reduce over dim ", d, " of size 0 (input shape ", in_shape, ")");
-    }
-  }
-  if (op == ReduceOp::kMean || op == ReduceOp::kLogSumExp) {
-    RD_CHECK(is_floating(in.dtype), kDTypeMismatch, "reduce: op ", name, " does not support dtype ",
-             dtype_name(in.dtype));
-  }
-}
-
 // One dim of the plan while it is being built (outermost first).
 struct HostDim {
   int64_t shape, in_stride, out_stride;
@@ -505,23 +459,6 @@ Plan make_plan(const StridedView& out, const StridedView& in, uint32_t dims_mask
   }
   return p;
 }
-
-// Frees a scratch allocation when the host leaves the scope. The caching allocator is
-// stream-ordered: memory returned here is only handed out again to work queued later on the
-// same stream, which runs after the kernels already queued that use it.
-class ScratchBuffer {
- public:
-  ScratchBuffer(Allocator& allocator, size_t bytes)
-      : allocator_(allocator), ptr_(allocator.allocate(bytes)) {}
-  ~ScratchBuffer() { allocator_.deallocate(ptr_); }
-  ScratchBuffer(const ScratchBuffer&) = delete;
-  ScratchBuffer& operator=(const ScratchBuffer&) = delete;
-  void* get() const { return ptr_; }
-
- private:
-  Allocator& allocator_;
-  void* ptr_;
-};
 
 struct Launch {
   const void* in;
@@ -638,7 +575,7 @@ void reduce_typed(ReduceOp op, const Plan& p, const Launch& l) {
       }
       break;
   }
-  RD_FAIL(kDTypeMismatch, "reduce: op ", reduce_name(op), " does not support dtype ",
+  RD_FAIL(kDTypeMismatch, "reduce: op ", op_name(op), " does not support dtype ",
           dtype_name(l.in_dtype));
 }
 

@@ -11,25 +11,15 @@
 #include <limits>
 #include <type_traits>
 
-#include "ringdilated/kernels/dtype.h"
+#include "ringdilated/kernels/dtype_dispatch.h"
 #include "ringdilated/kernels/error.h"
-#include "ringdilated/kernels/half.h"
 
 // A namespace of its own: other CUDA files may define similar helpers under
 // rd::kernels::cuda, and inline functions of one name must not differ between files.
 namespace rd::kernels::cuda::reduce_util {
 
-template <class T>
-inline constexpr bool kIsHalf = std::is_same_v<T, BFloat16> || std::is_same_v<T, Float16>;
-template <class T>
-inline constexpr bool kIsFloating = kIsHalf<T> || std::is_floating_point_v<T>;
-
-// As on the CPU: arithmetic in float for the 16-bit floats, in T otherwise; sums of floats
-// accumulate in their compute type, sums of integers and bools in int64.
-template <class T>
-using Compute = std::conditional_t<kIsHalf<T>, float, T>;
-template <class T>
-using Accum = std::conditional_t<kIsFloating<T>, Compute<T>, int64_t>;
+// kIsHalf, kIsFloating, Compute<T> (float for the 16-bit floats, T otherwise) and Accum<T>
+// come from kernels/dtype_dispatch.h, shared with the CPU.
 
 inline constexpr unsigned kFullMask = 0xffffffffu;
 inline constexpr int kWarp = 32;
@@ -83,15 +73,6 @@ __device__ __forceinline__ void store_as(void* base, DType dtype, int64_t offset
     case DType::kInt32: static_cast<int32_t*>(base)[offset] = convert_to<int32_t>(v); break;
     case DType::kInt64: static_cast<int64_t*>(base)[offset] = convert_to<int64_t>(v); break;
     case DType::kBool: static_cast<bool*>(base)[offset] = convert_to<bool>(v); break;
-  }
-}
-
-template <class C>
-__device__ __forceinline__ bool is_nan(C v) {
-  if constexpr (std::is_floating_point_v<C>) {
-    return isnan(v);
-  } else {
-    return false;
   }
 }
 
@@ -204,20 +185,6 @@ __device__ __forceinline__ S block_fold(S v, int width, S* smem, const Op& op) {
   for (int i = 1; i < warps; ++i) r = op(r, smem[i]);
   __syncthreads();  // smem may be reused by the next fold
   return r;
-}
-
-// Host: calls f(T{}) with T the storage type of a floating `dtype`; other dtypes throw
-// kDTypeMismatch naming `op` (the CPU backend's message).
-template <class F>
-void dispatch_floating(DType dtype, const char* op, F&& f) {
-  switch (dtype) {
-    case DType::kFloat32: return f(float{});
-    case DType::kFloat64: return f(double{});
-    case DType::kBFloat16: return f(BFloat16{});
-    case DType::kFloat16: return f(Float16{});
-    default: break;
-  }
-  RD_FAIL(kDTypeMismatch, op, ": requires a floating dtype, got ", dtype_name(dtype));
 }
 
 struct SumOp {

@@ -1,27 +1,24 @@
 // CUDA row-wise fused ops on contiguous [rows, cols] data: softmax / log-softmax, layer and
-// RMS norm, and their backward passes, with the CPU backend's semantics.
+// RMS norm (optionally fused with a residual add), and their backward passes, with the CPU
+// backend's semantics.
 //
-// Each row belongs to a group of threads: `group` aligned lanes of a warp (2..32, many rows
-// per 256-thread block) for rows of up to 32 * kSlots elements, else a whole block of
-// 64..512 threads. Every thread keeps its share of the row in registers (kSlots values,
-// read in 16-byte chunks when the rows are 16-byte aligned), so a row that fits (up to
-// 16K float/bf16/f16 elements, 8K float64) is read from memory once and written once.
-// Longer rows are processed as register-sized tiles, reading the row again for the output.
-// Statistics are computed in float32 (float64 for float64 data) and folded over the group
-// in a fixed order: results are bitwise reproducible.
+// Rows are split over thread groups as row_tiles.cuh describes. Every thread keeps its
+// share of the row in registers, so a row that fits (up to 16K float/bf16/f16 elements, 8K
+// float64) is read from memory once and written once. Longer rows are processed as
+// register-sized tiles, reading the row again for the output. Statistics are computed in
+// float32 (float64 for float64 data) and folded over the group in a fixed order: results
+// are bitwise reproducible.
 //
 // The weight/bias gradients of norm_backward are column sums over rows: a second kernel
 // folds fixed blocks of rows per column into float partials in scratch memory, and a third
 // adds each column's partials in order (in double). No atomics anywhere.
 #include <algorithm>
-#include <bit>
 #include <cstdint>
-#include <initializer_list>
 #include <limits>
-#include <type_traits>
 
 #include "ringdilated/kernels/cuda/kernels.h"
 #include "ringdilated/kernels/cuda/reduce_common.cuh"
+#include "ringdilated/kernels/cuda/row_tiles.cuh"
 #include "ringdilated/kernels/cuda/runtime.h"
 #include "ringdilated/kernels/error.h"
 
@@ -29,137 +26,25 @@ namespace rd::kernels::cuda {
 namespace {
 
 using namespace reduce_util;  // NOLINT: this file's device vocabulary
-
-constexpr int kGroupBlock = 256;     // threads per block when groups are <= one warp
-constexpr int kMinRowThreads = 64;   // a block that owns one row has 64..512 threads
-constexpr int kMaxRowThreads = 512;  // (launch bound 512: up to 128 registers a thread)
-constexpr int64_t kMaxGridX = 2147483647;
-
-// Row values each thread keeps in registers: 32 floats, or 16 doubles.
-template <class T>
-inline constexpr int kSlots = sizeof(Compute<T>) == 8 ? 16 : 32;
-
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-int64_t pow2_ceil(int64_t v) {
-  return v <= 1 ? 1 : int64_t{1} << (64 - std::countl_zero(static_cast<uint64_t>(v - 1)));
-}
-
-// ---------------------------------------------------------------------------------------
-// Row tiles in registers.
-
-// One thread's place in its row.
-struct RowThread {
-  int64_t row;    // the row (0 for an idle group past the last row)
-  int64_t cols;   // the row length (the same for every thread: decisions use it)
-  int64_t limit;  // cols, or 0 for an idle group, which then loads and stores nothing
-  int t;          // index within the group
-  int group;      // threads per row
-  bool active;
-};
-
-__device__ __forceinline__ RowThread row_thread(int64_t rows, int64_t cols, int group) {
-  RowThread r;
-  const int per_block = static_cast<int>(blockDim.x) / group;
-  r.group = group;
-  r.t = static_cast<int>(threadIdx.x) % group;
-  r.row = static_cast<int64_t>(blockIdx.x) * per_block + threadIdx.x / group;
-  r.active = r.row < rows;
-  if (!r.active) r.row = 0;  // idle groups still join their warp's shuffles
-  r.cols = cols;
-  r.limit = r.active ? cols : 0;
-  return r;
-}
-
-// Slot q * W + j of thread t holds element base + (t + group * q) * W + j: chunks of W
-// consecutive elements (W = 16 bytes' worth when vectorized, else 1) dealt round-robin.
-// With W > 1, cols is a multiple of W, so a chunk is either all inside the row or all out.
-// A thread's chunks of one tile: the first's element index, the stride between them, and
-// how many lie inside the row (chunks [0, valid) do). Computed once per tile so that the
-// unrolled chunk loops need no 64-bit arithmetic per chunk.
-template <class T, int W>
-struct TileChunks {
-  int64_t first;
-  int64_t stride;
-  int valid;
-
-  __device__ __forceinline__ TileChunks(const RowThread& r, int64_t base) {
-    constexpr int kChunks = kSlots<T> / W;
-    first = base + static_cast<int64_t>(r.t) * W;
-    stride = static_cast<int64_t>(r.group) * W;
-    const int64_t left = r.limit - first;
-    valid =
-        left <= 0 ? 0 : static_cast<int>(std::min<int64_t>(kChunks, (left + stride - 1) / stride));
-  }
-};
-
-template <class T>
-using Values = Compute<T>[kSlots<T>];
-
-// Loads this thread's slots of the tile at `base` of `row` (slots past the row get `fill`).
-template <class T, int W>
-__device__ __forceinline__ void load_tile(const T* row, const RowThread& r, int64_t base,
-                                          Values<T>& v, Compute<T> fill) {
-  const TileChunks<T, W> c(r, base);
-  const T* p = row + c.first;
-#pragma unroll
-  for (int q = 0; q < kSlots<T> / W; ++q) {
-    if (q < c.valid) {
-      const Chunk<T, W> chunk = load_chunk<T, W>(p + q * c.stride);
-#pragma unroll
-      for (int j = 0; j < W; ++j) v[q * W + j] = to_compute(chunk.x[j]);
-    } else {
-#pragma unroll
-      for (int j = 0; j < W; ++j) v[q * W + j] = fill;
-    }
-  }
-}
-
-template <class T, int W>
-__device__ __forceinline__ void store_tile(T* row, const RowThread& r, int64_t base,
-                                           const Values<T>& v) {
-  const TileChunks<T, W> c(r, base);
-  T* p = row + c.first;
-#pragma unroll
-  for (int q = 0; q < kSlots<T> / W; ++q) {
-    if (q < c.valid) {
-      Chunk<T, W> chunk;
-#pragma unroll
-      for (int j = 0; j < W; ++j) chunk.x[j] = from_compute<T>(v[q * W + j]);
-      store_chunk<T, W>(p + q * c.stride, chunk);
-    }
-  }
-}
+using namespace row_tiles;    // NOLINT
 
 // Multiplies slots by weight (if any) and adds bias (if any), elementwise along the row.
 template <class T, int W>
 __device__ __forceinline__ void apply_affine(const T* weight, const T* bias, const RowThread& r,
                                              int64_t base, Values<T>& v) {
   if (weight == nullptr && bias == nullptr) return;
-  const TileChunks<T, W> c(r, base);
+  for_each_chunk<T, W>(r, base, [&](int q, int64_t e) {
+    if (weight != nullptr) {
+      const Chunk<T, W> w = load_chunk<T, W>(weight + e);
 #pragma unroll
-  for (int q = 0; q < kSlots<T> / W; ++q) {
-    if (q < c.valid) {
-      const int64_t e = c.first + q * c.stride;
-      if (weight != nullptr) {
-        const Chunk<T, W> w = load_chunk<T, W>(weight + e);
-#pragma unroll
-        for (int j = 0; j < W; ++j) v[q * W + j] *= to_compute(w.x[j]);
-      }
-      if (bias != nullptr) {
-        const Chunk<T, W> b = load_chunk<T, W>(bias + e);
-#pragma unroll
-        for (int j = 0; j < W; ++j) v[q * W + j] += to_compute(b.x[j]);
-      }
+      for (int j = 0; j < W; ++j) v[q * W + j] *= to_compute(w.x[j]);
     }
-  }
-}
-
-template <class A>
-__device__ __forceinline__ A thread_max(const A (&v)[sizeof(A) == 8 ? 16 : 32]) {
-  A m = -std::numeric_limits<A>::infinity();
+    if (bias != nullptr) {
+      const Chunk<T, W> b = load_chunk<T, W>(bias + e);
 #pragma unroll
-  for (int s = 0; s < static_cast<int>(sizeof(v) / sizeof(A)); ++s) m = max_of(m, v[s]);
-  return m;
+      for (int j = 0; j < W; ++j) v[q * W + j] += to_compute(b.x[j]);
+    }
+  });
 }
 
 // Two sums folded at once (one round of shuffles / one block barrier pair).
@@ -173,29 +58,6 @@ struct PairSumOp {
     return {x.a + y.a, x.b + y.b};
   }
 };
-
-// Shared memory for block folds of up to Pair<double>.
-struct alignas(16) FoldScratch {
-  unsigned char bytes[(kMaxRowThreads / kWarp) * 2 * sizeof(double)];
-  template <class S>
-  __device__ S* as() {
-    return reinterpret_cast<S*>(bytes);
-  }
-};
-
-// exp(x - m) with exact -inf inputs contributing 0 even when m is -inf (an online fold's
-// start); NaN stays NaN.
-template <class A>
-__device__ __forceinline__ A exp_shifted(A x, A m) {
-  return x == -std::numeric_limits<A>::infinity() ? A(0) : exp_of(x - m);
-}
-
-// A running sum taken relative to max `from`, rescaled to max `to` >= from. While `from` is
-// -inf the sum is 0, or NaN from a NaN input: either passes through unchanged.
-template <class A>
-__device__ __forceinline__ A rescale(A sum, A from, A to) {
-  return from == -std::numeric_limits<A>::infinity() ? sum : sum * exp_of(from - to);
-}
 
 // ---------------------------------------------------------------------------------------
 // Softmax.
@@ -233,18 +95,13 @@ __device__ void softmax_row(T* out, const T* in, const RowThread& r, bool log,
     return;
   }
   // Long rows: an online (max, sum) per thread over the tiles, one fold, a second read.
-  A m = kNegInf, sum = 0;
+  LseState<A> state{kNegInf, 0};
   for (int64_t base = 0; base < r.cols; base += capacity) {
     load_tile<T, W>(x, r, base, v, kNegInf);
-    const A new_m = max_of(m, thread_max<A>(v));
-    A tile_sum = 0;
-#pragma unroll
-    for (int s = 0; s < kSlots<T>; ++s) tile_sum += exp_shifted(v[s], new_m);
-    sum = rescale(sum, m, new_m) + tile_sum;
-    m = new_m;
+    lse_add_tile<T>(state, v);
   }
-  const A row_max = block_fold(m, r.group, scratch.as<A>(), MaxOp{});
-  const A row_sum = block_fold(rescale(sum, m, row_max), r.group, scratch.as<A>(), SumOp{});
+  state = block_fold(state, r.group, scratch.as<LseState<A>>(), LseMergeOp{});
+  const A row_max = state.max, row_sum = state.sum;
   const A shift = row_max + log_of(row_sum);
   const A inv = A(1) / row_sum;
   for (int64_t base = 0; base < r.cols; base += capacity) {
@@ -317,6 +174,8 @@ __global__ void __launch_bounds__(kMaxRowThreads)
 struct NormParams {
   float* mean;
   float* rstd;
+  const void* residual;  // null: the row normalized is `in` itself
+  void* sum;             // in + residual, written when residual is set
   const void* weight;
   const void* bias;
   double eps;
@@ -327,42 +186,56 @@ template <class T, int W>
 __device__ void norm_row(T* out, const T* in, const RowThread& r, const NormParams& p,
                          FoldScratch& scratch) {
   using A = Compute<T>;
-  const T* x = in + r.row * r.cols;
-  T* y = out + r.row * r.cols;
+  const int64_t offset = r.row * r.cols;
+  const T* x = in + offset;
+  T* y = out + offset;
   const T* weight = static_cast<const T*>(p.weight);
   const T* bias = static_cast<const T*>(p.bias);
   const int64_t capacity = int64_t{kSlots<T>} * r.group;
   const bool cached = r.cols <= capacity;
   const A count = static_cast<A>(r.cols);
-  Values<T> v;
-  // Pass 1: the mean (layer norm only). Padding loads as 0 and adds nothing.
-  A mu = 0;
-  if (!p.rms) {
-    A sum = 0;
+  Values<T> v;  // padding loads as 0: it adds nothing to the mean
+  if (p.residual != nullptr) {
+    // The row normalized is the sum as stored (rounded to T), which is what the caller keeps
+    // and the backward pass reads. A cached row keeps it in registers; a long row is summed
+    // in a pre-pass and read back as `x` by the passes below, each thread reading exactly
+    // the elements it wrote, so no barrier is needed.
+    const T* residual = static_cast<const T*>(p.residual) + offset;
+    T* sum = static_cast<T*>(p.sum) + offset;
     for (int64_t base = 0; base < r.cols; base += capacity) {
       load_tile<T, W>(x, r, base, v, A(0));
+      add_tile<T, W>(residual, r, base, v);
 #pragma unroll
-      for (int s = 0; s < kSlots<T>; ++s) sum += v[s];
+      for (int s = 0; s < kSlots<T>; ++s) v[s] = to_compute(from_compute<T>(v[s]));
+      store_tile<T, W>(sum, r, base, v);
+      if (cached) break;
     }
-    mu = block_fold(sum, r.group, scratch.as<A>(), SumOp{}) / count;
+    x = sum;
   } else if (cached) {
     load_tile<T, W>(x, r, 0, v, A(0));
+  }
+  // Pass 1: the mean (layer norm only).
+  A mu = 0;
+  if (!p.rms) {
+    A total = 0;
+    for (int64_t base = 0; base < r.cols; base += capacity) {
+      if (!cached) load_tile<T, W>(x, r, base, v, A(0));
+#pragma unroll
+      for (int s = 0; s < kSlots<T>; ++s) total += v[s];
+    }
+    mu = block_fold(total, r.group, scratch.as<A>(), SumOp{}) / count;
   }
   // Pass 2: the variance about the mean (two passes: no cancellation), padding excluded.
   A sq = 0;
   for (int64_t base = 0; base < r.cols; base += capacity) {
     if (!cached) load_tile<T, W>(x, r, base, v, A(0));
-    const TileChunks<T, W> c(r, base);
+    for_each_chunk<T, W>(r, base, [&](int q, int64_t) {
 #pragma unroll
-    for (int q = 0; q < kSlots<T> / W; ++q) {
-      if (q < c.valid) {
-#pragma unroll
-        for (int j = 0; j < W; ++j) {
-          const A d = v[q * W + j] - mu;
-          sq += d * d;
-        }
+      for (int j = 0; j < W; ++j) {
+        const A d = v[q * W + j] - mu;
+        sq += d * d;
       }
-    }
+    });
   }
   sq = block_fold(sq, r.group, scratch.as<A>(), SumOp{});
   const A rstd = A(1) / sqrt_of(sq / count + static_cast<A>(p.eps));
@@ -392,17 +265,20 @@ struct NormBackwardParams {
   const float* mean;
   const float* rstd;
   const void* weight;
+  const void* grad_sum;  // may be null
   bool rms;
 };
 
-// grad_in = rstd * (g - mean(g) - xhat * mean(g * xhat)) with g = grad_out * weight,
-// xhat = (x - mean) * rstd (mean(g) dropped for RMS norm).
+// grad_in = rstd * (g - mean(g) - xhat * mean(g * xhat)) + grad_sum with
+// g = grad_out * weight, xhat = (x - mean) * rstd (mean(g) dropped for RMS norm, grad_sum
+// when absent).
 template <class T, int W>
 __device__ void norm_backward_row(T* grad_in, const T* grad_out, const T* in, const RowThread& r,
                                   const NormBackwardParams& p, FoldScratch& scratch) {
   using A = Compute<T>;
   const int64_t offset = r.row * r.cols;
   const T* weight = static_cast<const T*>(p.weight);
+  const T* grad_sum = static_cast<const T*>(p.grad_sum);
   const int64_t capacity = int64_t{kSlots<T>} * r.group;
   const bool cached = r.cols <= capacity;
   const A count = static_cast<A>(r.cols);
@@ -433,6 +309,7 @@ __device__ void norm_backward_row(T* grad_in, const T* grad_out, const T* in, co
     if (!cached) load(base);
 #pragma unroll
     for (int s = 0; s < kSlots<T>; ++s) g[s] = rstd * (g[s] - c2 - xhat[s] * c1);
+    if (grad_sum != nullptr) add_tile<T, W>(grad_sum + offset, r, base, g);
     store_tile<T, W>(grad_in + offset, r, base, g);
   }
 }
@@ -520,75 +397,6 @@ __global__ void __launch_bounds__(256)
 // ---------------------------------------------------------------------------------------
 // Host side.
 
-void check_rows(const char* op, int64_t rows, int64_t cols) {
-  RD_CHECK(rows >= 0 && cols >= 0, kInvalidArgument, op,
-           ": rows and cols must be non-negative, got rows=", rows, " cols=", cols);
-}
-
-struct RowLaunch {
-  int group;    // threads per row
-  int threads;  // per block
-  unsigned blocks;
-  bool vec;  // 16-byte chunks
-};
-
-// Picks the group size: small rows get ~2 chunks per lane (idle lanes would waste warps),
-// long rows a block just large enough to hold the row in kSlots registers a thread.
-template <class T>
-RowLaunch row_launch(const char* op, int64_t rows, int64_t cols,
-                     std::initializer_list<const void*> pointers) {
-  constexpr int64_t kSlotsT = kSlots<T>;
-  constexpr int64_t V = kVecWidth<T>;
-  RowLaunch l{};
-  l.vec = (cols * static_cast<int64_t>(sizeof(T))) % 16 == 0;
-  for (const void* p : pointers) {
-    if (p != nullptr && reinterpret_cast<uintptr_t>(p) % 16 != 0) l.vec = false;
-  }
-  int64_t blocks;
-  if (cols <= kWarp * kSlotsT) {
-    l.group = static_cast<int>(std::clamp<int64_t>(pow2_ceil(ceil_div(cols, 2 * V)), 1, kWarp));
-    l.threads = kGroupBlock;
-    blocks = ceil_div(rows, kGroupBlock / l.group);
-  } else {
-    l.group = static_cast<int>(
-        std::clamp<int64_t>(pow2_ceil(ceil_div(cols, kSlotsT)), kMinRowThreads, kMaxRowThreads));
-    l.threads = l.group;
-    blocks = rows;
-  }
-  RD_CHECK(blocks <= kMaxGridX, kInvalidArgument, op, ": ", rows,
-           " rows exceed the CUDA grid limit");
-  l.blocks = static_cast<unsigned>(blocks);
-  return l;
-}
-
-// Calls f(std::integral_constant<int, W>{}) with W the chunk width the launch uses: a
-// 16-byte vector's worth of T, or 1.
-template <class T, class F>
-void with_chunk_width(const RowLaunch& l, F&& f) {
-  if (l.vec) {
-    f(std::integral_constant<int, kVecWidth<T>>{});
-  } else {
-    f(std::integral_constant<int, 1>{});
-  }
-}
-
-// Frees a scratch allocation when the host leaves the scope. The caching allocator is
-// stream-ordered: memory returned here is only handed out again to work queued later on the
-// same stream, which runs after the kernels already queued that use it.
-class ScratchBuffer {
- public:
-  ScratchBuffer(Allocator& allocator, size_t bytes)
-      : allocator_(allocator), ptr_(allocator.allocate(bytes)) {}
-  ~ScratchBuffer() { allocator_.deallocate(ptr_); }
-  ScratchBuffer(const ScratchBuffer&) = delete;
-  ScratchBuffer& operator=(const ScratchBuffer&) = delete;
-  void* get() const { return ptr_; }
-
- private:
-  Allocator& allocator_;
-  void* ptr_;
-};
-
 template <class T>
 void norm_param_grads(float* grad_weight, float* grad_bias, const T* grad_out, const T* in,
                       const float* mean, const float* rstd, int64_t rows, int64_t cols, bool rms,
@@ -638,7 +446,7 @@ void softmax(void* out, const void* in, DType dtype, int64_t rows, int64_t cols,
              cudaStream_t stream) {
   check_rows("softmax", rows, cols);
   dispatch_floating(dtype, "softmax", [&](auto tag) {
-    using T = decltype(tag);
+    using T = typename decltype(tag)::type;
     if (rows == 0 || cols == 0) return;
     const RowLaunch l = row_launch<T>("softmax", rows, cols, {out, in});
     with_chunk_width<T>(l, [&](auto width) {
@@ -653,7 +461,7 @@ void softmax_backward(void* grad_in, const void* grad_out, const void* out, DTyp
                       int64_t rows, int64_t cols, bool log, cudaStream_t stream) {
   check_rows("softmax_backward", rows, cols);
   dispatch_floating(dtype, "softmax_backward", [&](auto tag) {
-    using T = decltype(tag);
+    using T = typename decltype(tag)::type;
     if (rows == 0 || cols == 0) return;
     const RowLaunch l = row_launch<T>("softmax_backward", rows, cols, {grad_in, grad_out, out});
     with_chunk_width<T>(l, [&](auto width) {
@@ -665,14 +473,18 @@ void softmax_backward(void* grad_in, const void* grad_out, const void* out, DTyp
   });
 }
 
-void norm(void* out, float* mean, float* rstd, const void* in, const void* weight, const void* bias,
-          DType dtype, int64_t rows, int64_t cols, double eps, bool rms, cudaStream_t stream) {
+void norm(void* out, float* mean, float* rstd, const void* in, const void* residual, void* sum,
+          const void* weight, const void* bias, DType dtype, int64_t rows, int64_t cols,
+          double eps, bool rms, cudaStream_t stream) {
   check_rows("norm", rows, cols);
+  RD_CHECK((residual == nullptr) == (sum == nullptr), kInvalidArgument,
+           "norm: arguments 'residual' and 'sum' must be both null or both set, got residual ",
+           residual == nullptr ? "null" : "set", " and sum ", sum == nullptr ? "null" : "set");
   dispatch_floating(dtype, "norm", [&](auto tag) {
-    using T = decltype(tag);
+    using T = typename decltype(tag)::type;
     if (rows == 0) return;  // cols == 0 still writes each row's (NaN) mean and rstd
-    const RowLaunch l = row_launch<T>("norm", rows, cols, {out, in, weight, bias});
-    const NormParams p{mean, rstd, weight, bias, eps, rms};
+    const RowLaunch l = row_launch<T>("norm", rows, cols, {out, in, residual, sum, weight, bias});
+    const NormParams p{mean, rstd, residual, sum, weight, bias, eps, rms};
     with_chunk_width<T>(l, [&](auto width) {
       norm_kernel<T, decltype(width)::value><<<l.blocks, l.threads, 0, stream>>>(
           static_cast<T*>(out), static_cast<const T*>(in), rows, cols, l.group, p);
@@ -682,14 +494,14 @@ void norm(void* out, float* mean, float* rstd, const void* in, const void* weigh
 }
 
 void norm_backward(void* grad_in, float* grad_weight, float* grad_bias, const void* grad_out,
-                   const void* in, const float* mean, const float* rstd, const void* weight,
-                   DType dtype, int64_t rows, int64_t cols, bool rms, Allocator& scratch,
-                   cudaStream_t stream) {
+                   const void* grad_sum, const void* in, const float* mean, const float* rstd,
+                   const void* weight, DType dtype, int64_t rows, int64_t cols, bool rms,
+                   Allocator& scratch, cudaStream_t stream) {
   check_rows("norm_backward", rows, cols);
   RD_CHECK(rstd && (rms || mean), kInvalidArgument,
            "norm_backward: arguments 'rstd' (and 'mean' for layer norm) must not be null");
   dispatch_floating(dtype, "norm_backward", [&](auto tag) {
-    using T = decltype(tag);
+    using T = typename decltype(tag)::type;
     if (cols == 0) return;
     if (rows == 0) {  // the gradients are overwritten: sums over no rows are 0
       for (float* g : {grad_weight, grad_bias}) {
@@ -699,8 +511,8 @@ void norm_backward(void* grad_in, float* grad_weight, float* grad_bias, const vo
     }
     if (grad_in != nullptr) {
       const RowLaunch l =
-          row_launch<T>("norm_backward", rows, cols, {grad_in, grad_out, in, weight});
-      const NormBackwardParams p{mean, rstd, weight, rms};
+          row_launch<T>("norm_backward", rows, cols, {grad_in, grad_out, grad_sum, in, weight});
+      const NormBackwardParams p{mean, rstd, weight, grad_sum, rms};
       with_chunk_width<T>(l, [&](auto width) {
         norm_backward_kernel<T, decltype(width)::value><<<l.blocks, l.threads, 0, stream>>>(
             static_cast<T*>(grad_in), static_cast<const T*>(grad_out), static_cast<const T*>(in),

@@ -395,6 +395,33 @@ RefArray rms_norm(const RefArray& x, const Shape& normalized_shape,
   });
 }
 
+namespace {
+
+// x + residual, elementwise (same shapes).
+RefArray add_same_shape(const RefArray& x, const RefArray& residual) {
+  require(x.shape == residual.shape, "add_*_norm: x and residual must have the same shape");
+  RefArray sum = x;
+  for (int64_t i = 0; i < sum.numel(); ++i) sum.data[i] += residual.data[i];
+  return sum;
+}
+
+}  // namespace
+
+std::vector<RefArray> add_layer_norm(const RefArray& x, const RefArray& residual,
+                                     const Shape& normalized_shape,
+                                     const std::optional<RefArray>& weight,
+                                     const std::optional<RefArray>& bias, double eps) {
+  RefArray sum = add_same_shape(x, residual);
+  return {layer_norm(sum, normalized_shape, weight, bias, eps), sum};
+}
+
+std::vector<RefArray> add_rms_norm(const RefArray& x, const RefArray& residual,
+                                   const Shape& normalized_shape,
+                                   const std::optional<RefArray>& weight, double eps) {
+  RefArray sum = add_same_shape(x, residual);
+  return {rms_norm(sum, normalized_shape, weight, eps), sum};
+}
+
 RefArray embedding(const RefArray& weight, const RefArray& indices) {
   require(weight.dim() == 2, "embedding weight must be 2-D");
   int64_t e = weight.shape[1];

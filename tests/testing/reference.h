@@ -80,6 +80,15 @@ RefArray layer_norm(const RefArray& x, const Shape& normalized_shape,
                     double eps);
 RefArray rms_norm(const RefArray& x, const Shape& normalized_shape,
                   const std::optional<RefArray>& weight, double eps);
+// Residual add fused with a norm: returns {norm(x + residual), x + residual}; x and residual
+// have the same shape.
+std::vector<RefArray> add_layer_norm(const RefArray& x, const RefArray& residual,
+                                     const Shape& normalized_shape,
+                                     const std::optional<RefArray>& weight,
+                                     const std::optional<RefArray>& bias, double eps);
+std::vector<RefArray> add_rms_norm(const RefArray& x, const RefArray& residual,
+                                   const Shape& normalized_shape,
+                                   const std::optional<RefArray>& weight, double eps);
 RefArray embedding(const RefArray& weight, const RefArray& indices);
 enum class Reduction { kNone, kMean, kSum };
 RefArray cross_entropy(const RefArray& logits, const RefArray& targets, int64_t ignore_index,

@@ -1,0 +1,216 @@
+// CUDA AdamW over a list of tensors in one launch (a multi-tensor apply), with the CPU
+// backend's semantics and rounding.
+//
+// Every tensor is cut into kChunk-element chunks and block b of the grid updates chunk b of
+// the list. The host packs the list into one AdamWLaunch struct, passed by value as a
+// __grid_constant__ kernel parameter: per tensor its four pointers, its numel and the grid
+// index of its first chunk (the chunk table, increasing; a block finds its tensor by binary
+// search over it, at most log2(kMaxTensors) uniform reads). CUDA 12.1+ accepts up to 32764
+// bytes of kernel parameters on sm_70 and newer, and that is what bounds kMaxTensors;
+// __grid_constant__ keeps the struct in the constant bank, so the indexed reads never copy
+// it to per-thread memory. A longer list takes one more launch per kMaxTensors tensors
+// (queued back to back on the stream); every tensor lies wholly within one launch.
+//
+// A tensor whose four pointers are 16-byte aligned is read and written in 16-byte vectors
+// (16 / sizeof(T) elements per access to param and grad; the float32 moments of 16-bit
+// params take two accesses); a misaligned tensor, and the last (numel % width) elements of
+// an aligned one, go one element at a time. Each element goes through adamw_element
+// (kernels/adamw_update.h), the CPU kernel's code, with contraction into FMA forbidden and
+// IEEE division and square root, so both devices produce the same bits.
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <span>
+
+#include "ringdilated/kernels/adamw_update.h"
+#include "ringdilated/kernels/cuda/kernels.h"
+#include "ringdilated/kernels/cuda/reduce_common.cuh"
+#include "ringdilated/kernels/cuda/runtime.h"
+#include "ringdilated/kernels/dtype_dispatch.h"
+#include "ringdilated/kernels/error.h"
+
+namespace rd::kernels::cuda {
+namespace {
+
+using reduce_util::from_compute;
+using reduce_util::to_compute;
+
+constexpr int kBlock = 512;
+constexpr int64_t kChunk = 65536;  // elements per block: a multiple of every vector width
+constexpr int kMaxTensors = 720;   // tensors per launch, bounded by the parameter limit
+constexpr int64_t kMaxGridX = 2147483647;
+constexpr size_t kMaxKernelParamBytes = 32764;  // CUDA 12.1+, sm_70+
+
+struct AdamWLaunch {
+  void* param[kMaxTensors];
+  const void* grad[kMaxTensors];
+  void* exp_avg[kMaxTensors];
+  void* exp_avg_sq[kMaxTensors];
+  int64_t numel[kMaxTensors];
+  int32_t first_chunk[kMaxTensors];  // grid index of each tensor's first chunk
+  int32_t num_tensors;
+  AdamWConstants constants;  // rounded to the compute type in the kernel
+};
+static_assert(sizeof(AdamWLaunch) <= kMaxKernelParamBytes,
+              "AdamWLaunch must fit in one launch's kernel parameters");
+
+// N elements of E at p, 16-byte aligned, as N * sizeof(E) / 16 128-bit accesses.
+template <class E, int N>
+__device__ __forceinline__ void load_vector(const E* p, E (&out)[N]) {
+  constexpr int kWords = static_cast<int>(N * sizeof(E) / 16);
+  static_assert(kWords * 16 == N * sizeof(E), "whole 16-byte words only");
+  uint4 raw[kWords];
+#pragma unroll
+  for (int k = 0; k < kWords; ++k) raw[k] = reinterpret_cast<const uint4*>(p)[k];
+  memcpy(out, raw, sizeof(raw));
+}
+
+template <class E, int N>
+__device__ __forceinline__ void store_vector(E* p, const E (&in)[N]) {
+  constexpr int kWords = static_cast<int>(N * sizeof(E) / 16);
+  uint4 raw[kWords];
+  memcpy(raw, in, sizeof(raw));
+#pragma unroll
+  for (int k = 0; k < kWords; ++k) reinterpret_cast<uint4*>(p)[k] = raw[k];
+}
+
+// The pointers of one chunk, offset to its first element.
+template <class T>
+struct ChunkData {
+  T* __restrict__ param;
+  const T* __restrict__ grad;
+  Compute<T>* __restrict__ exp_avg;
+  Compute<T>* __restrict__ exp_avg_sq;
+};
+
+// Elements [begin, n) of the chunk, thread by thread.
+template <class T>
+__device__ __forceinline__ void adamw_scalar(const ChunkData<T>& d, int begin, int n,
+                                             const AdamWCoefficients<Compute<T>>& c) {
+  for (int i = begin + static_cast<int>(threadIdx.x); i < n; i += static_cast<int>(blockDim.x)) {
+    Compute<T> p = to_compute(d.param[i]);
+    Compute<T> m = d.exp_avg[i];
+    Compute<T> v = d.exp_avg_sq[i];
+    adamw_element(p, to_compute(d.grad[i]), m, v, c);
+    d.param[i] = from_compute<T>(p);
+    d.exp_avg[i] = m;
+    d.exp_avg_sq[i] = v;
+  }
+}
+
+// The first n / W * W elements of the chunk in W-element vectors (16 bytes of param);
+// returns where the scalar tail starts.
+template <class T>
+__device__ __forceinline__ int adamw_vectors(const ChunkData<T>& d, int n,
+                                             const AdamWCoefficients<Compute<T>>& c) {
+  using A = Compute<T>;
+  constexpr int W = static_cast<int>(16 / sizeof(T));
+  const int vectors = n / W;
+  for (int k = static_cast<int>(threadIdx.x); k < vectors; k += static_cast<int>(blockDim.x)) {
+    const int i = k * W;
+    T p[W], g[W];
+    A m[W], v[W];
+    load_vector(d.param + i, p);
+    load_vector(d.grad + i, g);
+    load_vector(d.exp_avg + i, m);
+    load_vector(d.exp_avg_sq + i, v);
+#pragma unroll
+    for (int j = 0; j < W; ++j) {
+      A pj = to_compute(p[j]);
+      adamw_element(pj, to_compute(g[j]), m[j], v[j], c);
+      p[j] = from_compute<T>(pj);
+    }
+    store_vector(d.param + i, p);
+    store_vector(d.exp_avg + i, m);
+    store_vector(d.exp_avg_sq + i, v);
+  }
+  return vectors * W;
+}
+
+// Launch bounds: two blocks per SM (at most 64 registers; the 16-bit types need 71
+// otherwise, which would leave one block per SM), without spills.
+template <class T>
+__global__ void __launch_bounds__(kBlock, 2)
+    adamw_kernel(const __grid_constant__ AdamWLaunch l) {
+  using A = Compute<T>;
+  // The tensor of this block's chunk: the last one whose first chunk is <= blockIdx.x.
+  const int block = static_cast<int>(blockIdx.x);
+  int lo = 0, hi = l.num_tensors - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (l.first_chunk[mid] <= block) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  const int64_t begin = static_cast<int64_t>(block - l.first_chunk[lo]) * kChunk;
+  const int64_t left = l.numel[lo] - begin;
+  const int n = static_cast<int>(left < kChunk ? left : kChunk);
+  const ChunkData<T> d{static_cast<T*>(l.param[lo]) + begin,
+                       static_cast<const T*>(l.grad[lo]) + begin,
+                       static_cast<A*>(l.exp_avg[lo]) + begin,
+                       static_cast<A*>(l.exp_avg_sq[lo]) + begin};
+  const AdamWCoefficients<A> c(l.constants);
+  // Chunks start at multiples of kChunk elements, so an aligned tensor has aligned chunks.
+  const bool aligned = ((reinterpret_cast<uintptr_t>(l.param[lo]) |
+                         reinterpret_cast<uintptr_t>(l.grad[lo]) |
+                         reinterpret_cast<uintptr_t>(l.exp_avg[lo]) |
+                         reinterpret_cast<uintptr_t>(l.exp_avg_sq[lo])) %
+                        16) == 0;
+  const int tail = aligned ? adamw_vectors(d, n, c) : 0;
+  adamw_scalar(d, tail, n, c);
+}
+
+// Queues the launches for the non-empty tensors of the list, kMaxTensors at a time.
+template <class T>
+void launch_all(std::span<const AdamWTensor> tensors, AdamWLaunch& launch, cudaStream_t stream) {
+  int count = 0;
+  int64_t chunks = 0;
+  auto flush = [&] {
+    if (count == 0) return;
+    launch.num_tensors = count;
+    // The parameters are copied when the launch is queued, so `launch` can be refilled.
+    adamw_kernel<T><<<static_cast<unsigned>(chunks), kBlock, 0, stream>>>(launch);
+    RD_CUDA_CHECK_LAUNCH();
+    count = 0;
+    chunks = 0;
+  };
+  for (const AdamWTensor& t : tensors) {
+    if (t.numel == 0) continue;
+    const int64_t tensor_chunks = (t.numel + kChunk - 1) / kChunk;
+    if (count == kMaxTensors || chunks + tensor_chunks > kMaxGridX) flush();
+    launch.param[count] = t.param;
+    launch.grad[count] = t.grad;
+    launch.exp_avg[count] = t.exp_avg;
+    launch.exp_avg_sq[count] = t.exp_avg_sq;
+    launch.numel[count] = t.numel;
+    launch.first_chunk[count] = static_cast<int32_t>(chunks);
+    ++count;
+    chunks += tensor_chunks;
+  }
+  flush();
+}
+
+}  // namespace
+
+void adamw(std::span<const AdamWTensor> tensors, DType dtype, const AdamWStep& step,
+           cudaStream_t stream) {
+  check_adamw_args(tensors, dtype, step);
+  // A tensor must fit in one grid (2^47 elements); checked before anything is queued.
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    RD_CHECK(tensors[i].numel <= kMaxGridX * kChunk, kInvalidArgument,
+             "adamw: argument 'tensors[", i, "].numel' is too large for one launch: ",
+             tensors[i].numel, " elements");
+  }
+  auto launch = std::make_unique<AdamWLaunch>();  // ~32 KB: not for the stack
+  launch->constants = AdamWConstants::from(step);
+  dispatch_floating(dtype, "adamw", [&](auto tag) {
+    launch_all<typename decltype(tag)::type>(tensors, *launch, stream);
+  });
+}
+
+}  // namespace rd::kernels::cuda
