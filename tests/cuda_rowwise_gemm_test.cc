@@ -289,6 +289,119 @@ HostBuffer make_storage(DType dtype, int64_t count, Data data, uint64_t seed) {
   return h;
 }
 
+class CudaReduceTest : public CudaRowwiseGemmTest {
+ protected:
+  // Runs `op` over `mask` of the case's view on the CPU backend and on CUDA and compares.
+  // Returns the GPU output (for determinism checks).
+  HostBuffer check(const ReduceCase& c, ReduceOp op, uint32_t mask, DType dtype, Data data,
+                   DType out_dtype) {
+    SCOPED_TRACE(c.name + " op=" + std::string(op_name(op)) + " mask=" + std::to_string(mask) +
+                 " dtype=" + std::string(dtype_name(dtype)));
+    const HostBuffer storage = make_storage(dtype, c.storage, data, 1234 + mask);
+    std::vector<int64_t> out_shape = c.shape;
+    for (size_t d = 0; d < out_shape.size(); ++d) {
+      if ((mask >> d) & 1u) out_shape[d] = 1;
+    }
+    const std::vector<int64_t> out_strides =
+        c.out_strides.empty() ? contiguous_strides(out_shape) : c.out_strides;
+    const int64_t outputs = product(out_shape);
+    const size_t in_element = dtype_size(dtype);
+
+    // CPU result, plus the per-output error scales sum|x| and max|x|.
+    HostBuffer host_in = storage;
+    const StridedView cpu_in = make_view(static_cast<char*>(host_in.data()) + c.offset * in_element,
+                                         dtype, c.shape, c.strides);
+    HostBuffer want(out_dtype, outputs);
+    cpu_backend().reduce(op, make_view(want.data(), out_dtype, out_shape, out_strides), cpu_in,
+                         mask);
+    HostBuffer abs_storage(DType::kFloat64, c.storage);
+    for (int64_t i = 0; i < c.storage; ++i) abs_storage.set(i, std::fabs(storage.get(i)));
+    const StridedView abs_in = make_view(static_cast<double*>(abs_storage.data()) + c.offset,
+                                         DType::kFloat64, c.shape, c.strides);
+    HostBuffer abs_sum(DType::kFloat64, outputs), abs_max(DType::kFloat64, outputs);
+    const bool empty = product(c.shape) == 0;
+    if (!empty) {
+      cpu_backend().reduce(ReduceOp::kSum,
+                           make_view(abs_sum.data(), DType::kFloat64, out_shape, out_strides),
+                           abs_in, mask);
+      cpu_backend().reduce(ReduceOp::kMax,
+                           make_view(abs_max.data(), DType::kFloat64, out_shape, out_strides),
+                           abs_in, mask);
+    }
+
+    DeviceBuffer dev_in(dtype, c.storage);
+    dev_in.upload(storage);
+    DeviceBuffer dev_out(out_dtype, outputs);
+    dev_out.poison();
+    const StridedView gpu_in = make_view(static_cast<char*>(dev_in.get()) + c.offset * in_element,
+                                         dtype, c.shape, c.strides);
+    gpu::reduce(op, make_view(dev_out.get(), out_dtype, out_shape, out_strides), gpu_in, mask,
+                scratch_allocator(), stream_);
+    sync();
+    EXPECT_EQ(scratch_allocator().stats().allocated_bytes, 0) << "scratch not returned";
+    const HostBuffer got = dev_out.download();
+
+    int64_t reduced = 1;
+    for (size_t d = 0; d < c.shape.size(); ++d) {
+      if ((mask >> d) & 1u) reduced *= c.shape[d];
+    }
+    const bool exact = op == ReduceOp::kMax || op == ReduceOp::kMin || op == ReduceOp::kArgMax ||
+                       op == ReduceOp::kArgMin || !is_floating(dtype);
+    int failures = 0;
+    for (int64_t i = 0; i < outputs && failures < 10; ++i) {
+      const double g = got.get(i), w = want.get(i);
+      double tol = 0;
+      if (!exact) {
+        const double scale_out = 2 * storage_eps(out_dtype) * std::fabs(w);
+        const double acc = 64 * compute_eps(dtype);
+        if (op == ReduceOp::kSum) tol = scale_out + acc * abs_sum.get(i);
+        if (op == ReduceOp::kMean) {
+          tol = scale_out + acc * abs_sum.get(i) / std::max<int64_t>(reduced, 1);
+        }
+        if (op == ReduceOp::kLogSumExp) {
+          tol = scale_out + acc * (abs_max.get(i) + std::log(static_cast<double>(reduced)) + 1);
+        }
+      }
+      const bool ok =
+          exact ? (g == w || (std::isnan(g) && std::isnan(w))) : same_or_within(g, w, tol);
+      if (!ok) {
+        ++failures;
+        ADD_FAILURE() << "output " << i << ": got " << g << ", want " << w << " (tol " << tol
+                      << ")";
+      }
+    }
+    return got;
+  }
+};
+
+const ReduceOp kFloatOps[] = {ReduceOp::kSum, ReduceOp::kMean, ReduceOp::kMax, ReduceOp::kMin,
+                              ReduceOp::kLogSumExp};
+
+// Every dim mask of 3-D inputs: contiguous, permuted and sliced views (row and column
+// kernels, several reduced dims, collapsible and not).
+TEST_F(CudaReduceTest, EveryMaskOfContiguousPermutedAndSlicedViewsMatchesCpu) {
+  const std::vector<ReduceCase> cases = {
+      {"contiguous", 37 * 53 * 7, {37, 53, 7}, {53 * 7, 7, 1}},
+      // Memory order [7, 37, 53] viewed as [37, 53, 7].
+      {"permuted", 37 * 53 * 7, {37, 53, 7}, {53, 1, 37 * 53}},
+      // Every other column of a [40, 70] matrix, from element 3, as [5, 8, 33].
+      {"sliced", 40 * 70, {5, 8, 33}, {8 * 70, 70, 2}, 3},
+      {"long rows", 3 * 4099 * 2, {3, 4099, 2}, {4099 * 2, 2, 1}},
+  };
+  for (const ReduceCase& c : cases) {
+    for (uint32_t mask = 1; mask < 8; ++mask) {
+      for (DType t : kFloatTypes) {
+        for (ReduceOp op : kFloatOps) check(c, op, mask, t, Data::kSpread, t);
+      }
+      for (DType t : {DType::kInt32, DType::kInt64}) {
+        for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax, ReduceOp::kMin}) {
+          check(c, op, mask, t, Data::kSpread, t);
+        }
+      }
+    }
+  }
+}
+
 // argmax/argmin (one reduced dim) on data full of ties, across warp/block/split boundaries.
 TEST_F(CudaReduceTest, ArgMaxArgMinPickTheFirstOccurrenceLikeTheCpu) {
   const std::vector<ReduceCase> cases = {
