@@ -68,10 +68,48 @@ have_gpu() {
 }
 
 # ---- HOOK: CUDA extras ----------------------------------------------------------------
-# Reserved for the cuDNN work item: it will install the cudnn-frontend headers from PyPI
-# (into .whl/, which git ignores) and tell CMake where they are. Nothing to do yet.
+# The cuDNN attention path (kernels/cuda/cudnn_attention.cc) needs the header-only
+# cudnn-frontend, which NVIDIA ships on PyPI as nvidia-cudnn-frontend. Only its include/
+# folder is kept, in .whl/cudnn_frontend/include (git ignores .whl/), where CMake looks by
+# default (RD_CUDNN_FRONTEND_INCLUDE_DIR). cuDNN itself comes with the CUDA toolkit. The
+# version is pinned; a VERSION file beside include/ makes a re-run skip the download. Any
+# failure only warns: the build then leaves the cuDNN path out and says so.
+CUDNN_FRONTEND_VERSION=1.32.0
+CUDNN_FRONTEND_DIR=.whl/cudnn_frontend
+
 setup_cuda_extras() {
-  :
+  local stamp="$CUDNN_FRONTEND_DIR/VERSION"
+  if [[ -f "$CUDNN_FRONTEND_DIR/include/cudnn_frontend.h" && -f "$stamp" &&
+    "$(cat "$stamp")" == "$CUDNN_FRONTEND_VERSION" ]]; then
+    log "cuDNN frontend $CUDNN_FRONTEND_VERSION: headers present in $CUDNN_FRONTEND_DIR/include"
+    return 0
+  fi
+  if ! python3 -m pip --version >/dev/null 2>&1 && command -v dpkg-query >/dev/null 2>&1; then
+    log "cuDNN frontend: installing python3-pip to download it"
+    (install_packages python3-pip) || true
+  fi
+  # The wheel goes to a temporary folder, not .whl/: GPU runs install every .whl/*.whl.
+  local download
+  download="$(mktemp -d)"
+  log "cuDNN frontend: downloading nvidia-cudnn-frontend==$CUDNN_FRONTEND_VERSION from PyPI"
+  if python3 -m pip download --quiet --no-deps --only-binary=:all: \
+    "nvidia-cudnn-frontend==$CUDNN_FRONTEND_VERSION" -d "$download" &&
+    rm -rf "$CUDNN_FRONTEND_DIR" && mkdir -p "$CUDNN_FRONTEND_DIR" &&
+    python3 - "$download" "$CUDNN_FRONTEND_DIR" <<'PY'
+import glob, sys, zipfile
+wheel = glob.glob(sys.argv[1] + "/nvidia_cudnn_frontend-*.whl")[0]
+with zipfile.ZipFile(wheel) as archive:
+    archive.extractall(sys.argv[2], [n for n in archive.namelist() if n.startswith("include/")])
+PY
+  then
+    echo "$CUDNN_FRONTEND_VERSION" >"$stamp"
+    log "cuDNN frontend $CUDNN_FRONTEND_VERSION: headers installed in $CUDNN_FRONTEND_DIR/include"
+  else
+    rm -rf "$CUDNN_FRONTEND_DIR"
+    log "warning: could not install the cudnn-frontend headers; the cuDNN attention path is left out"
+  fi
+  rm -rf "$download"
+  return 0
 }
 # ---- end of HOOK ----------------------------------------------------------------------
 
@@ -257,10 +295,22 @@ GPU_PACK=.carry/gpu.tar.xz
 GPU_TESTS=(build/release/tests/cuda_*_test build/release/tests/op_suite_test)
 GPU_BENCHES=(build/release/bench/cuda_*_bench)
 
+# The build targets of the GPU suite (only these are built: the rest of the tree is not
+# needed there, and CI builds it anyway).
+gpu_targets() {
+  local source
+  for source in tests/cuda_*_test.cc bench/cuda_*_bench.cc; do
+    [[ -f "$source" ]] && basename "${source%.cc}"
+  done
+  echo op_suite_test
+}
+
 cmd_gpu_pack() {
   cmd_setup
   have_nvcc || die "gpu-pack needs the CUDA toolkit (nvcc) on this machine"
-  configure_and_build release
+  local targets
+  mapfile -t targets < <(gpu_targets)
+  configure_and_build release "${targets[@]}"
   rm -rf "$GPU_PACK_DIR"
   mkdir -p "$GPU_PACK_DIR/bin" "$GPU_PACK_DIR/lib"
   local binary name path
