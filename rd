@@ -290,13 +290,8 @@ cmd_test() {
 GPU_PACK_DIR=.carry/gpu
 GPU_PACK=.carry/gpu.tar.xz
 
-# Test binaries that run on the GPU: the CUDA tests, plus the op suite, whose CUDA cases
-# register only where a GPU is visible (its filter below skips the CPU cases there).
-GPU_TESTS=(build/release/tests/cuda_*_test build/release/tests/op_suite_test)
-GPU_BENCHES=(build/release/bench/cuda_*_bench)
-
-# The build targets of the GPU suite (only these are built: the rest of the tree is not
-# needed there, and CI builds it anyway).
+# The build targets of the GPU suite: the CUDA tests and benches and the op suite (only
+# these are built and packed: CI builds and tests the rest).
 gpu_targets() {
   local source
   for source in tests/cuda_*_test.cc bench/cuda_*_bench.cc; do
@@ -314,8 +309,12 @@ cmd_gpu_pack() {
   rm -rf "$GPU_PACK_DIR"
   mkdir -p "$GPU_PACK_DIR/bin" "$GPU_PACK_DIR/lib"
   local binary name path
-  for binary in "${GPU_TESTS[@]}" "${GPU_BENCHES[@]}"; do
-    [[ -x "$binary" ]] && strip -o "$GPU_PACK_DIR/bin/$(basename "$binary")" "$binary"
+  # The test binaries that run on the GPU: the CUDA tests, plus the op suite, whose CUDA
+  # cases register only where a GPU is visible; then the CUDA benches.
+  for name in "${targets[@]}"; do
+    for binary in "build/release/tests/$name" "build/release/bench/$name"; do
+      [[ -x "$binary" ]] && strip -o "$GPU_PACK_DIR/bin/$name" "$binary"
+    done
   done
   cp bench/report.py "$GPU_PACK_DIR/bin/" 2>/dev/null || true
   # Carry what a binary links beyond the C/C++ runtime, the driver and the CUDA toolkit.
