@@ -5,7 +5,9 @@
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <string>
 
+#include "ringdilated/kernels/attention.h"
 #include "ringdilated/kernels/strided.h"
 
 namespace rd::kernels {
@@ -263,6 +265,16 @@ class KernelBackend {
                                       int64_t grad_loss_stride, const void* logits,
                                       const void* lse, const int64_t* targets, DType dtype,
                                       int64_t rows, int64_t cols, int64_t ignore_index) = 0;
+
+  // --- attention (the primitive of kernels/attention.h) ---
+  // Whether `kernel` can run this call on this device; when not, *why_not says why (for the
+  // fallback log). `backward` is null for a forward call. The math kernel runs every valid
+  // call; the CPU has no other.
+  virtual bool attention_supports(AttentionKernel kernel, const AttentionForwardArgs& forward,
+                                  const AttentionBackwardArgs* backward,
+                                  std::string* why_not) = 0;
+  virtual void attention_forward(AttentionKernel kernel, const AttentionForwardArgs& args) = 0;
+  virtual void attention_backward(AttentionKernel kernel, const AttentionBackwardArgs& args) = 0;
 
   // --- optimizers ---
   // One AdamW step over many tensors in a single pass (one launch on CUDA); see AdamWStep.

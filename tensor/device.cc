@@ -19,6 +19,17 @@ bool cuda_available() {
 #endif
 }
 
+int cuda_compute_capability(Device device) {
+#if defined(RD_WITH_CUDA)
+  if (!device.is_cpu() && device.index < kernels::cuda::device_count()) {
+    return kernels::cuda::compute_capability(device.index);
+  }
+#else
+  (void)device;
+#endif
+  return 0;
+}
+
 kernels::KernelBackend& backend_for(Device device) {
   if (device.is_cpu()) return kernels::cpu_backend();
 #if defined(RD_WITH_CUDA)

@@ -58,6 +58,12 @@ class CpuBackend final : public KernelBackend {
                               DType dtype, int64_t rows, int64_t cols,
                               int64_t ignore_index) override;
 
+  // attention_backend.cc (the math kernels of kernels/cpu/attention.cc)
+  bool attention_supports(AttentionKernel kernel, const AttentionForwardArgs& forward,
+                          const AttentionBackwardArgs* backward, std::string* why_not) override;
+  void attention_forward(AttentionKernel kernel, const AttentionForwardArgs& args) override;
+  void attention_backward(AttentionKernel kernel, const AttentionBackwardArgs& args) override;
+
   // adamw.cc
   void adamw(std::span<const AdamWTensor> tensors, DType dtype, const AdamWStep& step) override;
 

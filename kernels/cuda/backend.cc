@@ -107,6 +107,19 @@ class CudaBackend final : public KernelBackend {
     cuda::cross_entropy_backward(grad_logits, grad_loss, grad_loss_stride, logits, lse, targets,
                                  dtype, rows, cols, ignore_index, s.stream);
   }
+  bool attention_supports(AttentionKernel kernel, const AttentionForwardArgs& forward,
+                          const AttentionBackwardArgs* backward, std::string* why_not) override {
+    DeviceGuard guard(device_);
+    return cuda::attention_supports(kernel, forward, backward, why_not);
+  }
+  void attention_forward(AttentionKernel kernel, const AttentionForwardArgs& args) override {
+    Scope s(device_);
+    cuda::attention_forward(kernel, args, scratch(), s.stream);
+  }
+  void attention_backward(AttentionKernel kernel, const AttentionBackwardArgs& args) override {
+    Scope s(device_);
+    cuda::attention_backward(kernel, args, scratch(), s.stream);
+  }
   void adamw(std::span<const AdamWTensor> tensors, DType dtype, const AdamWStep& step) override {
     Scope s(device_);
     cuda::adamw(tensors, dtype, step, s.stream);

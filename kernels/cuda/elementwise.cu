@@ -4,8 +4,9 @@
 // as the `s` of `x * s` stay on it) or a strided loop through OffsetCalculator. Kernels are
 // instantiated per storage type only; the op is a runtime enum switched inside the functor,
 // uniform across a launch. Results match the CPU backend bit for bit except where a device
-// math function (exp, log, tanh, erf, pow) differs from the host's in the last ulps, and for
-// float sums into an overlapping `out` (atomics: the order of the adds is free).
+// math function (exp, log, tanh, erf, pow) differs from the host's in the last ulps (the
+// bf16/f16 tanh GELU uses the equivalent sigmoid form, see gelu_tanh), and for float sums
+// into an overlapping `out` (atomics: the order of the adds is free).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -65,8 +66,13 @@ struct VectorBody {
 
   RD_HOST_DEVICE void compute(int64_t base, const AlignedVec<In, kLanes>&... x) const {
     AlignedVec<Out, kLanes> r;
-    RD_UNROLL
-    for (int j = 0; j < kLanes; ++j) r.v[j] = op(base + j, x.v[j]...);
+    if constexpr (requires { op.lanes(r, x...); }) {
+      (void)base;
+      op.lanes(r, x...);  // the op switches on its run-time kind once per vector
+    } else {
+      RD_UNROLL
+      for (int j = 0; j < kLanes; ++j) r.v[j] = op(base + j, x.v[j]...);
+    }
     *reinterpret_cast<AlignedVec<Out, kLanes>*>(p.out + base) = r;
   }
 
@@ -255,7 +261,54 @@ struct UnaryFunctor {
     return static_cast<T>(apply(static_cast<C>(v)));
   }
 
+  // A whole vector: the GELUs (transcendental-heavy, and for 16-bit data many elements per
+  // byte) get the op switch hoisted out of the lane loop, so the lanes' independent
+  // evaluations interleave; every other op goes lane by lane through apply().
+  template <int N>
+  RD_HOST_DEVICE void lanes(AlignedVec<T, N>& r, const AlignedVec<T, N>& x) const {
+    if constexpr (kIsFloating<T>) {
+      if (op == UnaryOp::kGeluErf) {
+        RD_UNROLL
+        for (int j = 0; j < N; ++j) r.v[j] = static_cast<T>(gelu_erf(static_cast<C>(x.v[j])));
+        return;
+      }
+      if (op == UnaryOp::kGeluTanh) {
+        RD_UNROLL
+        for (int j = 0; j < N; ++j) r.v[j] = static_cast<T>(gelu_tanh(static_cast<C>(x.v[j])));
+        return;
+      }
+    }
+    RD_UNROLL
+    for (int j = 0; j < N; ++j) r.v[j] = static_cast<T>(apply(static_cast<C>(x.v[j])));
+  }
+
  private:
+  // The GELUs' constants, as functions: members of the integer instantiations would be unused.
+  RD_HOST_DEVICE static constexpr C half() { return C(0.5); }
+  RD_HOST_DEVICE static constexpr C sqrt_2_over_pi() { return C(0.79788456080286535588); }
+  RD_HOST_DEVICE static constexpr C gelu_cubic() { return C(0.044715); }
+  RD_HOST_DEVICE static constexpr C inv_sqrt_2() { return C(0.70710678118654752440); }
+
+  RD_HOST_DEVICE static C gelu_erf(C x) {
+    return half() * x * (C(1) + math_erf(x * inv_sqrt_2()));
+  }
+
+  // 0.5 x (1 + tanh(u)) == x / (1 + exp(-2u)). For 16-bit data (rounded to 8 or 11 bits
+  // after this) the sigmoid form with the fast exponential and division is accurate to a
+  // few float ulps at a third of tanhf's cost; float/double keep the precise tanh.
+  RD_HOST_DEVICE static C gelu_tanh(C x) {
+    const C inner = sqrt_2_over_pi() * (x + gelu_cubic() * x * x * x);
+#if defined(__CUDA_ARCH__)
+    if constexpr (kIsHalf<T>) {
+      return __fdividef(x, 1.0f + __expf(-2.0f * inner));
+    } else {
+      return half() * x * (C(1) + math_tanh(inner));
+    }
+#else
+    return half() * x * (C(1) + math_tanh(inner));
+#endif
+  }
+
   RD_HOST_DEVICE C clamp(C x) const {
     // NaN passes through; lo > hi gives hi, as on the CPU.
     if (has_lo && x < lo) x = lo;
@@ -265,10 +318,10 @@ struct UnaryFunctor {
 
   RD_HOST_DEVICE C apply(C x) const {
     if constexpr (kIsFloating<T>) {
-      constexpr C kHalf = C(0.5);
-      constexpr C kSqrt2OverPi = C(0.79788456080286535588);  // sqrt(2 / pi)
-      constexpr C kGeluCubic = C(0.044715);
-      constexpr C kInvSqrt2 = C(0.70710678118654752440);
+      constexpr C kHalf = half();
+      constexpr C kSqrt2OverPi = sqrt_2_over_pi();
+      constexpr C kGeluCubic = gelu_cubic();
+      constexpr C kInvSqrt2 = inv_sqrt_2();
       constexpr C kInvSqrt2Pi = C(0.39894228040143267794);  // 1 / sqrt(2 pi)
       switch (op) {
         case UnaryOp::kNeg: return -x;
@@ -281,17 +334,14 @@ struct UnaryFunctor {
         case UnaryOp::kSigmoid: return C(1) / (C(1) + math_exp(-x));
         case UnaryOp::kRelu: return x < C(0) ? C(0) : x;
         case UnaryOp::kSilu: return x / (C(1) + math_exp(-x));
-        case UnaryOp::kGeluTanh: {
-          const C inner = kSqrt2OverPi * (x + kGeluCubic * x * x * x);
-          return kHalf * x * (C(1) + math_tanh(inner));
-        }
+        case UnaryOp::kGeluTanh: return gelu_tanh(x);
         case UnaryOp::kGeluTanhGrad: {
           const C inner = kSqrt2OverPi * (x + kGeluCubic * x * x * x);
           const C t = math_tanh(inner);
           const C d_inner = kSqrt2OverPi * (C(1) + C(3) * kGeluCubic * x * x);
           return kHalf * (C(1) + t) + kHalf * x * (C(1) - t * t) * d_inner;
         }
-        case UnaryOp::kGeluErf: return kHalf * x * (C(1) + math_erf(x * kInvSqrt2));
+        case UnaryOp::kGeluErf: return gelu_erf(x);
         case UnaryOp::kGeluErfGrad: {
           const C cdf = kHalf * (C(1) + math_erf(x * kInvSqrt2));
           return cdf + x * kInvSqrt2Pi * math_exp(-kHalf * x * x);
@@ -408,6 +458,32 @@ struct ConvertBody {
   }
 };
 
+// Conversion with both types known at compile time, for the vectorized loop.
+template <class To, class From>
+struct ConvertOp {
+  RD_HOST_DEVICE To operator()(int64_t, From x) const { return convert<To>(x); }
+};
+
+// float32 <-> bfloat16 / float16 copies (mixed precision's common case) take the typed
+// elementwise loop: 16-byte accesses of the float side when contiguous and aligned. Other
+// pairs keep ConvertBody's run-time switch (one kernel per destination type, fewer
+// instantiations). Returns whether the copy was launched.
+bool copy_float_converted(const StridedView& out, const StridedView& in, cudaStream_t stream) {
+  const DType to = out.dtype, from = in.dtype;
+  if (to == DType::kBFloat16 && from == DType::kFloat32) {
+    run_elementwise<BFloat16, float>(ConvertOp<BFloat16, float>{}, out, {&in}, stream);
+  } else if (to == DType::kFloat32 && from == DType::kBFloat16) {
+    run_elementwise<float, BFloat16>(ConvertOp<float, BFloat16>{}, out, {&in}, stream);
+  } else if (to == DType::kFloat16 && from == DType::kFloat32) {
+    run_elementwise<Float16, float>(ConvertOp<Float16, float>{}, out, {&in}, stream);
+  } else if (to == DType::kFloat32 && from == DType::kFloat16) {
+    run_elementwise<float, Float16>(ConvertOp<float, Float16>{}, out, {&in}, stream);
+  } else {
+    return false;
+  }
+  return true;
+}
+
 // out += in where out overlaps itself: elements sharing memory each add atomically.
 template <class T>
 struct AtomicAccumulateBody {
@@ -467,6 +543,7 @@ void copy(const StridedView& out, const StridedView& in, cudaStream_t stream) {
     });
     return;
   }
+  if (copy_float_converted(out, in, stream)) return;
   dispatch_dtype(out.dtype, [&](auto tag) {
     using To = typename decltype(tag)::type;
     launch_grid_stride(n,

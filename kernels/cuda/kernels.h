@@ -5,6 +5,8 @@
 
 #include <cuda_runtime.h>
 
+#include <string>
+
 #include "ringdilated/kernels/allocator.h"
 #include "ringdilated/kernels/backend.h"
 
@@ -67,6 +69,14 @@ void cross_entropy_backward(void* grad_logits, const void* grad_loss, int64_t gr
 // adamw.cu (one launch for the whole tensor list)
 void adamw(std::span<const AdamWTensor> tensors, DType dtype, const AdamWStep& step,
            cudaStream_t stream);
+
+// attention_dispatch.cc: the attention kernels (math, flash, cuDNN) behind one entry point
+bool attention_supports(AttentionKernel kernel, const AttentionForwardArgs& forward,
+                        const AttentionBackwardArgs* backward, std::string* why_not);
+void attention_forward(AttentionKernel kernel, const AttentionForwardArgs& args,
+                       Allocator& scratch, cudaStream_t stream);
+void attention_backward(AttentionKernel kernel, const AttentionBackwardArgs& args,
+                        Allocator& scratch, cudaStream_t stream);
 
 // gemm.cc (cuBLASLt)
 void gemm(const GemmArgs& args, Allocator& scratch, cudaStream_t stream);

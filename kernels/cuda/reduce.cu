@@ -8,7 +8,10 @@
 //    warp (runs <= 1024) or a 256-thread block folds each run with 16-byte loads.
 //  - columns: anything else. Threads of a block cover neighbouring outputs along x (reads
 //    coalesce along the innermost kept dim) and interleaved reduced positions along y
-//    (reads coalesce along the innermost reduced dim when few outputs are kept).
+//    (reads coalesce along the innermost reduced dim when few outputs are kept). When the
+//    innermost kept dim is contiguous and every offset stays 16-byte aligned (e.g. a sum
+//    over the first dim of [N, C]), each x thread instead folds a 16-byte vector of
+//    neighbouring outputs per position, so a warp reads 512 contiguous bytes of a row.
 // Long runs are cut into `splits` fixed pieces folded by separate blocks into per-piece
 // states in scratch memory; a second kernel merges each output's pieces in fixed order.
 // Every partition depends on the shapes (and the input's 16-byte alignment) alone, never on
@@ -36,7 +39,9 @@ constexpr int kWarpsPerBlock = kBlock / kWarp;
 // fill the device, few enough partials to merge.
 constexpr int64_t kTargetBlocks = 1024;
 constexpr int64_t kRowMinLength = 32;        // shorter runs: one column-kernel thread each
-constexpr int64_t kRowWarpMaxLength = 1024;  // longer runs: a block (and maybe splits) each
+// Longer runs (in bytes): a block (and maybe splits) each. Up to here a warp per run keeps
+// several 16-byte loads per lane in flight; a block would get only one or two per thread.
+constexpr int64_t kRowWarpMaxBytes = 8192;
 constexpr int64_t kRowMinPerSplit = 4096;    // elements a block of the row kernel folds at least
 constexpr int64_t kColMinPerThread = 16;     // positions a column-kernel thread folds at least
 constexpr int64_t kMaxGridX = 2147483647;
@@ -369,6 +374,69 @@ __global__ void __launch_bounds__(kBlock)
   }
 }
 
+// Vector columns kernel: like the columns kernel, but thread x folds the V = 16 / sizeof(T)
+// neighbouring outputs o, ..., o + V - 1 of one contiguous 16-byte vector per reduced
+// position (the plan guarantees alignment and a single reduced dim), four loads in flight.
+// The y partials of each of the V outputs are merged by the same fixed tree.
+template <class Red, class T>
+__global__ void __launch_bounds__(kBlock)
+    reduce_columns_vec_kernel(const Red red, const T* in, const __grid_constant__ Plan p,
+                              void* out, DType out_dtype, typename Red::State* partial) {
+  using State = typename Red::State;
+  constexpr int V = kVecWidth<T>;
+  constexpr int kUnroll = 4;
+  __shared__ alignas(16) unsigned char smem_raw[kBlock * sizeof(State)];
+  State* states = reinterpret_cast<State*>(smem_raw);
+  const int tx = static_cast<int>(threadIdx.x), ty = static_cast<int>(threadIdx.y);
+  const int bx = static_cast<int>(blockDim.x), by = static_cast<int>(blockDim.y);
+  const int64_t o = (static_cast<int64_t>(blockIdx.x) * bx + tx) * V;  // outputs % V == 0
+  const int64_t split = blockIdx.y;
+  State s[V];
+#pragma unroll
+  for (int j = 0; j < V; ++j) s[j] = red.init();
+  int64_t out_offset = 0;
+  if (o < p.outputs) {
+    int64_t in_offset;
+    kept_offsets(p, o, in_offset, out_offset);
+    const T* base = in + in_offset;
+    const int64_t stride = p.red.stride[0];
+    const int64_t end = std::min((split + 1) * p.chunk, p.reduced);
+    int64_t r = split * p.chunk + ty;
+    for (; r + (kUnroll - 1) * int64_t{by} < end; r += kUnroll * int64_t{by}) {
+      Chunk<T, V> c[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) c[u] = load_chunk<T, V>(base + (r + u * by) * stride);
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+#pragma unroll
+        for (int j = 0; j < V; ++j) red.add(s[j], to_compute(c[u].x[j]), r + u * by);
+      }
+    }
+    for (; r < end; r += by) {
+      const Chunk<T, V> c = load_chunk<T, V>(base + r * stride);
+#pragma unroll
+      for (int j = 0; j < V; ++j) red.add(s[j], to_compute(c.x[j]), r);
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    states[ty * bx + tx] = s[j];
+    __syncthreads();
+    for (int half = by / 2; half > 0; half /= 2) {
+      if (ty < half) red.merge(states[ty * bx + tx], states[(ty + half) * bx + tx]);
+      __syncthreads();
+    }
+    if (ty == 0 && o < p.outputs) {
+      if (partial != nullptr) {
+        partial[split * p.outputs + o + j] = states[tx];
+      } else {
+        red.store(out, out_dtype, out_offset + j * p.kept_out[0], states[tx]);
+      }
+    }
+    __syncthreads();  // states is rewritten for the next output
+  }
+}
+
 // Second pass: a warp per output merges its p.splits partial states (lane l takes pieces
 // l, l + 32, ..., then a fixed butterfly) and stores the result.
 template <class Red>
@@ -486,7 +554,7 @@ void launch_rows(const Red& red, Plan p, const Launch& l) {
   int group = kWarp;
   p.splits = 1;
   p.chunk = p.reduced;
-  if (p.reduced > kRowWarpMaxLength) {
+  if (p.reduced * static_cast<int64_t>(sizeof(T)) > kRowWarpMaxBytes) {
     group = kBlock;
     const int64_t max_splits = std::max<int64_t>(1, kTargetBlocks / p.outputs);
     p.splits = std::clamp<int64_t>(ceil_div(p.reduced, kRowMinPerSplit), 1, max_splits);
@@ -513,16 +581,37 @@ void launch_rows(const Red& red, Plan p, const Launch& l) {
   launch_merge(red, states, p, /*split_stride=*/1, /*output_stride=*/p.splits, l);
 }
 
+// Whether the vector columns kernel applies: floating input (other dtypes keep the scalar
+// kernel, which also keeps compile times down), a contiguous innermost kept dim whose size
+// and every other stride are whole vectors, one reduced dim and a 16-byte aligned input.
+template <class T>
+bool columns_vectorizable(const Plan& p, const void* in) {
+  if constexpr (!kIsFloating<T>) {
+    return false;
+  } else {
+    constexpr int64_t V = kVecWidth<T>;
+    if (p.kept_ndim < 1 || p.kept_in[0] != 1 || p.kept_shape[0] % V != 0) return false;
+    if (p.red.ndim != 1 || p.red.stride[0] % V != 0) return false;
+    for (int d = 1; d < p.kept_ndim; ++d) {
+      if (p.kept_in[d] % V != 0) return false;
+    }
+    return reinterpret_cast<uintptr_t>(in) % 16 == 0;
+  }
+}
+
 template <class Red, class T>
 void launch_columns(const Red& red, Plan p, const Launch& l) {
   using State = typename Red::State;
-  const int64_t outputs_pow2 = pow2_ceil(p.outputs);
+  const bool vec = columns_vectorizable<T>(p, l.in);
+  // x threads cover `lanes` columns: single outputs, or V-output vectors.
+  const int64_t lanes = vec ? p.outputs / kVecWidth<T> : p.outputs;
+  const int64_t outputs_pow2 = pow2_ceil(lanes);
   int64_t bx = std::min<int64_t>(kWarp, outputs_pow2);
   int64_t by = 1;
   // y threads while each still folds >= kColMinPerThread positions, then x takes the rest.
   while (bx * by * 2 <= kBlock && p.reduced / (by * 2) >= kColMinPerThread) by *= 2;
   while (bx * by * 2 <= kBlock && bx < outputs_pow2) bx *= 2;
-  const int64_t blocks_x = ceil_div(p.outputs, bx);
+  const int64_t blocks_x = ceil_div(lanes, bx);
   RD_CHECK(blocks_x <= kMaxGridX, kInvalidArgument, "reduce: ", p.outputs,
            " outputs exceed the CUDA grid limit");
   const int64_t max_splits =
@@ -533,16 +622,18 @@ void launch_columns(const Red& red, Plan p, const Launch& l) {
   const dim3 grid(static_cast<unsigned>(blocks_x), static_cast<unsigned>(p.splits));
   const dim3 block(static_cast<unsigned>(bx), static_cast<unsigned>(by));
   const T* in = static_cast<const T*>(l.in);
+  auto kernel = reduce_columns_kernel<Red, T>;
+  if constexpr (kIsFloating<T>) {
+    if (vec) kernel = reduce_columns_vec_kernel<Red, T>;
+  }
   if (p.splits == 1) {
-    reduce_columns_kernel<Red, T>
-        <<<grid, block, 0, l.stream>>>(red, in, p, l.out, l.out_dtype, nullptr);
+    kernel<<<grid, block, 0, l.stream>>>(red, in, p, l.out, l.out_dtype, nullptr);
     RD_CUDA_CHECK_LAUNCH();
     return;
   }
   ScratchBuffer partial(*l.scratch, static_cast<size_t>(p.splits * p.outputs) * sizeof(State));
   State* states = static_cast<State*>(partial.get());
-  reduce_columns_kernel<Red, T>
-      <<<grid, block, 0, l.stream>>>(red, in, p, l.out, l.out_dtype, states);
+  kernel<<<grid, block, 0, l.stream>>>(red, in, p, l.out, l.out_dtype, states);
   RD_CUDA_CHECK_LAUNCH();
   launch_merge(red, states, p, /*split_stride=*/p.outputs, /*output_stride=*/1, l);
 }

@@ -1,0 +1,82 @@
+// Scaled-dot-product attention over strided views: the kernel-level primitive every attention
+// path (math, flash, cuDNN) implements and every dilated or ring layout is built from. A
+// dilated selection is just a strided view, so no path ever gathers or scatters a copy.
+#pragma once
+
+#include <cstdint>
+
+#include "ringdilated/kernels/strided.h"
+
+namespace rd::kernels {
+
+// The implementations of the primitive a backend may offer: the reference (every device),
+// our flash kernels and cuDNN's fused SDPA (CUDA).
+enum class AttentionKernel : uint8_t { kMath, kFlash, kCudnn };
+
+constexpr const char* kernel_name(AttentionKernel kernel) {
+  switch (kernel) {
+    case AttentionKernel::kMath: return "math";
+    case AttentionKernel::kFlash: return "flash";
+    case AttentionKernel::kCudnn: return "cudnn";
+  }
+  return "?";
+}
+
+// Layout of every view: q [batch..., Lq, D]; k, v [batch..., Lk, D] with the same batch dims
+// as q; out like q; lse [batch..., Lq]. The batch dims (0 to kMaxDims - 2 of them) are
+// flattened in row-major order into one batch index b; any strides are allowed (including
+// negative and zero ones for inputs), but outputs must not overlap themselves.
+//
+// For batch b and query row i (scores in float32, float64 for float64 data):
+//   s[i, j] = scale * q[b, i] . k[b, j]  for the visible keys j (all, or j <= i + causal_offset)
+//   lse[b, i] = logsumexp_j s[i, j]      (-inf when no key is visible)
+//   p[i, j] = exp(s[i, j] - lse[b, i])   then dropout: p * keep(b, i, j) / (1 - dropout)
+//   out[b, i] = sum_j p[i, j] v[b, j]    (0 when no key is visible: never NaN)
+// keep(b, i, j) is philox_bernoulli(1 - dropout) of the Philox block of element
+// (b * Lq + i) * Lk + j of the stream (seed, offset): the same mask on every device.
+struct AttentionParams {
+  double scale = 1.0;
+  bool causal = false;
+  int64_t causal_offset = 0;  // key j is visible to query i iff j <= i + causal_offset
+  double dropout = 0.0;       // probability of dropping; 0 disables (no mask is drawn)
+  uint64_t seed = 0;
+  uint64_t offset = 0;
+};
+
+struct AttentionForwardArgs {
+  StridedView q, k, v;  // one floating dtype
+  StridedView out;      // q's dtype, or float32 for partial results merged later in float32
+  // [batch..., Lq], float32 or (float64 inputs only) float64; data == nullptr: not written
+  StridedView lse;
+  AttentionParams params;
+};
+
+// Gradients of one forward call, ACCUMULATED into grad_q, grad_k and grad_v (+=), so that
+// calls over overlapping selections (several dilation pairs, ring blocks) add up. `out` and
+// `lse` are those of the final result the loss saw: for a result merged from several calls
+// through the log-sum-exp, pass the merged out and lse to each call's backward, which is then
+// exactly that call's share of the gradient.
+struct AttentionBackwardArgs {
+  StridedView q, k, v;
+  StridedView out;       // the (merged) forward output, q's dtype or float32
+  StridedView lse;       // the (merged) forward log-sum-exp, dtype as in the forward
+  StridedView grad_out;  // like out
+  StridedView grad_lse;  // like lse, or data == nullptr when the lse was not used
+  StridedView grad_q, grad_k, grad_v;  // like q, k, v (q's dtype or float32)
+  AttentionParams params;
+};
+
+}  // namespace rd::kernels
+
+namespace rd::kernels {
+
+// The argument checks every backend runs first (kernels/attention.cc): ndim >= 2, q/k/v of
+// one floating dtype with the same batch dims and D, k and v with the same Lk, out/grad
+// views shaped like their inputs in q's dtype or float32, lse [batch..., Lq] in float32 (or
+// float64 for float64 inputs),
+// dropout in [0, 1), a finite scale, outputs that do not overlap themselves. A violation is
+// an rd::Error naming "attention" (or "attention_backward"), the argument and the shapes.
+void check_attention_forward_args(const AttentionForwardArgs& args);
+void check_attention_backward_args(const AttentionBackwardArgs& args);
+
+}  // namespace rd::kernels

@@ -1,0 +1,30 @@
+// CpuBackend's attention methods: the CPU runs the math kernel (kernels/cpu/attention.cc)
+// only; asking for flash or cuDNN here is answered "not supported" so callers fall back.
+#include <string>
+
+#include "ringdilated/kernels/cpu/attention.h"
+#include "ringdilated/kernels/cpu/backend.h"
+#include "ringdilated/kernels/error.h"
+
+namespace rd::kernels::cpu {
+
+bool CpuBackend::attention_supports(AttentionKernel kernel, const AttentionForwardArgs&,
+                                    const AttentionBackwardArgs*, std::string* why_not) {
+  if (kernel == AttentionKernel::kMath) return true;
+  if (why_not != nullptr) *why_not = str_cat(kernel_name(kernel), " kernels need a CUDA device");
+  return false;
+}
+
+void CpuBackend::attention_forward(AttentionKernel kernel, const AttentionForwardArgs& args) {
+  RD_CHECK(kernel == AttentionKernel::kMath, kUnimplemented, "attention: the ",
+           kernel_name(kernel), " kernel does not run on the CPU");
+  cpu::attention_forward(args);
+}
+
+void CpuBackend::attention_backward(AttentionKernel kernel, const AttentionBackwardArgs& args) {
+  RD_CHECK(kernel == AttentionKernel::kMath, kUnimplemented, "attention_backward: the ",
+           kernel_name(kernel), " kernel does not run on the CPU");
+  cpu::attention_backward(args);
+}
+
+}  // namespace rd::kernels::cpu

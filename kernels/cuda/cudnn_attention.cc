@@ -1,0 +1,878 @@
+// cuDNN fused attention (kCudnn) through the cudnn-frontend graph API: argument analysis
+// (which views fold into cuDNN's [B, H, L, D]), the graph cache, and forward / backward.
+// The semantics and limits are documented in cudnn_attention.h.
+//
+// cuDNN is loaded at run time (dlopen of libcudnn.so.9), through the frontend's own dynamic
+// loading mode (NV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING): nothing links libcudnn, so every
+// program runs where cuDNN is missing (this path then reports itself unavailable), and the
+// frontend's experimental NVRTC engines, which its headers always reference, need no
+// libnvrtc either. The frontend finds the CUDA runtime the same way (libcudart.so.12 or .13;
+// the environment variable CUDNN_FRONTEND_CUDART_LIB_NAME picks one where both exist).
+//
+// Process-wide state, never freed (destroying cuDNN handles during static destruction can
+// run after the CUDA driver shut down, as in gemm.cc): the loaded library and its version
+// (set once, thread-safely, on first use), a pool of cuDNN handles per device behind a mutex
+// (a handle is used by one thread at a time), and the LRU cache of built graphs.
+#include "ringdilated/kernels/cuda/cudnn_attention.h"
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cstdint>
+#include <initializer_list>
+#include <list>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "ringdilated/kernels/cuda/device_info.h"
+#include "ringdilated/kernels/cuda/kernels.h"
+#include "ringdilated/kernels/cuda/runtime.h"
+#include "ringdilated/kernels/error.h"
+#include "ringdilated/kernels/view_checks.h"
+
+#if defined(RD_WITH_CUDNN)
+#include <dlfcn.h>
+
+#define NV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING
+#include <cudnn.h>
+#include <cudnn_frontend.h>
+
+// The handle through which the frontend resolves every cuDNN call; set once, by
+// loaded_cudnn() below, before any call.
+namespace cudnn_frontend {
+void* cudnn_dlhandle = nullptr;
+}  // namespace cudnn_frontend
+#endif
+
+namespace rd::kernels::cuda {
+namespace {
+
+constexpr int64_t kMaxHeadDim = 256;
+constexpr int64_t kHeadDimMultiple = 8;      // cuDNN's fused kernels load 16-byte vectors
+constexpr int64_t kStrideMultiple = 8;       // 16 bytes of a 16-bit dtype
+constexpr uintptr_t kPointerAlignment = 16;
+constexpr int kMinComputeCapability = 80;    // sm_80 (Ampere)
+constexpr int kMinCudnnVersion = 90000;
+constexpr size_t kGraphCacheCapacity = 128;
+
+#if defined(RD_WITH_CUDNN)
+namespace fe = cudnn_frontend;
+
+// The cuDNN library of this process: its version, or why it could not be used.
+struct LoadedCudnn {
+  int version = 0;
+  std::string problem;  // "" when usable
+};
+
+const LoadedCudnn& loaded_cudnn() {
+  static const LoadedCudnn* const loaded = [] {
+    auto* result = new LoadedCudnn();
+    // The soname through the loader's search path first, then where CMake found cuDNN.
+    std::string errors;
+    void* handle = nullptr;
+    for (const std::string& name :
+         {std::string("libcudnn.so.9"), std::string(RD_CUDNN_LIBRARY_DIR) + "/libcudnn.so.9"}) {
+      handle = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
+      if (handle != nullptr) break;
+      const char* error = dlerror();
+      errors += str_cat(errors.empty() ? "" : "; ", error != nullptr ? error : name);
+    }
+    if (handle == nullptr) {
+      result->problem = str_cat("the cuDNN 9 library could not be loaded (", errors, ")");
+      return result;
+    }
+    fe::cudnn_dlhandle = handle;
+    try {
+      result->version = static_cast<int>(fe::detail::get_backend_version());
+    } catch (const std::exception& e) {
+      result->problem = str_cat("the loaded cuDNN library has no version: ", e.what());
+      return result;
+    }
+    if (result->version < kMinCudnnVersion) {
+      result->problem = str_cat("the cuDNN library is version ", result->version,
+                                " (9.0.0 or newer is needed)");
+    }
+    return result;
+  }();
+  return *loaded;
+}
+#endif
+
+// ---------------------------------------------------------------------------------------
+// Argument analysis: shapes, dtypes, and the fold of [batch..., L, D] views into cuDNN's
+// [B, H, L, D]. None of it needs cuDNN.
+
+// A view as cuDNN sees it: dims and element strides of [B, H, L, D] (D = 1 for the lse).
+struct View4 {
+  std::array<int64_t, 4> dim{};
+  std::array<int64_t, 4> stride{};
+};
+
+// How the batch dims are split: the size > 1 batch dims in order, and how many of them form
+// B (the rest form H).
+struct BatchFold {
+  std::vector<int> dims;
+  size_t outer_count = 0;
+};
+
+bool is_half_dtype(DType t) { return t == DType::kBFloat16 || t == DType::kFloat16; }
+
+// Whether dims `first..last` (positions in fold.dims) of v sit one stride apart, so that
+// they fold into one dim whose stride is that of the last.
+bool group_folds(const StridedView& v, const std::vector<int>& dims, size_t first, size_t last) {
+  for (size_t i = first; i + 1 < last; ++i) {
+    const int a = dims[i], b = dims[i + 1];
+    if (v.strides[a] != v.strides[b] * v.shape[b]) return false;
+  }
+  return true;
+}
+
+bool fold_fits(const StridedView& v, const BatchFold& fold) {
+  return group_folds(v, fold.dims, 0, fold.outer_count) &&
+         group_folds(v, fold.dims, fold.outer_count, fold.dims.size());
+}
+
+// The first split of the batch dims that folds every view in `views` (all with the same
+// batch shape), or nullopt.
+std::optional<BatchFold> find_fold(std::initializer_list<const StridedView*> views) {
+  const StridedView& first = **views.begin();
+  BatchFold fold;
+  for (int d = 0; d < first.ndim - 2; ++d) {
+    if (first.shape[d] != 1) fold.dims.push_back(d);
+  }
+  const size_t n = fold.dims.size();
+  // No batch dim, or one (B = it, H = 1), or a split with both groups non-empty.
+  const size_t lo = n <= 1 ? n : 1, hi = n <= 1 ? n : n - 1;
+  for (size_t split = lo; split <= hi; ++split) {
+    fold.outer_count = split;
+    bool all = true;
+    for (const StridedView* v : views) all = all && fold_fits(*v, fold);
+    if (all) return fold;
+  }
+  return std::nullopt;
+}
+
+// Why v cannot be read or written by cuDNN in place ("" when it can): the head dim
+// contiguous, other strides of size > 1 dims positive multiples of 8, a 16-byte aligned
+// pointer. An lse view ([batch..., L], float32) needs positive strides and L contiguous.
+std::string layout_problem(const char* name, const StridedView& v, bool has_head_dim) {
+  const int seq_dim = has_head_dim ? v.ndim - 2 : v.ndim - 1;
+  if (has_head_dim && v.shape[v.ndim - 1] > 1 && v.strides[v.ndim - 1] != 1) {
+    return str_cat(name, " has head-dim stride ", v.strides[v.ndim - 1], " (cuDNN needs 1)");
+  }
+  if (!has_head_dim && v.shape[seq_dim] > 1 && v.strides[seq_dim] != 1) {
+    return str_cat(name, " has sequence stride ", v.strides[seq_dim],
+                   " (cuDNN's softmax stats need 1)");
+  }
+  for (int d = 0; d <= seq_dim; ++d) {
+    if (v.shape[d] == 1) continue;
+    if (v.strides[d] <= 0) {
+      return str_cat(name, " has stride ", v.strides[d], " in dim ", d, " (cuDNN needs > 0)");
+    }
+    if (has_head_dim && v.strides[d] % kStrideMultiple != 0) {
+      return str_cat(name, " has stride ", v.strides[d], " in dim ", d,
+                     " (cuDNN needs a multiple of ", kStrideMultiple, ")");
+    }
+  }
+  if (has_head_dim && reinterpret_cast<uintptr_t>(v.data) % kPointerAlignment != 0) {
+    return str_cat(name, " is not ", kPointerAlignment, "-byte aligned");
+  }
+  return "";
+}
+
+// Shape and dtype agreement of the views of one call, per kernels/attention.h: "" when they
+// agree, else what is wrong. A disagreement is the caller's bug, reported as kShapeMismatch
+// or kDTypeMismatch by the entry points.
+std::string shape_problem(const StridedView& q, const StridedView& k, const StridedView& v,
+                          const StridedView* out, const StridedView* lse) {
+  if (q.ndim < 2) return str_cat("q must be [batch..., Lq, D], got ", shape_of(q));
+  auto same_batch = [&](const StridedView& x, int ndim) {
+    if (x.ndim != ndim) return false;
+    for (int d = 0; d < q.ndim - 2; ++d) {
+      if (x.shape[d] != q.shape[d]) return false;
+    }
+    return true;
+  };
+  const int64_t head = q.shape[q.ndim - 1];
+  if (!same_batch(k, q.ndim) || k.shape[k.ndim - 1] != head) {
+    return str_cat("k ", shape_of(k), " does not match q ", shape_of(q));
+  }
+  if (!same_batch(v, q.ndim) || v.shape[v.ndim - 1] != head ||
+      v.shape[v.ndim - 2] != k.shape[k.ndim - 2]) {
+    return str_cat("v ", shape_of(v), " does not match k ", shape_of(k));
+  }
+  if (out != nullptr && (!same_batch(*out, q.ndim) || out->shape[q.ndim - 2] != q.shape[q.ndim - 2] ||
+                         out->shape[q.ndim - 1] != head)) {
+    return str_cat("out ", shape_of(*out), " does not match q ", shape_of(q));
+  }
+  if (lse != nullptr && lse->data != nullptr &&
+      (!same_batch(*lse, q.ndim - 1) || lse->shape[q.ndim - 2] != q.shape[q.ndim - 2])) {
+    return str_cat("lse ", shape_of(*lse), " does not match q ", shape_of(q), " minus D");
+  }
+  return "";
+}
+
+std::string dtype_problem(const StridedView& q, const StridedView& k, const StridedView& v) {
+  if (!is_half_dtype(q.dtype)) {
+    return str_cat("q is ", dtype_name(q.dtype), " (cuDNN attention takes bfloat16 or float16)");
+  }
+  if (k.dtype != q.dtype || v.dtype != q.dtype) {
+    return str_cat("q, k, v dtypes differ (", dtype_name(q.dtype), ", ", dtype_name(k.dtype), ", ",
+                   dtype_name(v.dtype), ")");
+  }
+  return "";
+}
+
+// The checks every call shares: availability, device, head dim, dropout, causal offset, and
+// whether q/k/v fold into [B, H, L, D] in place.
+std::string common_problem(const StridedView& q, const StridedView& k, const StridedView& v,
+                           const AttentionParams& params) {
+  if (!cudnn_attention_available()) {
+#if defined(RD_WITH_CUDNN)
+    return loaded_cudnn().problem;
+#else
+    return "this build has no cuDNN (see cmake/RdCuda.cmake)";
+#endif
+  }
+  int device = 0, major = 0, minor = 0;
+  if (device_count() == 0 || cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
+    cudaGetLastError();  // clear the error a failed query leaves
+    return "no CUDA device is available";
+  }
+  const int capability = major * 10 + minor;
+  if (capability < kMinComputeCapability) {
+    return str_cat("device ", device, " is sm_", capability, " (cuDNN attention needs sm_80+)");
+  }
+  const int64_t head = q.shape[q.ndim - 1];
+  if (head <= 0 || head % kHeadDimMultiple != 0 || head > kMaxHeadDim) {
+    return str_cat("head dim ", head, " is not a multiple of ", kHeadDimMultiple, " in [",
+                   kHeadDimMultiple, ", ", kMaxHeadDim, "]");
+  }
+  if (params.dropout != 0.0) {
+    return str_cat("dropout ", params.dropout,
+                   " (cuDNN's own dropout mask cannot reproduce ours; use the flash path)");
+  }
+  if (params.causal && params.causal_offset < 0) {
+    return str_cat("causal_offset ", params.causal_offset,
+                   " is negative (cuDNN's diagonal band needs a right bound >= 0)");
+  }
+  if (q.numel() > 0 && k.shape[k.ndim - 2] == 0) return "there are no keys (Lk = 0)";
+  using Named = std::pair<const char*, const StridedView*>;
+  for (auto [name, view] : {Named{"q", &q}, Named{"k", &k}, Named{"v", &v}}) {
+    std::string problem = layout_problem(name, *view, true);
+    if (!problem.empty()) return problem;
+  }
+  if (!find_fold({&q, &k, &v})) {
+    return str_cat("the batch dims of q ", shape_of(q),
+                   " cannot be folded into cuDNN's two (B, H) for q, k and v alike");
+  }
+  return "";
+}
+
+std::string forward_problem(const AttentionForwardArgs& a) {
+  std::string problem = dtype_problem(a.q, a.k, a.v);
+  if (problem.empty() && a.out.dtype != a.q.dtype) {
+    problem = str_cat("out is ", dtype_name(a.out.dtype), ", q is ", dtype_name(a.q.dtype),
+                      " (cuDNN writes q's dtype)");
+  }
+  if (problem.empty() && a.lse.data != nullptr && a.lse.dtype != DType::kFloat32) {
+    problem = str_cat("lse is ", dtype_name(a.lse.dtype), " (must be float32)");
+  }
+  if (problem.empty()) problem = shape_problem(a.q, a.k, a.v, &a.out, &a.lse);
+  if (problem.empty()) problem = common_problem(a.q, a.k, a.v, a.params);
+  return problem;
+}
+
+std::string backward_problem(const AttentionBackwardArgs& a) {
+  std::string problem = dtype_problem(a.q, a.k, a.v);
+  if (problem.empty() && a.grad_lse.data != nullptr) {
+    problem = "grad_lse is given (cuDNN's SDPA backward has no lse gradient; use the flash path)";
+  }
+  if (problem.empty() && a.lse.data == nullptr) problem = "lse is missing (the backward needs it)";
+  using Named = std::pair<const char*, const StridedView*>;
+  for (auto [name, view] : {Named{"out", &a.out}, Named{"grad_out", &a.grad_out},
+                            Named{"grad_q", &a.grad_q}, Named{"grad_k", &a.grad_k},
+                            Named{"grad_v", &a.grad_v}}) {
+    if (problem.empty() && view->dtype != a.q.dtype && view->dtype != DType::kFloat32) {
+      problem = str_cat(name, " is ", dtype_name(view->dtype), " (q's dtype or float32 expected)");
+    }
+  }
+  if (problem.empty() && a.lse.dtype != DType::kFloat32) {
+    problem = str_cat("lse is ", dtype_name(a.lse.dtype), " (must be float32)");
+  }
+  if (problem.empty()) problem = shape_problem(a.q, a.k, a.v, &a.out, &a.lse);
+  if (problem.empty()) {
+    if (shape_of(a.grad_out) != shape_of(a.q)) {
+      problem = str_cat("grad_out ", shape_of(a.grad_out), " does not match q ", shape_of(a.q));
+    } else if (shape_of(a.grad_q) != shape_of(a.q) || shape_of(a.grad_k) != shape_of(a.k) ||
+               shape_of(a.grad_v) != shape_of(a.v)) {
+      problem = str_cat("grad_q/k/v ", shape_of(a.grad_q), ", ", shape_of(a.grad_k), ", ",
+                        shape_of(a.grad_v), " do not match q/k/v ", shape_of(a.q), ", ",
+                        shape_of(a.k), ", ", shape_of(a.v));
+    }
+  }
+  if (problem.empty()) problem = common_problem(a.q, a.k, a.v, a.params);
+  return problem;
+}
+
+// Throws the error a bad or unsupported call gets: kShapeMismatch / kDTypeMismatch for views
+// that break the contract itself, kUnimplemented for valid calls cuDNN cannot serve.
+void throw_unsupported(const char* op, const std::string& problem, bool contract_broken) {
+  if (contract_broken) RD_FAIL(kShapeMismatch, op, ": ", problem);
+  RD_FAIL(kUnimplemented, op, ": cuDNN attention does not support this call: ", problem);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------
+// Availability.
+
+int cudnn_runtime_version() {
+#if defined(RD_WITH_CUDNN)
+  return loaded_cudnn().version;
+#else
+  return 0;
+#endif
+}
+
+bool cudnn_attention_available() {
+#if defined(RD_WITH_CUDNN)
+  return loaded_cudnn().problem.empty();
+#else
+  return false;
+#endif
+}
+
+bool cudnn_attention_supports(const AttentionForwardArgs& args, std::string* why_not) {
+  std::string problem = forward_problem(args);
+  if (why_not != nullptr) *why_not = problem;
+  return problem.empty();
+}
+
+bool cudnn_attention_supports_backward(const AttentionBackwardArgs& args,
+                                       std::string* why_not) {
+  std::string problem = backward_problem(args);
+  if (why_not != nullptr) *why_not = problem;
+  return problem.empty();
+}
+
+#if !defined(RD_WITH_CUDNN)
+
+void cudnn_attention_forward(const AttentionForwardArgs& args, Allocator&, cudaStream_t) {
+  throw_unsupported("cudnn_attention_forward", forward_problem(args), false);
+}
+void cudnn_attention_backward(const AttentionBackwardArgs& args, Allocator&, cudaStream_t) {
+  throw_unsupported("cudnn_attention_backward", backward_problem(args), false);
+}
+CudnnGraphCacheStats cudnn_graph_cache_stats() { return {}; }
+
+#else  // RD_WITH_CUDNN
+
+namespace {
+
+using GraphKey = std::vector<int64_t>;
+
+// The head dim of a [batch..., L, D] view (1 for an lse view [batch..., L]).
+int64_t trailing_dim(const StridedView& v, bool has_head_dim) {
+  return has_head_dim ? v.shape[v.ndim - 1] : 1;
+}
+
+// v ([batch..., L, D], or [batch..., L] when !has_head_dim) folded by `fold`. Strides of
+// size-1 dims do not address anything; they are given the values of a packed layout so that
+// cuDNN sees an ordinary one.
+View4 fold_view(const StridedView& v, const BatchFold& fold, bool has_head_dim) {
+  const int seq_dim = has_head_dim ? v.ndim - 2 : v.ndim - 1;
+  View4 r;
+  int64_t outer = 1, inner = 1;
+  for (size_t i = 0; i < fold.dims.size(); ++i) {
+    (i < fold.outer_count ? outer : inner) *= v.shape[fold.dims[i]];
+  }
+  const int64_t head = trailing_dim(v, has_head_dim);
+  const int64_t len = v.shape[seq_dim];
+  r.dim = {outer, inner, len, head};
+  r.stride[3] = 1;
+  r.stride[2] = len == 1 ? head : v.strides[seq_dim];
+  r.stride[1] = fold.outer_count < fold.dims.size() ? v.strides[fold.dims.back()]
+                                                    : r.stride[2] * std::max<int64_t>(len, 1);
+  r.stride[0] = fold.outer_count > 0 ? v.strides[fold.dims[fold.outer_count - 1]]
+                                     : r.stride[1] * inner;
+  return r;
+}
+
+// A contiguous view of `shape_like`'s shape and `dtype` over `data`.
+StridedView contiguous_like(const StridedView& shape_like, DType dtype, void* data) {
+  StridedView r = shape_like;
+  r.dtype = dtype;
+  r.data = data;
+  int64_t stride = 1;
+  for (int d = r.ndim - 1; d >= 0; --d) {
+    r.strides[d] = stride;
+    stride *= std::max<int64_t>(r.shape[d], 1);
+  }
+  return r;
+}
+
+size_t view_bytes(const StridedView& v, DType dtype) {
+  return static_cast<size_t>(v.numel()) * dtype_size(dtype);
+}
+
+
+// ---------------------------------------------------------------------------------------
+// cuDNN handles: a pool per device, since a handle must not be used by two threads at once.
+
+class HandlePool {
+ public:
+  // Leaked on purpose (see the file comment).
+  static HandlePool& instance() {
+    static HandlePool* const pool = new HandlePool();
+    return *pool;
+  }
+
+  // A handle for the current device `device`, created when none is free.
+  cudnnHandle_t acquire(int device) {
+    {
+      absl::MutexLock lock(&mu_);
+      std::vector<cudnnHandle_t>& free = free_[device];
+      if (!free.empty()) {
+        cudnnHandle_t handle = free.back();
+        free.pop_back();
+        return handle;
+      }
+    }
+    cudnnHandle_t handle = nullptr;
+    const cudnnStatus_t status = fe::detail::create_handle(&handle);
+    RD_CHECK(status == CUDNN_STATUS_SUCCESS, kUnimplemented, "cuDNN attention: cudnnCreate on device ",
+             device, " failed: ", fe::detail::get_error_string(status));
+    return handle;
+  }
+
+  void release(int device, cudnnHandle_t handle) {
+    absl::MutexLock lock(&mu_);
+    free_[device].push_back(handle);
+  }
+
+ private:
+  HandlePool() = default;
+  absl::Mutex mu_;
+  absl::flat_hash_map<int, std::vector<cudnnHandle_t>> free_ ABSL_GUARDED_BY(mu_);
+};
+
+// A pooled handle of the current device, bound to `stream`, for one scope.
+class HandleLease {
+ public:
+  explicit HandleLease(cudaStream_t stream) {
+    RD_CUDA_CHECK(cudaGetDevice(&device_));
+    handle_ = HandlePool::instance().acquire(device_);
+    const cudnnStatus_t status = fe::detail::set_stream(handle_, stream);
+    if (status != CUDNN_STATUS_SUCCESS) {
+      HandlePool::instance().release(device_, handle_);
+      RD_FAIL(kInternal, "cuDNN attention: cudnnSetStream failed: ",
+              fe::detail::get_error_string(status));
+    }
+  }
+  ~HandleLease() { HandlePool::instance().release(device_, handle_); }
+  HandleLease(const HandleLease&) = delete;
+  HandleLease& operator=(const HandleLease&) = delete;
+  cudnnHandle_t get() const { return handle_; }
+  int device() const { return device_; }
+
+ private:
+  int device_ = 0;
+  cudnnHandle_t handle_ = nullptr;
+};
+
+// ---------------------------------------------------------------------------------------
+// The graph cache.
+
+// A built graph, or the message of a build cuDNN refused.
+struct GraphEntry {
+  std::shared_ptr<fe::graph::Graph> graph;  // null when the build failed
+  std::string failure;
+  int64_t workspace_bytes = 0;
+  // Graph::execute is not documented as thread-safe; launches through one graph are
+  // serialized (they only enqueue work, so this costs little).
+  absl::Mutex execute_mu;
+};
+
+class GraphCache {
+ public:
+  static GraphCache& instance() {
+    static GraphCache* const cache = new GraphCache();
+    return *cache;
+  }
+
+  // The entry for `key`, built by `build` on a miss. Two threads missing the same key at
+  // once both build; the first insert wins.
+  template <class Build>
+  std::shared_ptr<GraphEntry> get(const GraphKey& key, Build&& build) {
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = entries_.find(key);
+      if (it != entries_.end()) {
+        ++stats_.hits;
+        lru_.splice(lru_.begin(), lru_, it->second.position);
+        return it->second.entry;
+      }
+    }
+    std::shared_ptr<GraphEntry> built = build();
+    absl::MutexLock lock(&mu_);
+    ++stats_.builds;
+    if (built->graph == nullptr) ++stats_.failures;
+    auto [it, inserted] = entries_.try_emplace(key);
+    if (!inserted) return it->second.entry;
+    lru_.push_front(key);
+    it->second = Slot{built, lru_.begin()};
+    while (entries_.size() > kGraphCacheCapacity) {
+      entries_.erase(lru_.back());
+      lru_.pop_back();
+      ++stats_.evictions;
+    }
+    return built;
+  }
+
+  CudnnGraphCacheStats stats() {
+    absl::MutexLock lock(&mu_);
+    CudnnGraphCacheStats s = stats_;
+    s.size = static_cast<int64_t>(entries_.size());
+    s.capacity = static_cast<int64_t>(kGraphCacheCapacity);
+    return s;
+  }
+
+ private:
+  GraphCache() = default;
+  struct Slot {
+    std::shared_ptr<GraphEntry> entry;
+    std::list<GraphKey>::iterator position;
+  };
+  absl::Mutex mu_;
+  std::list<GraphKey> lru_ ABSL_GUARDED_BY(mu_);  // most recently used first
+  absl::flat_hash_map<GraphKey, Slot> entries_ ABSL_GUARDED_BY(mu_);
+  CudnnGraphCacheStats stats_ ABSL_GUARDED_BY(mu_);
+};
+
+// ---------------------------------------------------------------------------------------
+// Graph description and building.
+
+enum TensorUid : int64_t { kQ = 1, kK, kV, kO, kStats, kGradO, kGradQ, kGradK, kGradV };
+enum class Direction : int64_t { kForward, kBackward };
+
+// Everything a graph depends on; its fields, flattened, are the cache key.
+struct GraphSpec {
+  Direction direction = Direction::kForward;
+  int device = 0;
+  DType dtype = DType::kBFloat16;
+  bool causal = false;        // after folding offsets that mask nothing into non-causal
+  int64_t right_bound = 0;    // the causal offset
+  float scale = 1.0f;
+  bool stats = true;          // forward: whether the lse is written
+  // [uid] -> layout; forward uses q, k, v, o, stats; backward all but the gradients' inputs.
+  std::vector<std::pair<TensorUid, View4>> tensors;
+
+  GraphKey key() const {
+    GraphKey k = {static_cast<int64_t>(direction), device, static_cast<int64_t>(dtype), causal,
+                  right_bound, std::bit_cast<int32_t>(scale), stats};
+    for (const auto& [uid, view] : tensors) {
+      k.push_back(uid);
+      k.insert(k.end(), view.dim.begin(), view.dim.end());
+      k.insert(k.end(), view.stride.begin(), view.stride.end());
+    }
+    return k;
+  }
+  const View4& view(TensorUid uid) const {
+    for (const auto& [u, v] : tensors) {
+      if (u == uid) return v;
+    }
+    RD_FAIL(kInternal, "cuDNN attention: graph spec has no tensor ", static_cast<int>(uid));
+  }
+};
+
+std::vector<int64_t> as_vector(const std::array<int64_t, 4>& a) { return {a.begin(), a.end()}; }
+
+std::shared_ptr<fe::graph::Tensor_attributes> add_input(fe::graph::Graph& graph,
+                                                        const GraphSpec& spec, TensorUid uid,
+                                                        const char* name) {
+  const View4& v = spec.view(uid);
+  return graph.tensor(fe::graph::Tensor_attributes()
+                          .set_name(name)
+                          .set_uid(uid)
+                          .set_dim(as_vector(v.dim))
+                          .set_stride(as_vector(v.stride)));
+}
+
+void mark_output(const std::shared_ptr<fe::graph::Tensor_attributes>& t, const GraphSpec& spec,
+                 TensorUid uid, std::optional<fe::DataType_t> dtype = std::nullopt) {
+  const View4& v = spec.view(uid);
+  t->set_output(true).set_uid(uid).set_dim(as_vector(v.dim)).set_stride(as_vector(v.stride));
+  if (dtype) t->set_data_type(*dtype);
+}
+
+void describe_forward(fe::graph::Graph& graph, const GraphSpec& spec) {
+  auto q = add_input(graph, spec, kQ, "q");
+  auto k = add_input(graph, spec, kK, "k");
+  auto v = add_input(graph, spec, kV, "v");
+  auto options =
+      fe::graph::SDPA_attributes().set_name("sdpa").set_generate_stats(spec.stats).set_attn_scale(
+          spec.scale);
+  if (spec.causal) {
+    options.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
+        .set_diagonal_band_right_bound(static_cast<int>(spec.right_bound));
+  }
+  auto [o, stats] = graph.sdpa(q, k, v, options);
+  mark_output(o, spec, kO);
+  if (spec.stats) mark_output(stats, spec, kStats, fe::DataType_t::FLOAT);
+}
+
+void describe_backward(fe::graph::Graph& graph, const GraphSpec& spec) {
+  auto q = add_input(graph, spec, kQ, "q");
+  auto k = add_input(graph, spec, kK, "k");
+  auto v = add_input(graph, spec, kV, "v");
+  auto o = add_input(graph, spec, kO, "o");
+  auto grad_o = add_input(graph, spec, kGradO, "grad_o");
+  auto stats = add_input(graph, spec, kStats, "stats");
+  stats->set_data_type(fe::DataType_t::FLOAT);
+  auto options =
+      fe::graph::SDPA_backward_attributes().set_name("sdpa_backward").set_attn_scale(spec.scale);
+  if (spec.causal) {
+    options.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
+        .set_diagonal_band_right_bound(static_cast<int>(spec.right_bound));
+  }
+  auto [grad_q, grad_k, grad_v] = graph.sdpa_backward(q, k, v, o, grad_o, stats, options);
+  mark_output(grad_q, spec, kGradQ);
+  mark_output(grad_k, spec, kGradK);
+  mark_output(grad_v, spec, kGradV);
+}
+
+// Builds the graph of `spec`; a refusal is returned as an entry with the failing step and
+// cuDNN's message, not thrown, so that it can be cached.
+std::shared_ptr<GraphEntry> build_graph(const GraphSpec& spec, cudnnHandle_t handle) {
+  auto entry = std::make_shared<GraphEntry>();
+  auto graph = std::make_shared<fe::graph::Graph>();
+  const char* step = "describe";
+  auto fail = [&](const std::string& message) {
+    entry->failure = str_cat("cuDNN could not build the ",
+                             spec.direction == Direction::kForward ? "forward" : "backward",
+                             " SDPA graph (", step, "): ", message);
+    return entry;
+  };
+  try {
+    graph->set_io_data_type(spec.dtype == DType::kBFloat16 ? fe::DataType_t::BFLOAT16
+                                                           : fe::DataType_t::HALF)
+        .set_intermediate_data_type(fe::DataType_t::FLOAT)
+        .set_compute_data_type(fe::DataType_t::FLOAT);
+    if (spec.direction == Direction::kForward) {
+      describe_forward(*graph, spec);
+    } else {
+      describe_backward(*graph, spec);
+    }
+    fe::error_t status;
+    step = "validate";
+    if (status = graph->validate(); status.is_bad()) return fail(status.get_message());
+    step = "build_operation_graph";
+    if (status = graph->build_operation_graph(handle); status.is_bad()) {
+      return fail(status.get_message());
+    }
+    step = "create_execution_plans";
+    if (status = graph->create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK});
+        status.is_bad()) {
+      return fail(status.get_message());
+    }
+    step = "check_support";
+    if (status = graph->check_support(handle); status.is_bad()) return fail(status.get_message());
+    step = "build_plans";
+    if (status = graph->build_plans(fe::BuildPlanPolicy_t::HEURISTICS_CHOICE); status.is_bad()) {
+      return fail(status.get_message());
+    }
+    step = "get_workspace_size";
+    if (status = graph->get_workspace_size(entry->workspace_bytes); status.is_bad()) {
+      return fail(status.get_message());
+    }
+  } catch (const std::exception& e) {
+    return fail(e.what());
+  }
+  entry->graph = std::move(graph);
+  return entry;
+}
+
+// Finds or builds the graph of `spec` and runs it on `stream` with `pointers` (uid -> data).
+void run_graph(const char* op, const GraphSpec& spec,
+               std::unordered_map<int64_t, void*> pointers, Allocator& scratch,
+               cudaStream_t stream) {
+  HandleLease handle(stream);
+  std::shared_ptr<GraphEntry> entry =
+      GraphCache::instance().get(spec.key(), [&] { return build_graph(spec, handle.get()); });
+  RD_CHECK(entry->graph != nullptr, kUnimplemented, op, ": ", entry->failure);
+  ScratchBuffer workspace(scratch, static_cast<size_t>(entry->workspace_bytes));
+  fe::error_t status;
+  try {
+    absl::MutexLock lock(&entry->execute_mu);
+    status = entry->graph->execute(handle.get(), pointers, workspace.get());
+  } catch (const std::exception& e) {
+    RD_FAIL(kInternal, op, ": cuDNN SDPA execution threw: ", e.what());
+  }
+  RD_CHECK(status.is_good(), kInternal, op, ": cuDNN SDPA execution failed: ",
+           status.get_message());
+}
+
+// The spec fields shared by both directions.
+GraphSpec base_spec(Direction direction, const StridedView& k, DType dtype,
+                    const AttentionParams& params, int device) {
+  GraphSpec spec;
+  spec.direction = direction;
+  spec.device = device;
+  spec.dtype = dtype;
+  const int64_t keys = k.shape[k.ndim - 2];
+  // An offset that lets every query see every key masks nothing.
+  spec.causal = params.causal && params.causal_offset < keys - 1;
+  spec.right_bound = spec.causal ? params.causal_offset : 0;
+  spec.scale = static_cast<float>(params.scale);
+  return spec;
+}
+
+// A view cuDNN uses in place when it can, else a contiguous copy in scratch memory in
+// `dtype` (an input is copied in before the graph runs; an output back after).
+class Staged {
+ public:
+  Staged(const StridedView& view, DType dtype, bool has_head_dim, const BatchFold& fold,
+         bool copy_in, Allocator& scratch, cudaStream_t stream)
+      : user_(view), view_(view) {
+    if (view.dtype == dtype && fold_fits(view, fold) &&
+        layout_problem("", view, has_head_dim).empty()) {
+      return;
+    }
+    buffer_.emplace(scratch, view_bytes(view, dtype));
+    view_ = contiguous_like(view, dtype, buffer_->get());
+    if (copy_in) copy(view_, user_, stream);
+  }
+  const StridedView& view() const { return view_; }
+  // Copies a staged output back into the caller's view.
+  void copy_out(cudaStream_t stream) const {
+    if (buffer_) copy(user_, view_, stream);
+  }
+
+ private:
+  StridedView user_, view_;
+  std::optional<ScratchBuffer> buffer_;
+};
+
+// grad += produced, where `produced` (contiguous, q's dtype) came from cuDNN; grad may be
+// float32, so it goes through a float32 copy first.
+void add_into(const StridedView& grad, const StridedView& produced, Allocator& scratch,
+              cudaStream_t stream) {
+  if (grad.dtype == produced.dtype) {
+    accumulate(grad, produced, stream);
+    return;
+  }
+  ScratchBuffer widened(scratch, view_bytes(produced, grad.dtype));
+  const StridedView wide = contiguous_like(produced, grad.dtype, widened.get());
+  copy(wide, produced, stream);
+  accumulate(grad, wide, stream);
+}
+
+int current_device() {
+  int device = 0;
+  RD_CUDA_CHECK(cudaGetDevice(&device));
+  return device;
+}
+
+}  // namespace
+
+void cudnn_attention_forward(const AttentionForwardArgs& args, Allocator& scratch,
+                             cudaStream_t stream) {
+  constexpr const char* kOp = "cudnn_attention_forward";
+  const std::string contract = shape_problem(args.q, args.k, args.v, &args.out, &args.lse);
+  if (!contract.empty()) throw_unsupported(kOp, contract, true);
+  const std::string problem = forward_problem(args);
+  if (!problem.empty()) throw_unsupported(kOp, problem, false);
+  if (args.q.numel() == 0) return;
+
+  const BatchFold fold = *find_fold({&args.q, &args.k, &args.v});
+  const bool with_lse = args.lse.data != nullptr;
+  Staged out(args.out, args.q.dtype, true, fold, false, scratch, stream);
+  std::optional<Staged> lse;
+  if (with_lse) lse.emplace(args.lse, DType::kFloat32, false, fold, false, scratch, stream);
+
+  GraphSpec spec = base_spec(Direction::kForward, args.k, args.q.dtype, args.params,
+                             current_device());
+  spec.stats = with_lse;
+  spec.tensors = {{kQ, fold_view(args.q, fold, true)},
+                  {kK, fold_view(args.k, fold, true)},
+                  {kV, fold_view(args.v, fold, true)},
+                  {kO, fold_view(out.view(), fold, true)}};
+  std::unordered_map<int64_t, void*> pointers = {
+      {kQ, args.q.data}, {kK, args.k.data}, {kV, args.v.data}, {kO, out.view().data}};
+  if (with_lse) {
+    spec.tensors.push_back({kStats, fold_view(lse->view(), fold, false)});
+    pointers[kStats] = lse->view().data;
+  }
+  run_graph(kOp, spec, std::move(pointers), scratch, stream);
+  out.copy_out(stream);
+  if (with_lse) lse->copy_out(stream);
+}
+
+void cudnn_attention_backward(const AttentionBackwardArgs& args, Allocator& scratch,
+                              cudaStream_t stream) {
+  constexpr const char* kOp = "cudnn_attention_backward";
+  std::string contract = shape_problem(args.q, args.k, args.v, &args.out, &args.lse);
+  if (contract.empty() && (shape_of(args.grad_out) != shape_of(args.q) ||
+                           shape_of(args.grad_q) != shape_of(args.q) ||
+                           shape_of(args.grad_k) != shape_of(args.k) ||
+                           shape_of(args.grad_v) != shape_of(args.v))) {
+    contract = "grad_out/grad_q/grad_k/grad_v must be shaped like q/q/k/v";
+  }
+  if (!contract.empty()) throw_unsupported(kOp, contract, true);
+  const std::string problem = backward_problem(args);
+  if (!problem.empty()) throw_unsupported(kOp, problem, false);
+  if (args.q.numel() == 0) return;  // no query: no gradient
+
+  const DType dtype = args.q.dtype;
+  const BatchFold fold = *find_fold({&args.q, &args.k, &args.v});
+  const Staged out(args.out, dtype, true, fold, true, scratch, stream);
+  const Staged grad_out(args.grad_out, dtype, true, fold, true, scratch, stream);
+  const Staged lse(args.lse, DType::kFloat32, false, fold, true, scratch, stream);
+  // cuDNN overwrites its gradients; ours accumulate, so they land in scratch first.
+  ScratchBuffer grad_q_buffer(scratch, view_bytes(args.q, dtype));
+  ScratchBuffer grad_k_buffer(scratch, view_bytes(args.k, dtype));
+  ScratchBuffer grad_v_buffer(scratch, view_bytes(args.v, dtype));
+  const StridedView grad_q = contiguous_like(args.q, dtype, grad_q_buffer.get());
+  const StridedView grad_k = contiguous_like(args.k, dtype, grad_k_buffer.get());
+  const StridedView grad_v = contiguous_like(args.v, dtype, grad_v_buffer.get());
+
+  GraphSpec spec = base_spec(Direction::kBackward, args.k, dtype, args.params, current_device());
+  spec.tensors = {{kQ, fold_view(args.q, fold, true)},
+                  {kK, fold_view(args.k, fold, true)},
+                  {kV, fold_view(args.v, fold, true)},
+                  {kO, fold_view(out.view(), fold, true)},
+                  {kGradO, fold_view(grad_out.view(), fold, true)},
+                  {kStats, fold_view(lse.view(), fold, false)},
+                  {kGradQ, fold_view(grad_q, fold, true)},
+                  {kGradK, fold_view(grad_k, fold, true)},
+                  {kGradV, fold_view(grad_v, fold, true)}};
+  run_graph(kOp, spec,
+            {{kQ, args.q.data},
+             {kK, args.k.data},
+             {kV, args.v.data},
+             {kO, out.view().data},
+             {kGradO, grad_out.view().data},
+             {kStats, lse.view().data},
+             {kGradQ, grad_q.data},
+             {kGradK, grad_k.data},
+             {kGradV, grad_v.data}},
+            scratch, stream);
+  add_into(args.grad_q, grad_q, scratch, stream);
+  add_into(args.grad_k, grad_k, scratch, stream);
+  add_into(args.grad_v, grad_v, scratch, stream);
+}
+
+CudnnGraphCacheStats cudnn_graph_cache_stats() { return GraphCache::instance().stats(); }
+
+#endif  // RD_WITH_CUDNN
+
+}  // namespace rd::kernels::cuda

@@ -1,0 +1,598 @@
+// Dilated attention on one device (see dilated_attention.h and docs/dilated-attention.md):
+// validates the options, plans the attention calls (each a strided selection of q, k, v,
+// out and lse, so nothing is gathered for the fixed variant), runs them through the device's
+// attention kernels with path selection and fallback, and records one autograd node.
+#include "ringdilated/nn/dilated_attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <limits>
+#include <mutex>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ringdilated/kernels/attention.h"
+#include "ringdilated/kernels/error.h"
+#include "ringdilated/nn/pattern_cache.h"
+#include "ringdilated/tensor/autograd.h"
+#include "ringdilated/tensor/dispatch.h"
+#include "ringdilated/tensor/ops.h"
+#include "ringdilated/tensor/shape_util.h"
+
+namespace rd::nn {
+namespace {
+
+using kernels::AttentionBackwardArgs;
+using kernels::AttentionForwardArgs;
+using kernels::AttentionKernel;
+using kernels::AttentionParams;
+
+constexpr const char* kOp = "dilated_attention";
+constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+
+// ---------------------------------------------------------------------------------------
+// Planning: which heads and positions each attention call covers.
+
+// One attention call's share of a [B, N, H, D] tensor: heads h0 + hs * t (t < hc) and, in
+// each of `segments` segments, positions p0 + s * ss + r * u (u < n). Queries and keys use
+// the same selection, so the causal mask is the kernel's plain j <= i.
+struct Selection {
+  int64_t h0 = 0, hs = 1, hc = 0;
+  int64_t p0 = 0, ss = 0, segments = 0, r = 1, n = 0;
+  bool empty() const { return hc == 0 || segments == 0 || n == 0; }
+};
+
+// A set of heads: h0, h0 + hs, ... (hc of them).
+struct Heads {
+  int64_t h0, hs, hc;
+};
+
+// Contiguous head groups of sizes H / G, the extra H % G heads going to the first groups
+// (head mixing of the fixed variant) or the last ones (the original variant).
+std::vector<Heads> head_groups(int64_t num_heads, int64_t groups, bool extra_to_first) {
+  std::vector<Heads> result;
+  const int64_t base = num_heads / groups, extra = num_heads % groups;
+  int64_t start = 0;
+  for (int64_t g = 0; g < groups; ++g) {
+    const bool gets_extra = extra_to_first ? g < extra : g >= groups - extra;
+    const int64_t count = base + (gets_extra ? 1 : 0);
+    result.push_back({start, 1, count});
+    start += count;
+  }
+  return result;
+}
+
+// Selected positions of the segment starting at `start` with `length` positions, offset o.
+int64_t selected_count(int64_t length, int64_t o, int64_t r) {
+  return length > o ? (length - o + r - 1) / r : 0;
+}
+
+// The selections of one pair (w, r) for the given heads and base offset o, fixed variant:
+// full segments in as few calls as the offset rule allows, then the short last segment.
+std::vector<Selection> fixed_selections(int64_t seq_len, int64_t w, int64_t r, const Heads& h,
+                                        int64_t o, OffsetRule rule) {
+  std::vector<Selection> out;
+  const int64_t full = seq_len / w;
+  auto add = [&](int64_t p0, int64_t ss, int64_t segments, int64_t n) {
+    Selection s{h.h0, h.hs, h.hc, p0, ss, segments, r, n};
+    if (!s.empty()) out.push_back(s);
+  };
+  if (rule == OffsetRule::kConstant) {
+    add(o, w, full, w / r);
+  } else {
+    // Segment s uses (o + s) mod r: the segments c, c + r, c + 2r, ... share one offset.
+    for (int64_t c = 0; c < std::min(r, full); ++c) {
+      add(c * w + (o + c) % r, r * w, (full - c + r - 1) / r, w / r);
+    }
+  }
+  if (seq_len % w != 0) {
+    const int64_t start = full * w;
+    const int64_t o_last = rule == OffsetRule::kConstant ? o : (o + full) % r;
+    add(start + o_last, w, 1, selected_count(seq_len - start, o_last, r));
+  }
+  return out;
+}
+
+// Every head h runs pair (w, r) with offset h mod r: heads o, o + r, o + 2r, ... share one.
+std::vector<Heads> heads_by_offset(int64_t num_heads, int64_t r) {
+  std::vector<Heads> result;
+  for (int64_t o = 0; o < std::min(r, num_heads); ++o) {
+    result.push_back({o, r, (num_heads - o + r - 1) / r});
+  }
+  return result;
+}
+
+// ---------------------------------------------------------------------------------------
+// Views.
+
+// [B, S, hc, n, D] view of a [B, N, H, D] tensor.
+Tensor select_bnhd(const Tensor& t, const Selection& s) {
+  const Shape& st = t.strides();
+  return t.as_strided({t.size(0), s.segments, s.hc, s.n, t.size(3)},
+                      {st[0], s.ss * st[1], s.hs * st[2], s.r * st[1], st[3]},
+                      t.offset() + s.h0 * st[2] + s.p0 * st[1]);
+}
+
+// [B, S, hc, n] view of a [B, H, N] tensor.
+Tensor select_bhn(const Tensor& t, const Selection& s) {
+  const Shape& st = t.strides();
+  return t.as_strided({t.size(0), s.segments, s.hc, s.n},
+                      {st[0], s.ss * st[2], s.hs * st[1], s.r * st[2]},
+                      t.offset() + s.h0 * st[1] + s.p0 * st[2]);
+}
+
+kernels::StridedView view_of(const Tensor& t) { return kernel_view(t, kOp); }
+
+kernels::StridedView null_view() { return kernels::StridedView{}; }
+
+// ---------------------------------------------------------------------------------------
+// Paths.
+
+AttentionPath path_of(AttentionKernel kernel) {
+  switch (kernel) {
+    case AttentionKernel::kCudnn: return AttentionPath::kCudnn;
+    case AttentionKernel::kFlash: return AttentionPath::kFlash;
+    case AttentionKernel::kMath: return AttentionPath::kMath;
+  }
+  return AttentionPath::kMath;
+}
+
+// The slower of two kernels (math > flash > cudnn): what a call reports as its path.
+AttentionKernel slower(AttentionKernel a, AttentionKernel b) {
+  return static_cast<int>(path_of(a)) >= static_cast<int>(path_of(b)) ? a : b;
+}
+
+// The requested path: RD_ATTENTION_PATH overrides kAuto (read per call: no hidden state).
+AttentionPath requested_path(AttentionPath option) {
+  if (option != AttentionPath::kAuto) return option;
+  const char* env = std::getenv("RD_ATTENTION_PATH");
+  if (env == nullptr) return option;
+  const std::string value(env);
+  if (value == "cudnn") return AttentionPath::kCudnn;
+  if (value == "flash") return AttentionPath::kFlash;
+  if (value == "math") return AttentionPath::kMath;
+  RD_CHECK(value == "auto" || value.empty(), kInvalidArgument, kOp,
+           ": environment variable RD_ATTENTION_PATH is '", value,
+           "', expected auto, cudnn, flash or math");
+  return option;
+}
+
+// Kernels to try, in order: the requested one, then the slower fallbacks. kAuto starts from
+// the fastest the device may have.
+std::vector<AttentionKernel> candidates(AttentionPath requested, Device device) {
+  if (device.is_cpu()) return {AttentionKernel::kMath};
+  switch (requested) {
+    case AttentionPath::kMath: return {AttentionKernel::kMath};
+    case AttentionPath::kFlash: return {AttentionKernel::kFlash, AttentionKernel::kMath};
+    default: return {AttentionKernel::kCudnn, AttentionKernel::kFlash, AttentionKernel::kMath};
+  }
+}
+
+// Writes each distinct fallback message to stderr once per process: a long run would
+// otherwise repeat it for every layer and step.
+void log_once(const std::string& message) {
+  static std::mutex mutex;
+  static std::set<std::string>* const seen = new std::set<std::string>();
+  std::lock_guard<std::mutex> lock(mutex);
+  if (seen->insert(message).second) std::fprintf(stderr, "[ringdilated] %s\n", message.c_str());
+}
+
+// Runs `run(kernel)` with the first candidate that supports `args` (and `backward`, for a
+// backward call) and does not fail;
+// returns the kernel used. A forced path that cannot run falls back, saying why once.
+template <class Run>
+AttentionKernel run_with_fallback(kernels::KernelBackend& backend,
+                                  const std::vector<AttentionKernel>& kernels,
+                                  const AttentionForwardArgs& args,
+                                  const AttentionBackwardArgs* backward, bool forced, Run&& run) {
+  std::string reasons;
+  for (AttentionKernel kernel : kernels) {
+    std::string why;
+    if (!backend.attention_supports(kernel, args, backward, &why)) {
+      reasons += str_cat(kernels::kernel_name(kernel), ": ", why, "; ");
+      continue;
+    }
+    try {
+      run(kernel);
+      if (forced && kernel != kernels.front()) {
+        log_once(str_cat(kOp, ": the ", kernels::kernel_name(kernels.front()),
+                         " path cannot run this call (", reasons, "); using ",
+                         kernels::kernel_name(kernel)));
+      }
+      return kernel;
+    } catch (const Error& e) {
+      if (kernel == AttentionKernel::kMath) throw;  // nothing left to fall back to
+      log_once(str_cat(kOp, ": the ", kernels::kernel_name(kernel), " path failed (", e.what(),
+                       "); falling back"));
+      reasons += str_cat(kernels::kernel_name(kernel), ": failed; ");
+    }
+  }
+  RD_FAIL(kUnimplemented, kOp, ": no attention path can run this call: ", reasons);
+}
+
+// ---------------------------------------------------------------------------------------
+// Execution.
+
+// One planned call: its selection and the Philox counters of its dropout mask.
+struct PlannedCall {
+  Selection sel;
+  uint64_t dropout_offset = 0;
+  int pair = 0;  // which (w, r) pair (for the merge of all-heads mixing)
+};
+
+struct Plan {
+  std::vector<PlannedCall> calls;
+  int num_pairs = 0;
+  bool merged = false;  // all-heads mixing: per-pair partials merged through the LSE
+};
+
+Plan plan_fixed(const DilatedAttentionOptions& o, int64_t seq_len, int64_t num_heads) {
+  Plan plan;
+  plan.num_pairs = static_cast<int>(o.segment_lengths.size());
+  plan.merged = o.mixing == HeadMixing::kAllHeads;
+  for (int i = 0; i < plan.num_pairs; ++i) {
+    const int64_t w = o.segment_lengths[i], r = o.dilation_rates[i];
+    std::vector<std::pair<Heads, int64_t>> head_sets;  // heads and their base offset
+    if (plan.merged) {
+      for (const Heads& h : heads_by_offset(num_heads, r)) head_sets.push_back({h, h.h0});
+    } else {
+      const Heads h = head_groups(num_heads, plan.num_pairs, /*extra_to_first=*/true)[i];
+      head_sets.push_back({h, i % r});
+    }
+    for (const auto& [heads, offset] : head_sets) {
+      for (const Selection& s : fixed_selections(seq_len, w, r, heads, offset, o.offset_rule)) {
+        plan.calls.push_back({s, 0, i});
+      }
+    }
+  }
+  return plan;
+}
+
+struct Inputs {
+  Tensor q, k, v;  // detached
+  AttentionParams params;
+  std::vector<AttentionKernel> kernels;
+  bool forced = false;
+};
+
+AttentionForwardArgs forward_args(const Inputs& in, const Selection& s, const Tensor& out,
+                                  const Tensor& lse, uint64_t dropout_offset) {
+  AttentionForwardArgs a;
+  a.q = view_of(select_bnhd(in.q, s));
+  a.k = view_of(select_bnhd(in.k, s));
+  a.v = view_of(select_bnhd(in.v, s));
+  a.out = view_of(select_bnhd(out, s));
+  a.lse = view_of(select_bhn(lse, s));
+  a.params = in.params;
+  a.params.offset += dropout_offset;
+  return a;
+}
+
+// Merges one pair's float32 partial (out_i, lse_i) into the running (acc_out, acc_lse) with
+// softmax-denominator weights; positions where both LSEs are -inf stay 0 / -inf.
+void merge_partial(Tensor& acc_out, Tensor& acc_lse, const Tensor& out_i, const Tensor& lse_i) {
+  const Tensor new_lse = logsumexp(stack({acc_lse, lse_i}), {0});
+  const Tensor live = ne(new_lse, kNegInf);
+  auto weight = [&](const Tensor& lse) {  // [B, H, N] -> [B, N, H, 1]
+    return where(live, exp(lse - where(live, new_lse, 0.0)), 0.0).permute({0, 2, 1}).unsqueeze(3);
+  };
+  acc_out = acc_out * weight(acc_lse) + out_i * weight(lse_i);
+  acc_lse = new_lse;
+}
+
+// The forward pass of the fixed variant. Returns out (q's dtype) and lse.
+std::pair<Tensor, Tensor> fixed_forward(const Inputs& in, Plan& plan, Generator* generator,
+                                        AttentionPath* path_used) {
+  const Tensor& q = in.q;
+  const int64_t batch = q.size(0), seq_len = q.size(1), heads = q.size(2);
+  kernels::KernelBackend& backend = backend_for(q.device());
+  // Partials and LSEs in the accumulation type: float32, float64 for float64 inputs.
+  const TensorOptions acc_options =
+      TensorOptions(accumulation_dtype(q.dtype())).with_device(q.device());
+  AttentionKernel slowest = AttentionKernel::kCudnn;
+  auto run_call = [&](PlannedCall& call, const Tensor& out, const Tensor& lse) {
+    if (in.params.dropout > 0) {
+      const Selection& s = call.sel;
+      call.dropout_offset = generator->advance(
+          static_cast<uint64_t>(batch * s.segments * s.hc) * static_cast<uint64_t>(s.n * s.n));
+    }
+    const AttentionForwardArgs args = forward_args(in, call.sel, out, lse, call.dropout_offset);
+    const AttentionKernel used =
+        run_with_fallback(backend, in.kernels, args, /*backward=*/nullptr, in.forced,
+                          [&](AttentionKernel k) { backend.attention_forward(k, args); });
+    slowest = slower(slowest, used);
+  };
+
+  Tensor out, lse;
+  if (!plan.merged) {
+    // Head groups: every (position, head) belongs to at most one call, which writes it.
+    out = zeros({batch, seq_len, heads, q.size(3)}, TensorOptions(q.dtype()).with_device(q.device()));
+    lse = full({batch, heads, seq_len}, kNegInf, acc_options);
+    for (PlannedCall& call : plan.calls) run_call(call, out, lse);
+  } else {
+    // All heads: each pair's float32 partial, merged through the LSE in float32.
+    Tensor acc_out = zeros({batch, seq_len, heads, q.size(3)}, acc_options);
+    Tensor acc_lse = full({batch, heads, seq_len}, kNegInf, acc_options);
+    for (int pair = 0; pair < plan.num_pairs; ++pair) {
+      Tensor out_i = zeros(acc_out.shape(), acc_options);
+      Tensor lse_i = full(acc_lse.shape(), kNegInf, acc_options);
+      for (PlannedCall& call : plan.calls) {
+        if (call.pair == pair) run_call(call, out_i, lse_i);
+      }
+      merge_partial(acc_out, acc_lse, out_i, lse_i);
+    }
+    out = acc_out.to(q.dtype()).contiguous();
+    lse = acc_lse.contiguous();
+  }
+  *path_used = path_of(slowest);
+  return {out, lse};
+}
+
+// Gradients of the fixed variant: each call's share, accumulated. `out` and `lse` are the
+// final (merged) results, which is what makes each share exact under all-heads mixing.
+std::vector<Tensor> fixed_backward(const Inputs& in, const Plan& plan, const Tensor& out,
+                                   const Tensor& lse, const Tensor& grad_out,
+                                   const Tensor& grad_lse) {
+  const Tensor& q = in.q;
+  kernels::KernelBackend& backend = backend_for(q.device());
+  // Head groups write disjoint elements: q's dtype is exact. Overlapping shares (all heads)
+  // add up in float32.
+  const DType grad_dtype = plan.merged ? accumulation_dtype(q.dtype()) : q.dtype();
+  const TensorOptions opts = TensorOptions(grad_dtype).with_device(q.device());
+  Tensor grad_q = zeros(q.shape(), opts), grad_k = zeros(q.shape(), opts),
+         grad_v = zeros(q.shape(), opts);
+  for (const PlannedCall& call : plan.calls) {
+    const Selection& s = call.sel;
+    const AttentionForwardArgs fwd = forward_args(in, s, out, lse, call.dropout_offset);
+    AttentionBackwardArgs b;
+    b.q = fwd.q;
+    b.k = fwd.k;
+    b.v = fwd.v;
+    b.out = fwd.out;
+    b.lse = fwd.lse;
+    b.grad_out = view_of(select_bnhd(grad_out, s));
+    b.grad_lse = grad_lse.defined() ? view_of(select_bhn(grad_lse, s)) : null_view();
+    b.grad_q = view_of(select_bnhd(grad_q, s));
+    b.grad_k = view_of(select_bnhd(grad_k, s));
+    b.grad_v = view_of(select_bnhd(grad_v, s));
+    b.params = fwd.params;
+    run_with_fallback(backend, in.kernels, fwd, &b, in.forced,
+                      [&](AttentionKernel k) { backend.attention_backward(k, b); });
+  }
+  return {grad_q.to(q.dtype()), grad_k.to(q.dtype()), grad_v.to(q.dtype())};
+}
+
+// ---------------------------------------------------------------------------------------
+// The original (global) variant: gathered copies along the cycled index list.
+
+// P[j] = o + r * (j mod |base|) for j < N, base = (o, o + r, ... < N): cached per key.
+Tensor cycled_indices(int64_t seq_len, int64_t r, int64_t o, Device device) {
+  const std::string key = str_cat("cycled/N=", seq_len, "/r=", r, "/o=", o, "/", device.str());
+  return global_pattern_cache().get(key, [&] {
+    const int64_t base = (seq_len - o + r - 1) / r;
+    std::vector<int64_t> p(static_cast<size_t>(seq_len));
+    for (int64_t j = 0; j < seq_len; ++j) p[static_cast<size_t>(j)] = o + r * (j % base);
+    return from_vector<int64_t>(p, {seq_len}).to(device);
+  });
+}
+
+struct GlobalGroup {
+  Heads heads;
+  Tensor indices;  // int64 [N]
+};
+
+std::vector<GlobalGroup> global_groups(const DilatedAttentionOptions& o, int64_t seq_len,
+                                       int64_t num_heads, Device device) {
+  const int64_t pairs = static_cast<int64_t>(o.dilation_rates.size());
+  const std::vector<Heads> groups = head_groups(num_heads, pairs, /*extra_to_first=*/false);
+  std::vector<GlobalGroup> result;
+  for (int64_t i = 0; i < pairs; ++i) {
+    const int64_t r = o.dilation_rates[i];
+    if (groups[i].hc == 0) continue;
+    result.push_back({groups[i], cycled_indices(seq_len, r, i % r, device)});
+  }
+  return result;
+}
+
+// [B, hc, N, D] attention layout of the gathered rows of t's heads.
+Tensor gathered(const Tensor& t, const GlobalGroup& g) {
+  return index_select(t.narrow(2, g.heads.h0, g.heads.hc), 1, g.indices).permute({0, 2, 1, 3});
+}
+
+AttentionForwardArgs global_args(const Inputs& in, const GlobalGroup& g, const Tensor& out,
+                                 const Tensor& lse, std::vector<Tensor>* keep) {
+  keep->push_back(gathered(in.q, g));
+  keep->push_back(gathered(in.k, g));
+  keep->push_back(gathered(in.v, g));
+  AttentionForwardArgs a;
+  a.q = view_of((*keep)[keep->size() - 3]);
+  a.k = view_of((*keep)[keep->size() - 2]);
+  a.v = view_of((*keep)[keep->size() - 1]);
+  a.out = view_of(out.narrow(2, g.heads.h0, g.heads.hc).permute({0, 2, 1, 3}));
+  a.lse = view_of(lse.narrow(1, g.heads.h0, g.heads.hc));
+  a.params = in.params;
+  return a;
+}
+
+}  // namespace
+
+const char* path_name(AttentionPath path) {
+  switch (path) {
+    case AttentionPath::kAuto: return "auto";
+    case AttentionPath::kCudnn: return "cudnn";
+    case AttentionPath::kFlash: return "flash";
+    case AttentionPath::kMath: return "math";
+  }
+  return "?";
+}
+
+void validate_options(const DilatedAttentionOptions& o, int64_t num_heads) {
+  const size_t pairs = o.segment_lengths.size();
+  RD_CHECK(pairs > 0 && pairs == o.dilation_rates.size(), kInvalidArgument, kOp,
+           ": options 'segment_lengths' (", pairs, " values) and 'dilation_rates' (",
+           o.dilation_rates.size(), " values) must be non-empty and of equal length");
+  for (size_t i = 0; i < pairs; ++i) {
+    const int64_t w = o.segment_lengths[i], r = o.dilation_rates[i];
+    RD_CHECK(w >= 1 && r >= 1 && w % r == 0, kInvalidArgument, kOp, ": pair ", i,
+             " (segment_lengths[", i, "] = ", w, ", dilation_rates[", i, "] = ", r,
+             ") needs w >= 1, r >= 1 and w % r == 0");
+  }
+  RD_CHECK(o.dropout >= 0 && o.dropout < 1, kInvalidArgument, kOp,
+           ": option 'dropout' must be in [0, 1), got ", o.dropout);
+  RD_CHECK(!o.scale.has_value() || (std::isfinite(*o.scale) && *o.scale > 0), kInvalidArgument,
+           kOp, ": option 'scale' must be finite and positive, got ", o.scale.value_or(0.0));
+  RD_CHECK(o.variant != DilationVariant::kGlobal || o.mixing == HeadMixing::kHeadGroups,
+           kInvalidArgument, kOp,
+           ": option 'mixing' must be kHeadGroups with variant kGlobal (the original "
+           "implementation it reproduces has head groups only)");
+  const bool groups = o.mixing == HeadMixing::kHeadGroups || o.variant == DilationVariant::kGlobal;
+  RD_CHECK(!groups || num_heads >= static_cast<int64_t>(pairs), kInvalidArgument, kOp,
+           ": head groups need at least one head per pair, got ", num_heads, " heads for ",
+           pairs, " pairs");
+}
+
+DilatedAttentionResult dilated_attention_with_lse(const Tensor& q, const Tensor& k,
+                                                  const Tensor& v,
+                                                  const DilatedAttentionOptions& options,
+                                                  const AttentionCallContext& context) {
+  for (const auto& [t, name] : {std::pair{&q, "q"}, std::pair{&k, "k"}, std::pair{&v, "v"}}) {
+    RD_CHECK(t->defined(), kInvalidArgument, kOp, ": argument '", name, "' is undefined");
+    RD_CHECK(t->dim() == 4, kShapeMismatch, kOp, ": argument '", name,
+             "' must be [B, N, H, D], got shape ", shape_str(t->shape()));
+    RD_CHECK(is_floating(t->dtype()), kDTypeMismatch, kOp, ": argument '", name,
+             "' must be floating, got ", dtype_name(t->dtype()));
+  }
+  RD_CHECK(k.shape() == q.shape() && v.shape() == q.shape(), kShapeMismatch, kOp,
+           ": q, k and v must have one shape, got ", shape_str(q.shape()), ", ",
+           shape_str(k.shape()), " and ", shape_str(v.shape()));
+  RD_CHECK(k.dtype() == q.dtype() && v.dtype() == q.dtype(), kDTypeMismatch, kOp,
+           ": q, k and v must have one dtype, got ", dtype_name(q.dtype()), ", ",
+           dtype_name(k.dtype()), " and ", dtype_name(v.dtype()));
+  check_same_device({&q, &k, &v}, kOp);
+  validate_options(options, q.size(2));
+  RD_CHECK(!options.use_hilbert, kUnimplemented, kOp,
+           ": option 'use_hilbert' is not implemented yet");
+  const bool dropout = context.training && options.dropout > 0;
+  RD_CHECK(!dropout || context.generator != nullptr, kInvalidArgument, kOp,
+           ": dropout in training needs a generator in the call context");
+
+  Inputs in{q.detach(), k.detach(), v.detach(), {}, {}, false};
+  in.params.scale = options.scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(3))));
+  in.params.causal = options.causal;
+  in.params.dropout = dropout ? options.dropout : 0.0;
+  if (dropout) in.params.seed = context.generator->seed();
+  const AttentionPath requested = requested_path(options.path);
+  in.kernels = candidates(requested, q.device());
+  in.forced = requested != AttentionPath::kAuto;
+
+  DilatedAttentionResult result;
+  if (options.variant == DilationVariant::kSegmentLocal) {
+    auto plan = std::make_shared<Plan>(plan_fixed(options, q.size(1), q.size(2)));
+    auto [out, lse] = fixed_forward(in, *plan, context.generator, &result.path_used);
+    result.out = out;
+    result.lse = lse.to(DType::kFloat32);  // the internal lse keeps float64 for float64 data
+    if (autograd::needs_grad({&q, &k, &v})) {
+      autograd::record({result.out, result.lse}, kOp, {q, k, v},
+                       [in, plan, out = out.detach(), lse = lse.detach()](
+                           const std::vector<Tensor>& grads) {
+                         Tensor grad_out = grads[0].defined()
+                                               ? grads[0].to(out.dtype()).contiguous()
+                                               : zeros_like(out);
+                         Tensor grad_lse = grads[1].defined()
+                                               ? grads[1].to(lse.dtype()).contiguous()
+                                               : Tensor();
+                         return fixed_backward(in, *plan, out, lse, grad_out, grad_lse);
+                       });
+    }
+    return result;
+  }
+
+  // The original variant: per head group, attention over the gathered cycled rows, written to
+  // row j (never scattered back). Gradients of the gathered copies are index-added back.
+  const int64_t batch = q.size(0), seq_len = q.size(1), heads = q.size(2);
+  kernels::KernelBackend& backend = backend_for(q.device());
+  Tensor out = zeros(q.shape(), TensorOptions(q.dtype()).with_device(q.device()));
+  Tensor lse = full({batch, heads, seq_len}, kNegInf,
+                    TensorOptions(accumulation_dtype(q.dtype())).with_device(q.device()));
+  const std::vector<GlobalGroup> groups = global_groups(options, seq_len, heads, q.device());
+  std::vector<uint64_t> offsets;
+  AttentionKernel slowest = AttentionKernel::kCudnn;
+  for (const GlobalGroup& g : groups) {
+    std::vector<Tensor> keep;
+    AttentionForwardArgs args = global_args(in, g, out, lse, &keep);
+    if (dropout) {
+      args.params.offset = context.generator->advance(static_cast<uint64_t>(batch * g.heads.hc) *
+                                                      static_cast<uint64_t>(seq_len * seq_len));
+    }
+    offsets.push_back(args.params.offset);
+    const AttentionKernel used =
+        run_with_fallback(backend, in.kernels, args, /*backward=*/nullptr, in.forced,
+                          [&](AttentionKernel kk) { backend.attention_forward(kk, args); });
+    slowest = slower(slowest, used);
+  }
+  result.out = out;
+  result.lse = lse.to(DType::kFloat32);
+  result.path_used = path_of(slowest);
+  if (autograd::needs_grad({&q, &k, &v})) {
+    autograd::record(
+        {result.out, result.lse}, kOp, {q, k, v},
+        [in, groups, offsets, out = out.detach(), lse = lse.detach()](
+            const std::vector<Tensor>& grads) {
+          const Tensor grad_out =
+              grads[0].defined() ? grads[0].to(out.dtype()).contiguous() : zeros_like(out);
+          const Tensor grad_lse =
+              grads[1].defined() ? grads[1].to(lse.dtype()).contiguous() : Tensor();
+          kernels::KernelBackend& be = backend_for(out.device());
+          const DType acc = accumulation_dtype(out.dtype());
+          const TensorOptions opts = TensorOptions(acc).with_device(out.device());
+          std::vector<Tensor> result_grads{zeros(out.shape(), opts), zeros(out.shape(), opts),
+                                           zeros(out.shape(), opts)};
+          for (size_t gi = 0; gi < groups.size(); ++gi) {
+            const GlobalGroup& g = groups[gi];
+            std::vector<Tensor> keep;
+            AttentionForwardArgs fwd = global_args(in, g, out, lse, &keep);
+            fwd.params.offset = offsets[gi];
+            const Shape gathered_shape{out.size(0), g.heads.hc, out.size(1), out.size(3)};
+            std::vector<Tensor> gathered_grads{zeros(gathered_shape, opts),
+                                               zeros(gathered_shape, opts),
+                                               zeros(gathered_shape, opts)};
+            AttentionBackwardArgs b;
+            b.q = fwd.q;
+            b.k = fwd.k;
+            b.v = fwd.v;
+            b.out = fwd.out;
+            b.lse = fwd.lse;
+            b.grad_out = view_of(grad_out.narrow(2, g.heads.h0, g.heads.hc).permute({0, 2, 1, 3}));
+            b.grad_lse = grad_lse.defined()
+                             ? view_of(grad_lse.narrow(1, g.heads.h0, g.heads.hc))
+                             : null_view();
+            b.grad_q = view_of(gathered_grads[0]);
+            b.grad_k = view_of(gathered_grads[1]);
+            b.grad_v = view_of(gathered_grads[2]);
+            b.params = fwd.params;
+            run_with_fallback(be, in.kernels, fwd, &b, in.forced,
+                              [&](AttentionKernel kk) { be.attention_backward(kk, b); });
+            // Row m of a gathered copy came from position P[m]: add it back there.
+            for (int t = 0; t < 3; ++t) {
+              be.index_add(view_of(result_grads[t].narrow(2, g.heads.h0, g.heads.hc)), 1,
+                           view_of(g.indices), view_of(gathered_grads[t].permute({0, 2, 1, 3})));
+            }
+          }
+          for (Tensor& g : result_grads) g = g.to(out.dtype());
+          return result_grads;
+        });
+  }
+  return result;
+}
+
+Tensor dilated_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                         const DilatedAttentionOptions& options,
+                         const AttentionCallContext& context) {
+  return dilated_attention_with_lse(q, k, v, options, context).out;
+}
+
+}  // namespace rd::nn

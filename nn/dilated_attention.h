@@ -1,0 +1,80 @@
+// Dilated attention (LongNet-style) on one device: the options and the functional form.
+// The exact semantics, with worked examples, are in docs/dilated-attention.md.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ringdilated/tensor/generator.h"
+#include "ringdilated/tensor/tensor.h"
+
+namespace rd::nn {
+
+// Where dilation applies: inside each segment (the fixed variant, recommended) or over the
+// whole sequence (the original hybrid implementation, kept for comparison only).
+enum class DilationVariant { kSegmentLocal, kGlobal };
+
+// How heads use the (segment length, dilation rate) pairs: each group of heads one pair (the
+// original library), or every head every pair, merged through the log-sum-exp (the paper).
+enum class HeadMixing { kHeadGroups, kAllHeads };
+
+// Offsets of the fixed variant: the same offset in every segment, or one that rotates with
+// the segment index.
+enum class OffsetRule { kConstant, kRotating };
+
+// Which implementation computes attention. kAuto chooses per call (device and compute
+// capability, dtype, head dim, shapes, cuDNN at run time); the others force one and fall back
+// to the next (cuDNN -> flash -> math) when it cannot run, logging the reason once. The
+// environment variable RD_ATTENTION_PATH (auto|cudnn|flash|math) overrides kAuto.
+enum class AttentionPath { kAuto, kCudnn, kFlash, kMath };
+
+const char* path_name(AttentionPath path);
+
+struct DilatedAttentionOptions {
+  std::vector<int64_t> segment_lengths{2048, 4096, 8192};
+  std::vector<int64_t> dilation_rates{1, 2, 4};
+  DilationVariant variant = DilationVariant::kSegmentLocal;
+  HeadMixing mixing = HeadMixing::kHeadGroups;
+  OffsetRule offset_rule = OffsetRule::kConstant;
+  bool causal = false;
+  double dropout = 0.0;         // attention-probability dropout, applied only in training
+  std::optional<double> scale;  // default 1 / sqrt(head_dim)
+  bool use_hilbert = false;     // visit keys in Hilbert-curve order inside each segment
+  AttentionPath path = AttentionPath::kAuto;
+};
+
+// Per-call state that is not an option: training mode and the dropout generator (required
+// when training with dropout > 0; it is advanced by the counters the masks use).
+struct AttentionCallContext {
+  bool training = false;
+  Generator* generator = nullptr;
+};
+
+struct DilatedAttentionResult {
+  Tensor out;  // [B, N, H, D], q's dtype
+  Tensor lse;  // float32 [B, H, N]; -inf where a position attended to no key
+  // The path that computed it, after any fallback (the slowest one when calls differed).
+  AttentionPath path_used = AttentionPath::kMath;
+};
+
+// q, k, v: [B, N, H, D] of one floating dtype and device, any strides. Differentiable in q,
+// k and v (through out and lse).
+DilatedAttentionResult dilated_attention_with_lse(const Tensor& q, const Tensor& k,
+                                                  const Tensor& v,
+                                                  const DilatedAttentionOptions& options,
+                                                  const AttentionCallContext& context = {});
+
+// The output only.
+Tensor dilated_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                         const DilatedAttentionOptions& options,
+                         const AttentionCallContext& context = {});
+
+// Throws rd::Error (kInvalidArgument) naming the offending option and values unless the
+// options are valid for `num_heads` heads: equal, non-empty pair lists, w_i >= 1, r_i >= 1,
+// w_i % r_i == 0, dropout in [0, 1), a finite positive scale, H >= G for head groups, and
+// head groups for the global variant.
+void validate_options(const DilatedAttentionOptions& options, int64_t num_heads);
+
+}  // namespace rd::nn

@@ -1,0 +1,193 @@
+// nn/ building blocks: the pattern cache (hits, eviction, bounds), the Module base (names,
+// order, modes), Linear against a float64 reference, and MultiheadDilatedAttention against
+// its own composition from the functional pieces, with gradients reaching every parameter.
+#include <cmath>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "ringdilated/kernels/error.h"
+#include "ringdilated/nn/dilated_attention.h"
+#include "ringdilated/nn/dilated_attention_modules.h"
+#include "ringdilated/nn/linear.h"
+#include "ringdilated/nn/module.h"
+#include "ringdilated/nn/pattern_cache.h"
+#include "ringdilated/tensor/ops.h"
+#include "testing/tensor_util.h"
+
+namespace rd::test {
+namespace {
+
+Tensor arange_tensor(int64_t n) {
+  std::vector<int64_t> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = i;
+  return from_vector<int64_t>(v, {n});
+}
+
+TEST(PatternCacheTest, ComputesOnceThenHits) {
+  nn::PatternCache cache(4, 1 << 20);
+  int computed = 0;
+  auto compute = [&] {
+    ++computed;
+    return arange_tensor(10);
+  };
+  Tensor first = cache.get("a", compute);
+  Tensor second = cache.get("a", compute);
+  EXPECT_EQ(computed, 1);
+  EXPECT_EQ(first.raw_data(), second.raw_data()) << "a hit returns the cached tensor";
+  const nn::PatternCacheStats s = cache.stats();
+  EXPECT_EQ(s.hits, 1);
+  EXPECT_EQ(s.misses, 1);
+  EXPECT_EQ(s.entries, 1);
+  EXPECT_EQ(s.bytes, 10 * 8);
+}
+
+TEST(PatternCacheTest, EvictsTheLeastRecentlyUsedBeyondTheEntryBound) {
+  nn::PatternCache cache(2, 1 << 20);
+  int computed = 0;
+  auto make = [&] {
+    ++computed;
+    return arange_tensor(4);
+  };
+  cache.get("a", make);
+  cache.get("b", make);
+  cache.get("a", make);  // a is now the most recent
+  cache.get("c", make);  // evicts b
+  EXPECT_EQ(cache.stats().evictions, 1);
+  EXPECT_EQ(cache.stats().entries, 2);
+  computed = 0;
+  cache.get("a", make);
+  EXPECT_EQ(computed, 0) << "a must have survived";
+  cache.get("b", make);
+  EXPECT_EQ(computed, 1) << "b must have been evicted";
+}
+
+TEST(PatternCacheTest, KeepsWithinTheByteBoundAndSkipsOversizedPatterns) {
+  nn::PatternCache cache(100, 100);  // 100 bytes: 12 int64 values
+  cache.get("small", [] { return arange_tensor(8); });    // 64 bytes
+  cache.get("second", [] { return arange_tensor(8); });   // 128 > 100: evicts "small"
+  EXPECT_LE(cache.stats().bytes, 100);
+  EXPECT_EQ(cache.stats().entries, 1);
+  Tensor big = cache.get("big", [] { return arange_tensor(20); });  // 160 bytes: not kept
+  EXPECT_EQ(big.numel(), 20);
+  EXPECT_LE(cache.stats().bytes, 100);
+  cache.clear();
+  EXPECT_EQ(cache.stats().entries, 0);
+  EXPECT_EQ(cache.stats().bytes, 0);
+  EXPECT_THROW(nn::PatternCache(0, 10), Error);
+}
+
+class TwoLayers : public nn::Module {
+ public:
+  explicit TwoLayers(Generator& gen) {
+    first = register_module("first", std::make_shared<nn::Linear>(3, 4, true, gen));
+    second = register_module("second", std::make_shared<nn::Linear>(4, 2, false, gen));
+    scale = &register_parameter("scale", full({1}, 2.0));
+  }
+  std::shared_ptr<nn::Linear> first, second;
+  Tensor* scale;
+};
+
+TEST(ModuleTest, NamesParametersDepthFirstInRegistrationOrderAndPropagatesModes) {
+  Generator gen(1);
+  TwoLayers m(gen);
+  std::vector<std::string> names;
+  for (const auto& [name, param] : m.named_parameters()) {
+    names.push_back(name);
+    EXPECT_TRUE(param.requires_grad()) << name;
+    EXPECT_TRUE(param.is_leaf()) << name;
+  }
+  EXPECT_EQ(names, (std::vector<std::string>{"scale", "first.weight", "first.bias",
+                                             "second.weight"}));
+  EXPECT_TRUE(m.first->is_training());
+  m.eval();
+  EXPECT_FALSE(m.is_training());
+  EXPECT_FALSE(m.first->is_training());
+  EXPECT_FALSE(m.second->is_training());
+  m.train();
+  EXPECT_TRUE(m.second->is_training());
+}
+
+class BadNames : public nn::Module {
+ public:
+  void add(const std::string& name) { register_parameter(name, zeros({1})); }
+};
+
+TEST(ModuleTest, RejectsEmptyDottedAndDuplicateNames) {
+  BadNames m;
+  m.add("w");
+  EXPECT_THROW(m.add("w"), Error);
+  EXPECT_THROW(m.add(""), Error);
+  EXPECT_THROW(m.add("a.b"), Error);
+}
+
+TEST(LinearTest, MatchesAFloat64ReferenceAndInitialisesWithinTheBound) {
+  Generator gen(7);
+  nn::Linear layer(5, 3, true, gen, TensorOptions(DType::kFloat64));
+  const double bound = 1.0 / std::sqrt(5.0);
+  const std::vector<double> w = layer.weight().to_vector<double>();
+  const std::vector<double> b = layer.bias()->to_vector<double>();
+  for (double x : w) EXPECT_LE(std::abs(x), bound);
+  std::mt19937_64 rng(3);
+  RefArray x_values = random_values({2, 4, 5}, Domain::kAny, DType::kFloat64, rng);
+  Tensor x = from_ref(x_values, DType::kFloat64);
+  const std::vector<double> y = layer.forward(x).to_vector<double>();
+  ASSERT_EQ(y.size(), 2u * 4u * 3u);
+  for (int64_t row = 0; row < 8; ++row) {
+    for (int64_t o = 0; o < 3; ++o) {
+      double want = b[static_cast<size_t>(o)];
+      for (int64_t i = 0; i < 5; ++i) {
+        want += x_values.data[static_cast<size_t>(row * 5 + i)] * w[static_cast<size_t>(o * 5 + i)];
+      }
+      EXPECT_NEAR(y[static_cast<size_t>(row * 3 + o)], want, 1e-12);
+    }
+  }
+  EXPECT_THROW(layer.forward(zeros({2, 4}, TensorOptions(DType::kFloat64))), Error);
+}
+
+TEST(MultiheadDilatedAttentionTest, EqualsItsCompositionAndTrainsEveryParameter) {
+  nn::DilatedAttentionOptions options;
+  options.segment_lengths = {4, 8};
+  options.dilation_rates = {1, 2};
+  options.causal = true;
+  nn::MultiheadOptions module_options;
+  module_options.tensor_options = TensorOptions(DType::kFloat64);
+  module_options.seed = 5;
+  nn::MultiheadDilatedAttention mha(12, 3, options, module_options);
+  std::mt19937_64 rng(9);
+  Tensor x = from_ref(random_values({2, 11, 12}, Domain::kAny, DType::kFloat64, rng),
+                      DType::kFloat64);
+  Tensor y = mha.forward(x);
+  ASSERT_EQ(y.shape(), (Shape{2, 11, 12}));
+
+  // The same from the pieces: QKV projection, split into heads, attention, out projection.
+  std::map<std::string, Tensor> p;
+  for (const auto& [name, t] : mha.named_parameters()) p[name] = t.detach();
+  Tensor qkv = add(matmul(x, p["qkv.weight"].t()), p["qkv.bias"]).reshape({2, 11, 3, 3, 4});
+  Tensor attended = nn::dilated_attention(qkv.select(2, 0), qkv.select(2, 1), qkv.select(2, 2),
+                                          options);
+  Tensor want = add(matmul(attended.reshape({2, 11, 12}), p["out.weight"].t()), p["out.bias"]);
+  EXPECT_TRUE(allclose(y, want, 1e-12, 1e-12));
+
+  sum(mul(y, y)).backward();
+  for (const auto& [name, t] : mha.named_parameters()) {
+    ASSERT_TRUE(t.grad().defined()) << name;
+    const std::vector<double> g = t.grad().to_vector<double>();
+    double norm = 0;
+    for (double v : g) norm += v * v;
+    EXPECT_GT(norm, 0.0) << name << " got no gradient";
+  }
+  EXPECT_EQ(mha.last_path(), nn::AttentionPath::kMath);
+  EXPECT_THROW(nn::MultiheadDilatedAttention(10, 3, options), Error);
+}
+
+TEST(RecommendedDTypeTest, IsFloat32OnTheCpu) {
+  EXPECT_EQ(nn::recommended_dtype(Device::cpu()), DType::kFloat32);
+}
+
+}  // namespace
+}  // namespace rd::test
