@@ -272,6 +272,26 @@ AttentionForwardArgs forward_args(const Inputs& in, const Selection& s, const Te
   return a;
 }
 
+// The backward of a forward call: its inputs and (merged) results, the gradient views
+// arriving at out and lse (undefined lse gradient: not used), and the q/k/v gradient views
+// it adds into.
+AttentionBackwardArgs backward_args(const AttentionForwardArgs& fwd, const Tensor& grad_out,
+                                    const Tensor& grad_lse, const std::vector<Tensor>& grads) {
+  AttentionBackwardArgs b;
+  b.q = fwd.q;
+  b.k = fwd.k;
+  b.v = fwd.v;
+  b.out = fwd.out;
+  b.lse = fwd.lse;
+  b.grad_out = view_of(grad_out);
+  b.grad_lse = grad_lse.defined() ? view_of(grad_lse) : null_view();
+  b.grad_q = view_of(grads[0]);
+  b.grad_k = view_of(grads[1]);
+  b.grad_v = view_of(grads[2]);
+  b.params = fwd.params;
+  return b;
+}
+
 // Merges one pair's float32 partial (out_i, lse_i) into the running (acc_out, acc_lse) with
 // softmax-denominator weights; positions where both LSEs are -inf stay 0 / -inf.
 void merge_partial(Tensor& acc_out, Tensor& acc_lse, const Tensor& out_i, const Tensor& lse_i) {
@@ -348,18 +368,9 @@ std::vector<Tensor> fixed_backward(const Inputs& in, const Plan& plan, const Ten
   for (const PlannedCall& call : plan.calls) {
     const Selection& s = call.sel;
     const AttentionForwardArgs fwd = forward_args(in, s, out, lse, call.dropout_offset);
-    AttentionBackwardArgs b;
-    b.q = fwd.q;
-    b.k = fwd.k;
-    b.v = fwd.v;
-    b.out = fwd.out;
-    b.lse = fwd.lse;
-    b.grad_out = view_of(select_bnhd(grad_out, s));
-    b.grad_lse = grad_lse.defined() ? view_of(select_bhn(grad_lse, s)) : null_view();
-    b.grad_q = view_of(select_bnhd(grad_q, s));
-    b.grad_k = view_of(select_bnhd(grad_k, s));
-    b.grad_v = view_of(select_bnhd(grad_v, s));
-    b.params = fwd.params;
+    const AttentionBackwardArgs b = backward_args(
+        fwd, select_bnhd(grad_out, s), grad_lse.defined() ? select_bhn(grad_lse, s) : Tensor(),
+        {select_bnhd(grad_q, s), select_bnhd(grad_k, s), select_bnhd(grad_v, s)});
     run_with_fallback(backend, in.kernels, fwd, &b, in.forced,
                       [&](AttentionKernel k) { backend.attention_backward(k, b); });
   }
@@ -560,20 +571,10 @@ DilatedAttentionResult dilated_attention_with_lse(const Tensor& q, const Tensor&
             std::vector<Tensor> gathered_grads{zeros(gathered_shape, opts),
                                                zeros(gathered_shape, opts),
                                                zeros(gathered_shape, opts)};
-            AttentionBackwardArgs b;
-            b.q = fwd.q;
-            b.k = fwd.k;
-            b.v = fwd.v;
-            b.out = fwd.out;
-            b.lse = fwd.lse;
-            b.grad_out = view_of(grad_out.narrow(2, g.heads.h0, g.heads.hc).permute({0, 2, 1, 3}));
-            b.grad_lse = grad_lse.defined()
-                             ? view_of(grad_lse.narrow(1, g.heads.h0, g.heads.hc))
-                             : null_view();
-            b.grad_q = view_of(gathered_grads[0]);
-            b.grad_k = view_of(gathered_grads[1]);
-            b.grad_v = view_of(gathered_grads[2]);
-            b.params = fwd.params;
+            const AttentionBackwardArgs b = backward_args(
+                fwd, grad_out.narrow(2, g.heads.h0, g.heads.hc).permute({0, 2, 1, 3}),
+                grad_lse.defined() ? grad_lse.narrow(1, g.heads.h0, g.heads.hc) : Tensor(),
+                {gathered_grads[0], gathered_grads[1], gathered_grads[2]});
             run_with_fallback(be, in.kernels, fwd, &b, in.forced,
                               [&](AttentionKernel kk) { be.attention_backward(kk, b); });
             // Row m of a gathered copy came from position P[m]: add it back there.
