@@ -297,7 +297,9 @@ gpu_targets() {
   for source in tests/cuda_*_test.cc bench/cuda_*_bench.cc; do
     [[ -f "$source" ]] && basename "${source%.cc}"
   done
+  # Suites whose CUDA cases register or run only where a GPU is visible.
   echo op_suite_test
+  echo dilated_attention_test
 }
 
 cmd_gpu_pack() {
@@ -334,6 +336,7 @@ cmd_gpu_pack() {
 gpu_test_args() {
   case "$1" in
     op_suite_test) echo "--gtest_brief=1 --gtest_filter=*cuda*:Harness.*" ;;
+    dilated_attention_test) echo "--gtest_brief=1 --gtest_filter=*Cuda*" ;;
     *) echo "--gtest_brief=1" ;;
   esac
 }
