@@ -34,6 +34,12 @@ constexpr const char* kernel_name(AttentionKernel kernel) {
 //   out[b, i] = sum_j p[i, j] v[b, j]    (0 when no key is visible: never NaN)
 // keep(b, i, j) is philox_bernoulli(1 - dropout) of the Philox block of element
 // (b * Lq + i) * Lk + j of the stream (seed, offset): the same mask on every device.
+//
+// key_order, when set, changes only the order in which a query row visits its keys (step t
+// visits key key_order[t]): the mask, the dropout mask and hence the result are those of
+// the natural order, up to float rounding of the sums. It is how dilated attention's
+// Hilbert ordering reaches the kernels. Only the math kernels implement it (a flash tile or
+// a cuDNN graph reads keys through strides); the others report it as unsupported.
 struct AttentionParams {
   double scale = 1.0;
   bool causal = false;
@@ -41,6 +47,10 @@ struct AttentionParams {
   double dropout = 0.0;       // probability of dropping; 0 disables (no mask is drawn)
   uint64_t seed = 0;
   uint64_t offset = 0;
+  // Optional [Lk] int64 permutation of 0..Lk-1 in the kernel's device memory (host memory
+  // on the CPU); nullptr visits keys in their natural order. Not checked by the kernels:
+  // the caller guarantees it is a permutation.
+  const int64_t* key_order = nullptr;
 };
 
 struct AttentionForwardArgs {

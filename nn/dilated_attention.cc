@@ -17,6 +17,7 @@
 
 #include "ringdilated/kernels/attention.h"
 #include "ringdilated/kernels/error.h"
+#include "ringdilated/nn/hilbert.h"
 #include "ringdilated/nn/pattern_cache.h"
 #include "ringdilated/tensor/autograd.h"
 #include "ringdilated/tensor/dispatch.h"
@@ -217,11 +218,20 @@ AttentionKernel run_with_fallback(kernels::KernelBackend& backend,
 // ---------------------------------------------------------------------------------------
 // Execution.
 
-// One planned call: its selection and the Philox counters of its dropout mask.
+// The Hilbert order of n keys (nn/hilbert.h) as an int64 tensor on `device`: cached per key.
+Tensor hilbert_indices(PatternCache& cache, int64_t n, Device device) {
+  return cache.get(str_cat("hilbert/n=", n, "/", device.str()), [&] {
+    return from_vector<int64_t>(hilbert_order(n), {n}).to(device);
+  });
+}
+
+// One planned call: its selection, the Philox counters of its dropout mask and, with
+// use_hilbert, the order its queries visit the selection's keys in.
 struct PlannedCall {
   Selection sel;
   uint64_t dropout_offset = 0;
   int pair = 0;  // which (w, r) pair (for the merge of all-heads mixing)
+  Tensor key_order;  // int64 [sel.n] on the inputs' device, or undefined: natural order
 };
 
 struct Plan {
@@ -230,7 +240,8 @@ struct Plan {
   bool merged = false;  // all-heads mixing: per-pair partials merged through the LSE
 };
 
-Plan plan_fixed(const DilatedAttentionOptions& o, int64_t seq_len, int64_t num_heads) {
+Plan plan_fixed(const DilatedAttentionOptions& o, int64_t seq_len, int64_t num_heads,
+                Device device, PatternCache& cache) {
   Plan plan;
   plan.num_pairs = static_cast<int>(o.segment_lengths.size());
   plan.merged = o.mixing == HeadMixing::kAllHeads;
@@ -245,7 +256,8 @@ Plan plan_fixed(const DilatedAttentionOptions& o, int64_t seq_len, int64_t num_h
     }
     for (const auto& [heads, offset] : head_sets) {
       for (const Selection& s : fixed_selections(seq_len, w, r, heads, offset, o.offset_rule)) {
-        plan.calls.push_back({s, 0, i});
+        plan.calls.push_back(
+            {s, 0, i, o.use_hilbert ? hilbert_indices(cache, s.n, device) : Tensor()});
       }
     }
   }
@@ -259,8 +271,13 @@ struct Inputs {
   bool forced = false;
 };
 
-AttentionForwardArgs forward_args(const Inputs& in, const Selection& s, const Tensor& out,
-                                  const Tensor& lse, uint64_t dropout_offset) {
+const int64_t* key_order_data(const Tensor& key_order) {
+  return key_order.defined() ? static_cast<const int64_t*>(view_of(key_order).data) : nullptr;
+}
+
+AttentionForwardArgs forward_args(const Inputs& in, const PlannedCall& call, const Tensor& out,
+                                  const Tensor& lse) {
+  const Selection& s = call.sel;
   AttentionForwardArgs a;
   a.q = view_of(select_bnhd(in.q, s));
   a.k = view_of(select_bnhd(in.k, s));
@@ -268,7 +285,8 @@ AttentionForwardArgs forward_args(const Inputs& in, const Selection& s, const Te
   a.out = view_of(select_bnhd(out, s));
   a.lse = view_of(select_bhn(lse, s));
   a.params = in.params;
-  a.params.offset += dropout_offset;
+  a.params.offset += call.dropout_offset;
+  a.params.key_order = key_order_data(call.key_order);
   return a;
 }
 
@@ -320,7 +338,7 @@ std::pair<Tensor, Tensor> fixed_forward(const Inputs& in, Plan& plan, Generator*
       call.dropout_offset = generator->advance(
           static_cast<uint64_t>(batch * s.segments * s.hc) * static_cast<uint64_t>(s.n * s.n));
     }
-    const AttentionForwardArgs args = forward_args(in, call.sel, out, lse, call.dropout_offset);
+    const AttentionForwardArgs args = forward_args(in, call, out, lse);
     const AttentionKernel used =
         run_with_fallback(backend, in.kernels, args, /*backward=*/nullptr, in.forced,
                           [&](AttentionKernel k) { backend.attention_forward(k, args); });
@@ -367,7 +385,7 @@ std::vector<Tensor> fixed_backward(const Inputs& in, const Plan& plan, const Ten
          grad_v = zeros(q.shape(), opts);
   for (const PlannedCall& call : plan.calls) {
     const Selection& s = call.sel;
-    const AttentionForwardArgs fwd = forward_args(in, s, out, lse, call.dropout_offset);
+    const AttentionForwardArgs fwd = forward_args(in, call, out, lse);
     const AttentionBackwardArgs b = backward_args(
         fwd, select_bnhd(grad_out, s), grad_lse.defined() ? select_bhn(grad_lse, s) : Tensor(),
         {select_bnhd(grad_q, s), select_bnhd(grad_k, s), select_bnhd(grad_v, s)});
@@ -381,9 +399,9 @@ std::vector<Tensor> fixed_backward(const Inputs& in, const Plan& plan, const Ten
 // The original (global) variant: gathered copies along the cycled index list.
 
 // P[j] = o + r * (j mod |base|) for j < N, base = (o, o + r, ... < N): cached per key.
-Tensor cycled_indices(int64_t seq_len, int64_t r, int64_t o, Device device) {
+Tensor cycled_indices(PatternCache& cache, int64_t seq_len, int64_t r, int64_t o, Device device) {
   const std::string key = str_cat("cycled/N=", seq_len, "/r=", r, "/o=", o, "/", device.str());
-  return global_pattern_cache().get(key, [&] {
+  return cache.get(key, [&] {
     const int64_t base = (seq_len - o + r - 1) / r;
     std::vector<int64_t> p(static_cast<size_t>(seq_len));
     for (int64_t j = 0; j < seq_len; ++j) p[static_cast<size_t>(j)] = o + r * (j % base);
@@ -393,18 +411,20 @@ Tensor cycled_indices(int64_t seq_len, int64_t r, int64_t o, Device device) {
 
 struct GlobalGroup {
   Heads heads;
-  Tensor indices;  // int64 [N]
+  Tensor indices;    // int64 [N]
+  Tensor key_order;  // int64 [N] Hilbert order of the gathered keys, or undefined
 };
 
 std::vector<GlobalGroup> global_groups(const DilatedAttentionOptions& o, int64_t seq_len,
-                                       int64_t num_heads, Device device) {
+                                       int64_t num_heads, Device device, PatternCache& cache) {
   const int64_t pairs = static_cast<int64_t>(o.dilation_rates.size());
   const std::vector<Heads> groups = head_groups(num_heads, pairs, /*extra_to_first=*/false);
   std::vector<GlobalGroup> result;
   for (int64_t i = 0; i < pairs; ++i) {
     const int64_t r = o.dilation_rates[i];
     if (groups[i].hc == 0) continue;
-    result.push_back({groups[i], cycled_indices(seq_len, r, i % r, device)});
+    result.push_back({groups[i], cycled_indices(cache, seq_len, r, i % r, device),
+                      o.use_hilbert ? hilbert_indices(cache, seq_len, device) : Tensor()});
   }
   return result;
 }
@@ -426,6 +446,7 @@ AttentionForwardArgs global_args(const Inputs& in, const GlobalGroup& g, const T
   a.out = view_of(out.narrow(2, g.heads.h0, g.heads.hc).permute({0, 2, 1, 3}));
   a.lse = view_of(lse.narrow(1, g.heads.h0, g.heads.hc));
   a.params = in.params;
+  a.params.key_order = key_order_data(g.key_order);
   return a;
 }
 
@@ -485,8 +506,6 @@ DilatedAttentionResult dilated_attention_with_lse(const Tensor& q, const Tensor&
            dtype_name(k.dtype()), " and ", dtype_name(v.dtype()));
   check_same_device({&q, &k, &v}, kOp);
   validate_options(options, q.size(2));
-  RD_CHECK(!options.use_hilbert, kUnimplemented, kOp,
-           ": option 'use_hilbert' is not implemented yet");
   const bool dropout = context.training && options.dropout > 0;
   RD_CHECK(!dropout || context.generator != nullptr, kInvalidArgument, kOp,
            ": dropout in training needs a generator in the call context");
@@ -499,10 +518,13 @@ DilatedAttentionResult dilated_attention_with_lse(const Tensor& q, const Tensor&
   const AttentionPath requested = requested_path(options.path);
   in.kernels = candidates(requested, q.device());
   in.forced = requested != AttentionPath::kAuto;
+  PatternCache& patterns =
+      context.patterns != nullptr ? *context.patterns : global_pattern_cache();
 
   DilatedAttentionResult result;
   if (options.variant == DilationVariant::kSegmentLocal) {
-    auto plan = std::make_shared<Plan>(plan_fixed(options, q.size(1), q.size(2)));
+    auto plan =
+        std::make_shared<Plan>(plan_fixed(options, q.size(1), q.size(2), q.device(), patterns));
     auto [out, lse] = fixed_forward(in, *plan, context.generator, &result.path_used);
     result.out = out;
     result.lse = lse.to(DType::kFloat32);  // the internal lse keeps float64 for float64 data
@@ -529,7 +551,8 @@ DilatedAttentionResult dilated_attention_with_lse(const Tensor& q, const Tensor&
   Tensor out = zeros(q.shape(), TensorOptions(q.dtype()).with_device(q.device()));
   Tensor lse = full({batch, heads, seq_len}, kNegInf,
                     TensorOptions(accumulation_dtype(q.dtype())).with_device(q.device()));
-  const std::vector<GlobalGroup> groups = global_groups(options, seq_len, heads, q.device());
+  const std::vector<GlobalGroup> groups =
+      global_groups(options, seq_len, heads, q.device(), patterns);
   std::vector<uint64_t> offsets;
   AttentionKernel slowest = AttentionKernel::kCudnn;
   for (const GlobalGroup& g : groups) {

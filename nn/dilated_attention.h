@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "ringdilated/nn/pattern_cache.h"
 #include "ringdilated/tensor/generator.h"
 #include "ringdilated/tensor/tensor.h"
 
@@ -41,15 +42,20 @@ struct DilatedAttentionOptions {
   bool causal = false;
   double dropout = 0.0;         // attention-probability dropout, applied only in training
   std::optional<double> scale;  // default 1 / sqrt(head_dim)
-  bool use_hilbert = false;     // visit keys in Hilbert-curve order inside each segment
+  // Visit keys in Hilbert-curve order inside each segment (the whole cycled list for the
+  // global variant): the same result up to rounding, and with dropout the same mask. Only
+  // the math kernels visit keys out of storage order, so kAuto then runs the math path.
+  bool use_hilbert = false;
   AttentionPath path = AttentionPath::kAuto;
 };
 
-// Per-call state that is not an option: training mode and the dropout generator (required
-// when training with dropout > 0; it is advanced by the counters the masks use).
+// Per-call state that is not an option: training mode, the dropout generator (required
+// when training with dropout > 0; it is advanced by the counters the masks use) and the
+// cache of index patterns (cycled lists, Hilbert orders) to use; nullptr: the global one.
 struct AttentionCallContext {
   bool training = false;
   Generator* generator = nullptr;
+  PatternCache* patterns = nullptr;
 };
 
 struct DilatedAttentionResult {

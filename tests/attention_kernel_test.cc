@@ -17,6 +17,7 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <numeric>
 #include <optional>
 #include <ostream>
 #include <random>
@@ -524,6 +525,7 @@ struct Case {
   bool grad_lse = true;  // the backward gets a grad_lse
   Layout layout = Layout::kContiguous;
   Values values = Values::kRandom;
+  bool key_order = false;  // visit the keys in a random order: the same result
 };
 
 // gtest prints a failing case by its name rather than its bytes.
@@ -594,6 +596,16 @@ std::vector<Case> all_cases() {
   }
   cases.push_back({.name = "extreme_causal_f32", .lq = 8, .lk = 11, .scale = 1.0, .causal = true,
                    .causal_offset = 1, .values = Values::kExtreme});
+  // A key visiting order changes only the order of the sums: the reference ignores it.
+  for (DType t : kFloatTypes) {
+    cases.push_back({.name = "key_order_" + dtype_tag(t), .dtype = t, .key_order = true});
+  }
+  cases.push_back({.name = "key_order_tiles_causal_dropout", .lq = 70, .lk = 150, .causal = true,
+                   .causal_offset = 5, .dropout = 0.3, .key_order = true});
+  cases.push_back({.name = "key_order_causal_negative_offset", .dtype = DType::kFloat64, .lq = 100,
+                   .lk = 70, .causal = true, .causal_offset = -40, .key_order = true});
+  cases.push_back({.name = "key_order_strided_bf16_causal", .dtype = DType::kBFloat16, .causal = true,
+                   .causal_offset = 1, .layout = Layout::kStrided, .key_order = true});
   return cases;
 }
 
@@ -644,6 +656,12 @@ TEST_P(AttentionCaseTest, ForwardAndBackwardMatchTheReference) {
   pr.params.dropout = c.dropout;
   pr.params.seed = 0x9e3779b97f4a7c15ull;
   pr.params.offset = 12345;
+  std::vector<int64_t> key_order(static_cast<size_t>(c.lk));
+  std::iota(key_order.begin(), key_order.end(), int64_t{0});
+  if (c.key_order) {
+    std::shuffle(key_order.begin(), key_order.end(), rng);
+    pr.params.key_order = key_order.data();
+  }
   pr.q = read_view(q.view);
   pr.k = read_view(k.view);
   pr.v = read_view(v.view);

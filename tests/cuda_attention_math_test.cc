@@ -15,6 +15,7 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <numeric>
 #include <optional>
 #include <ostream>
 #include <random>
@@ -266,6 +267,23 @@ class DeviceOperand {
   StridedView view_;
 };
 
+// A device copy of an int64 list (a key visiting order).
+class DeviceIndices {
+ public:
+  explicit DeviceIndices(const std::vector<int64_t>& host) {
+    const size_t bytes = host.size() * sizeof(int64_t);
+    cuda_check(cudaMalloc(&data_, std::max<size_t>(bytes, 1)), "cudaMalloc");
+    cuda_check(cudaMemcpy(data_, host.data(), bytes, cudaMemcpyHostToDevice), "upload");
+  }
+  ~DeviceIndices() { cudaFree(data_); }
+  DeviceIndices(const DeviceIndices&) = delete;
+  DeviceIndices& operator=(const DeviceIndices&) = delete;
+  const int64_t* data() const { return static_cast<const int64_t*>(data_); }
+
+ private:
+  void* data_ = nullptr;
+};
+
 // Scratch memory for the backward: plain cudaMalloc/cudaFree, counting live bytes.
 class CudaTestAllocator : public Allocator {
  public:
@@ -382,7 +400,8 @@ struct Case {
   bool lse = true;
   bool grad_lse = true;
   Layout layout = Layout::kContiguous;
-  bool extreme = false;  // scores +-1e4 + small integers
+  bool extreme = false;    // scores +-1e4 + small integers
+  bool key_order = false;  // visit the keys in a random order
 };
 
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
@@ -430,6 +449,12 @@ std::vector<Case> all_cases() {
   for (DType t : {DType::kFloat32, DType::kBFloat16}) {
     cases.push_back({.name = "extreme_" + tag(t), .dtype = t, .scale = 1.0, .extreme = true});
   }
+  for (DType t : kFloatTypes) {
+    cases.push_back({.name = "key_order_" + tag(t), .dtype = t, .key_order = true});
+  }
+  cases.push_back({.name = "key_order_bf16_causal_dropout_d300", .dtype = DType::kBFloat16,
+                   .lq = 60, .lk = 90, .d = 300, .causal = true, .causal_offset = -4,
+                   .dropout = 0.2, .key_order = true});
   return cases;
 }
 
@@ -477,6 +502,15 @@ TEST_P(CudaAttentionMathTest, MatchesTheCpuKernel) {
   params.dropout = c.dropout;
   params.seed = 0xfeedfacecafebeefull;
   params.offset = 1ull << 40;
+  std::vector<int64_t> key_order(static_cast<size_t>(c.lk));
+  std::iota(key_order.begin(), key_order.end(), int64_t{0});
+  if (c.key_order) {
+    std::shuffle(key_order.begin(), key_order.end(), rng);
+    params.key_order = key_order.data();  // host memory for the CPU kernel
+  }
+  const DeviceIndices device_key_order(key_order);
+  AttentionParams device_params = params;
+  if (c.key_order) device_params.key_order = device_key_order.data();
 
   Operand q = operand(Role::kQ, c.dtype, q_shape), k = operand(Role::kK, c.dtype, k_shape);
   Operand v = operand(Role::kV, c.dtype, k_shape);
@@ -513,6 +547,7 @@ TEST_P(CudaAttentionMathTest, MatchesTheCpuKernel) {
     dargs.v = dv.view();
     dargs.out = d_out.view();
     dargs.lse = c.lse ? d_lse.view() : StridedView{};
+    dargs.params = device_params;
     cuda::attention_math_forward(dargs, stream_);
     sync();
     d_out.download(gpu_out);
@@ -567,6 +602,7 @@ TEST_P(CudaAttentionMathTest, MatchesTheCpuKernel) {
     dargs.grad_q = d_gq.view();
     dargs.grad_k = d_gk.view();
     dargs.grad_v = d_gv.view();
+    dargs.params = device_params;
     CudaTestAllocator scratch;
     cuda::attention_math_backward(dargs, scratch, stream_);
     sync();

@@ -21,6 +21,8 @@
 
 #include "ringdilated/kernels/error.h"
 #include "ringdilated/nn/dilated_attention.h"
+#include "ringdilated/nn/hilbert.h"
+#include "ringdilated/nn/pattern_cache.h"
 #include "ringdilated/tensor/autograd.h"
 #include "ringdilated/tensor/device.h"
 #include "ringdilated/tensor/generator.h"
@@ -897,41 +899,93 @@ TEST(DilatedAttentionDropout, SurvivorsAreScaledAndTheDropRateIsP) {
 // ---------------------------------------------------------------------------------------
 // Hilbert order: a permutation of each segment's keys, so the same result within rounding.
 
-// use_hilbert is not implemented yet (issue 4): until it is, the option must be refused
-// with kUnimplemented, and the two equivalence tests below are skipped, not deleted.
-TEST(DilatedAttentionHilbert, IsRefusedUntilImplemented) {
-  Qkv in = make_qkv(cases()[1].shape, DType::kFloat32, QkvLayout::kContiguous, 52);
-  DilatedAttentionOptions o = cases()[1].options();
-  o.use_hilbert = true;
-  try {
-    nn::dilated_attention(in.q, in.k, in.v, o);
-    ADD_FAILURE() << "use_hilbert was accepted: enable the equivalence tests below";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::kUnimplemented) << e.what();
-    EXPECT_NE(std::string(e.what()).find("use_hilbert"), std::string::npos) << e.what();
+TEST(HilbertOrder, IsAPermutation) {
+  for (int64_t n : {0, 1, 2, 3, 4, 5, 7, 15, 16, 17, 63, 64, 65, 100, 1000, 4096, 5000}) {
+    const std::vector<int64_t> order = nn::hilbert_order(n);
+    ASSERT_EQ(static_cast<int64_t>(order.size()), n) << "n = " << n;
+    std::vector<bool> seen(static_cast<size_t>(n), false);
+    for (int64_t p : order) {
+      ASSERT_TRUE(p >= 0 && p < n) << "n = " << n << ": " << p << " out of range";
+      ASSERT_FALSE(seen[static_cast<size_t>(p)]) << "n = " << n << ": " << p << " twice";
+      seen[static_cast<size_t>(p)] = true;
+    }
   }
 }
 
+// On a full 2^k x 2^k grid the curve moves one cell at a time, starts in a corner and is not
+// the row-major order (which jumps at every row end).
+TEST(HilbertOrder, StepsToAGridNeighbourOnFullGrids) {
+  for (int64_t side : {2, 4, 8, 16, 32, 64}) {
+    const std::vector<int64_t> order = nn::hilbert_order(side * side);
+    EXPECT_EQ(order.front(), 0) << "side " << side;
+    for (size_t t = 1; t < order.size(); ++t) {
+      const int64_t a = order[t - 1], b = order[t];
+      const int64_t distance = std::abs(a / side - b / side) + std::abs(a % side - b % side);
+      ASSERT_EQ(distance, 1) << "side " << side << ": step " << t << " from " << a << " to " << b;
+    }
+  }
+}
+
+TEST(HilbertOrder, NegativeLengthIsAnError) {
+  EXPECT_THROW(nn::hilbert_order(-1), Error);
+}
+
+// Every variant, mixing, offset rule and causal setting: use_hilbert only reorders the
+// sums, so the result still matches the float64 reference, and the plain run closely.
 TEST(DilatedAttentionHilbert, SameResultAsWithout) {
-  GTEST_SKIP() << "use_hilbert is not implemented yet (issue 4)";
-  for (int index : {1, 2, 3, 5, 7, 11, 12}) {
+  for (size_t index = 0; index < cases().size(); ++index) {
     const Case& c = cases()[index];
-    for (DType dtype : {DType::kFloat64, DType::kFloat32}) {
+    for (DType dtype : {DType::kFloat64, DType::kFloat32, DType::kBFloat16}) {
       SCOPED_TRACE(c.name + " " + std::string(dtype_short_name(dtype)));
       Qkv in = make_qkv(c.shape, dtype, QkvLayout::kContiguous, 50);
       DilatedAttentionOptions o = c.options();
       Got plain = run_library(in.q, in.k, in.v, o);
       o.use_hilbert = true;
+      EXPECT_TRUE(matches_reference(in, o));
       Got hilbert = run_library(in.q, in.k, in.v, o);
+      EXPECT_EQ(hilbert.path, AttentionPath::kMath);
       const int64_t keys = max_keys(c.shape[1], o);
-      EXPECT_TRUE(values_close(plain.out, hilbert.out, out_tolerance(dtype, c.shape[3], keys)));
+      Tolerance tol = out_tolerance(dtype, c.shape[3], keys);
+      EXPECT_TRUE(values_close(plain.out, hilbert.out, {2 * tol.rtol, 2 * tol.atol}));
       EXPECT_TRUE(values_close(plain.lse, hilbert.lse, lse_tolerance(c.shape[3], keys)));
     }
   }
 }
 
+// The dropout mask belongs to (query, key) pairs, not to visiting steps: the same mask.
+TEST(DilatedAttentionHilbert, SameDropoutMaskAsWithout) {
+  const Case& c = cases()[7];  // all heads, rotating, causal
+  Qkv in = make_qkv(c.shape, DType::kFloat64, QkvLayout::kContiguous, 53);
+  DilatedAttentionOptions o = c.options();
+  o.dropout = 0.4;
+  Generator plain_gen(77), hilbert_gen(77);
+  Got plain = run_library(in.q, in.k, in.v, o, {true, &plain_gen});
+  o.use_hilbert = true;
+  Got hilbert = run_library(in.q, in.k, in.v, o, {true, &hilbert_gen});
+  EXPECT_TRUE(values_close(plain.out, hilbert.out, {1e-12, 1e-12}));
+  EXPECT_TRUE(plain_gen.state() == hilbert_gen.state());
+}
+
+// The orders come from the pattern cache given in the call context, once per length.
+TEST(DilatedAttentionHilbert, OrdersAreCachedPerLength) {
+  const Case& c = cases()[1];  // N = 21 over pairs (4,1), (8,2), (16,4)
+  Qkv in = make_qkv(c.shape, DType::kFloat32, QkvLayout::kContiguous, 54);
+  DilatedAttentionOptions o = c.options();
+  o.use_hilbert = true;
+  nn::PatternCache cache;
+  AttentionCallContext context;
+  context.patterns = &cache;
+  nn::dilated_attention(in.q, in.k, in.v, o, context);
+  const nn::PatternCacheStats first = cache.stats();
+  EXPECT_GT(first.misses, 0);
+  EXPECT_EQ(first.entries, first.misses);
+  nn::dilated_attention(in.q, in.k, in.v, o, context);
+  const nn::PatternCacheStats second = cache.stats();
+  EXPECT_EQ(second.misses, first.misses) << "a second call recomputed an order";
+  EXPECT_GT(second.hits, first.hits);
+}
+
 TEST(DilatedAttentionHilbert, SameGradientsAsWithout) {
-  GTEST_SKIP() << "use_hilbert is not implemented yet (issue 4)";
   DilatedAttentionOptions o = pairs({8, 16}, {1, 2});
   o.causal = true;
   std::mt19937_64 rng(51);
@@ -1086,6 +1140,30 @@ TEST_F(DilatedAttentionCuda, PathUsedIsReported) {
   AttentionPath automatic = path_for(DType::kBFloat16, 64, AttentionPath::kAuto);
   EXPECT_NE(automatic, AttentionPath::kAuto);
   EXPECT_NE(automatic, AttentionPath::kMath) << "kAuto chose math for bf16 D=64 on a GPU";
+}
+
+// use_hilbert on the GPU: every forced path ends on the math kernel (the only one that
+// visits keys out of storage order), and forward and backward match the CPU.
+TEST_F(DilatedAttentionCuda, HilbertOrderRunsOnTheMathPathAndMatchesTheCpu) {
+  const Device gpu = Device::cuda(0);
+  for (int index : {2, 7, 15}) {
+    const Case& c = cases()[index];
+    Qkv in = make_qkv(c.shape, DType::kBFloat16, QkvLayout::kContiguous, 74);
+    DilatedAttentionOptions o = c.options();
+    o.use_hilbert = true;
+    DeviceRun cpu = run_with_backward(in, Device::cpu(), o);
+    const int64_t keys = max_keys(c.shape[1], o), dim = c.shape[3];
+    Tolerance out_tol = out_tolerance(DType::kBFloat16, dim, keys);
+    for (AttentionPath path : {AttentionPath::kAuto, AttentionPath::kFlash, AttentionPath::kCudnn}) {
+      SCOPED_TRACE(c.name + " " + nn::path_name(path));
+      o.path = path;
+      DeviceRun cuda = run_with_backward(in, gpu, o);
+      EXPECT_EQ(cuda.result.path, AttentionPath::kMath);
+      EXPECT_TRUE(values_close(cpu.result.out, cuda.result.out, {2 * out_tol.rtol, 2 * out_tol.atol}));
+      EXPECT_TRUE(values_close(cpu.result.lse, cuda.result.lse, lse_tolerance(dim, keys)));
+      EXPECT_TRUE(grads_close(cpu.grads, cuda.grads, DType::kBFloat16, dim, keys));
+    }
+  }
 }
 
 TEST_F(DilatedAttentionCuda, DropoutMaskIsTheSameOnEveryDevice) {

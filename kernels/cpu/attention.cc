@@ -37,10 +37,14 @@ constexpr int64_t kKeyBlock = 64;    // keys per tile, and key rows per task of 
 template <class A>
 constexpr A kNegInf = -std::numeric_limits<A>::infinity();
 
-// One batch's [rows, cols] matrix inside a view (strides in elements).
+// One batch's [rows, cols] matrix inside a view (strides in elements). With a row_order,
+// row r of the matrix is stored row row_order[r] (the keys of an ordered visit).
 struct Matrix {
   char* data = nullptr;
   int64_t row_stride = 0, col_stride = 0;
+  const int64_t* row_order = nullptr;
+
+  int64_t row_offset(int64_t r) const { return (row_order ? row_order[r] : r) * row_stride; }
 };
 
 // The matrix of flattened batch b of v: the batch dims are its first `batch_dims`, in
@@ -64,7 +68,7 @@ Matrix batch_matrix(const StridedView& v, int batch_dims, int64_t b) {
 template <class A, class T>
 void load_typed(A* dst, const Matrix& m, int64_t row0, int64_t rows, int64_t cols) {
   for (int64_t r = 0; r < rows; ++r) {
-    const T* src = reinterpret_cast<const T*>(m.data) + (row0 + r) * m.row_stride;
+    const T* src = reinterpret_cast<const T*>(m.data) + m.row_offset(row0 + r);
     A* row = dst + r * cols;
     for (int64_t c = 0; c < cols; ++c) row[c] = convert<A>(src[c * m.col_stride]);
   }
@@ -74,7 +78,7 @@ void load_typed(A* dst, const Matrix& m, int64_t row0, int64_t rows, int64_t col
 template <class A, class T>
 void load_transposed_typed(A* dst, const Matrix& m, int64_t row0, int64_t rows, int64_t cols) {
   for (int64_t r = 0; r < rows; ++r) {
-    const T* src = reinterpret_cast<const T*>(m.data) + (row0 + r) * m.row_stride;
+    const T* src = reinterpret_cast<const T*>(m.data) + m.row_offset(row0 + r);
     for (int64_t c = 0; c < cols; ++c) dst[c * rows + r] = convert<A>(src[c * m.col_stride]);
   }
 }
@@ -85,7 +89,7 @@ template <class A, class T>
 void store_typed(const Matrix& m, int64_t row0, int64_t rows, int64_t cols, const A* src,
                  A factor, bool accumulate) {
   for (int64_t r = 0; r < rows; ++r) {
-    T* dst = reinterpret_cast<T*>(m.data) + (row0 + r) * m.row_stride;
+    T* dst = reinterpret_cast<T*>(m.data) + m.row_offset(row0 + r);
     const A* row = src + r * cols;
     for (int64_t c = 0; c < cols; ++c) {
       T& element = dst[c * m.col_stride];
@@ -135,7 +139,10 @@ Geometry geometry_of(const StridedView& q, const StridedView& k) {
   return g;
 }
 
-// Which keys each query sees (causal mask) and the dropout factor of each (query, key).
+// Which keys each query sees (causal mask), the order it visits them in, and the dropout
+// factor of each (query, key). Keys are visited in steps t = 0, 1, ...: step t is key
+// key_at(t). In the natural order a row's visible keys are a prefix of the steps; with a
+// key_order they are not, so every step is visited and checked with sees().
 template <class A>
 struct Mask {
   bool causal = false;
@@ -145,6 +152,7 @@ struct Mask {
   double keep_probability = 1;
   A keep_scale = 1;
   uint64_t seed = 0, stream_offset = 0;
+  const int64_t* key_order = nullptr;
 
   Mask(const AttentionParams& p, const Geometry& g)
       : causal(p.causal),
@@ -155,12 +163,17 @@ struct Mask {
         keep_probability(1 - p.dropout),
         keep_scale(static_cast<A>(1 / (1 - p.dropout))),
         seed(p.seed),
-        stream_offset(p.offset) {}
+        stream_offset(p.offset),
+        key_order(p.key_order) {}
 
   // Query i sees keys [0, keys_for(i)).
   int64_t keys_for(int64_t i) const {
     return causal ? std::clamp<int64_t>(i + offset + 1, 0, lk) : lk;
   }
+  // Row i may see keys among the steps [0, visit_end(i)).
+  int64_t visit_end(int64_t i) const { return key_order != nullptr ? lk : keys_for(i); }
+  int64_t key_at(int64_t step) const { return key_order != nullptr ? key_order[step] : step; }
+  bool sees(int64_t i, int64_t j) const { return !causal || j <= i + offset; }
   // Key j is seen by queries [first_query_for(j), lq).
   int64_t first_query_for(int64_t j) const {
     return causal ? std::clamp<int64_t>(j - offset, 0, lq) : 0;
@@ -177,6 +190,13 @@ struct Mask {
     return keep ? keep_scale : A(0);
   }
 };
+
+// m with its rows in the mask's key visiting order.
+template <class A>
+Matrix ordered(Matrix m, const Mask<A>& mask) {
+  m.row_order = mask.key_order;
+  return m;
+}
 
 template <class A>
 A dot(const A* x, const A* y, int64_t n) {
@@ -236,23 +256,23 @@ template <class A>
 void forward_rows(const ForwardPlan<A>& p, int64_t b, int64_t i0) {
   const int64_t d = p.g.d;
   const int64_t nq = std::min(kQueryBlock, p.g.lq - i0);
-  const Matrix km = p.k.at(b), vm = p.v.at(b);
+  const Matrix km = ordered(p.k.at(b), p.mask), vm = ordered(p.v.at(b), p.mask);
   std::vector<A> queries(nq * d), keys_t(kKeyBlock * d), values(kKeyBlock * d), scores(kKeyBlock);
   std::vector<A> acc(nq * d, A(0)), row_max(nq, kNegInf<A>), row_sum(nq, A(0));
   p.q.load(queries.data(), p.q.at(b), i0, nq, d);
-  const int64_t key_end = p.mask.keys_for(i0 + nq - 1);  // the last row sees the most
+  const int64_t key_end = p.mask.visit_end(i0 + nq - 1);  // the last row sees the most
   for (int64_t j0 = 0; j0 < key_end; j0 += kKeyBlock) {
     const int64_t nk = std::min(kKeyBlock, key_end - j0);
     p.k.load_transposed(keys_t.data(), km, j0, nk, d);
     p.v.load(values.data(), vm, j0, nk, d);
     for (int64_t r = 0; r < nq; ++r) {
       const int64_t i = i0 + r;
-      const int64_t n = std::min(nk, p.mask.keys_for(i) - j0);
+      const int64_t n = std::min(nk, p.mask.visit_end(i) - j0);
       if (n <= 0) continue;
       tile_dots(queries.data() + r * d, keys_t.data(), nk, n, d, scores.data());
       A tile_max = kNegInf<A>;
       for (int64_t jj = 0; jj < n; ++jj) {
-        scores[jj] *= p.scale;
+        scores[jj] = p.mask.sees(i, p.mask.key_at(j0 + jj)) ? scores[jj] * p.scale : kNegInf<A>;
         tile_max = std::max(tile_max, scores[jj]);
       }
       const A new_max = std::max(row_max[r], tile_max);
@@ -266,7 +286,7 @@ void forward_rows(const ForwardPlan<A>& p, int64_t b, int64_t i0) {
       for (int64_t jj = 0; jj < n; ++jj) {
         const A prob = std::exp(scores[jj] - new_max);
         tile_sum += prob;  // the softmax denominator ignores dropout
-        const A weight = prob * p.mask.factor(b, i, j0 + jj);
+        const A weight = prob * p.mask.factor(b, i, p.mask.key_at(j0 + jj));
         if (weight != A(0)) axpy(acc_row, weight, values.data() + jj * d, d);
       }
       row_sum[r] = row_sum[r] * rescale + tile_sum;
@@ -359,12 +379,12 @@ template <class A>
 void grad_q_rows(const BackwardPlan<A>& p, int64_t b, int64_t i0) {
   const int64_t d = p.g.d;
   const int64_t nq = std::min(kQueryBlock, p.g.lq - i0);
-  const Matrix km = p.k.at(b), vm = p.v.at(b);
+  const Matrix km = ordered(p.k.at(b), p.mask), vm = ordered(p.v.at(b), p.mask);
   std::vector<A> queries(nq * d), grad_out(nq * d), keys(kKeyBlock * d), keys_t(kKeyBlock * d);
   std::vector<A> values_t(kKeyBlock * d), scores(kKeyBlock), dp(kKeyBlock), dq(nq * d, A(0));
   p.q.load(queries.data(), p.q.at(b), i0, nq, d);
   p.grad_out.load(grad_out.data(), p.grad_out.at(b), i0, nq, d);
-  const int64_t key_end = p.mask.keys_for(i0 + nq - 1);
+  const int64_t key_end = p.mask.visit_end(i0 + nq - 1);
   for (int64_t j0 = 0; j0 < key_end; j0 += kKeyBlock) {
     const int64_t nk = std::min(kKeyBlock, key_end - j0);
     p.k.load(keys.data(), km, j0, nk, d);
@@ -373,13 +393,15 @@ void grad_q_rows(const BackwardPlan<A>& p, int64_t b, int64_t i0) {
     for (int64_t r = 0; r < nq; ++r) {
       const int64_t i = i0 + r, row = b * p.g.lq + i;
       const A lse = p.row_lse[row], delta = p.row_delta[row];
-      const int64_t n = std::min(nk, p.mask.keys_for(i) - j0);
+      const int64_t n = std::min(nk, p.mask.visit_end(i) - j0);
       if (lse == kNegInf<A> || n <= 0) continue;  // the row saw no key anywhere: no gradient
       tile_dots(queries.data() + r * d, keys_t.data(), nk, n, d, scores.data());
       tile_dots(grad_out.data() + r * d, values_t.data(), nk, n, d, dp.data());
       for (int64_t jj = 0; jj < n; ++jj) {
+        const int64_t j = p.mask.key_at(j0 + jj);
+        if (!p.mask.sees(i, j)) continue;
         const A prob = std::exp(p.scale * scores[jj] - lse);
-        const A ds = prob * (p.mask.factor(b, i, j0 + jj) * dp[jj] - delta);
+        const A ds = prob * (p.mask.factor(b, i, j) * dp[jj] - delta);
         if (ds != A(0)) axpy(dq.data() + r * d, ds, keys.data() + jj * d, d);
       }
     }

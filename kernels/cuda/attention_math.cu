@@ -71,6 +71,7 @@ struct Call {
   bool dropout = false;
   double keep_probability = 1, keep_scale = 1;
   uint64_t seed = 0, offset = 0;
+  const int64_t* key_order = nullptr;  // device memory; nullptr: natural order
 };
 
 struct ForwardParams {
@@ -131,6 +132,18 @@ __device__ __forceinline__ int64_t keys_for(const Call& c, int64_t i) {
   const int64_t n = i + c.causal_offset + 1;
   return n < 0 ? 0 : (n > c.lk ? c.lk : n);
 }
+// A row visits keys in steps: step t is key key_at(t). In the natural order its visible keys
+// are the steps [0, keys_for(i)); with a key_order they are scattered over all steps, each
+// checked with sees(). (grad_k and grad_v sum over queries: the key order never enters.)
+__device__ __forceinline__ int64_t visit_end(const Call& c, int64_t i) {
+  return c.key_order != nullptr ? c.lk : keys_for(c, i);
+}
+__device__ __forceinline__ int64_t key_at(const Call& c, int64_t step) {
+  return c.key_order != nullptr ? c.key_order[step] : step;
+}
+__device__ __forceinline__ bool sees(const Call& c, int64_t i, int64_t j) {
+  return !c.causal || j <= i + c.causal_offset;
+}
 __device__ __forceinline__ int64_t first_query_for(const Call& c, int64_t j) {
   if (!c.causal) return 0;
   const int64_t i = j - c.causal_offset;
@@ -185,15 +198,15 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const ForwardParams p
     const int64_t q_row = row_offset(p.q, c, b, i);
     const int64_t k_base = row_offset(p.k, c, b, 0), v_base = row_offset(p.v, c, b, 0);
     const int64_t out_row = row_offset(p.out, c, b, i);
-    const int64_t keys = keys_for(c, i);
+    const int64_t keys = visit_end(c, i);
     for (int64_t pass = 0; pass < passes; ++pass) {
       const int64_t col0 = pass * kPassColumns + lane;
       A row_max = kNegInf, row_sum = 0, acc[kSlots];
 #pragma unroll
       for (int t = 0; t < kSlots; ++t) acc[t] = 0;
       for (int64_t j0 = 0; j0 < keys; j0 += kWarp) {
-        const int64_t j = j0 + lane;
-        const bool valid = j < keys;
+        const int64_t j = j0 + lane < keys ? key_at(c, j0 + lane) : 0;
+        const bool valid = j0 + lane < keys && sees(c, i, j);
         const A score =
             valid ? scale * row_dot<T, A>(p.q, q_row, p.k, k_base + j * p.k.row_stride, c.d)
                   : kNegInf;
@@ -208,8 +221,9 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const ForwardParams p
         const int n = keys - j0 < kWarp ? static_cast<int>(keys - j0) : kWarp;
         for (int jj = 0; jj < n; ++jj) {
           const A w = __shfl_sync(kFullMask, weight, jj);
-          if (w == A(0)) continue;  // dropped: uniform over the warp
-          const int64_t v_row = v_base + (j0 + jj) * p.v.row_stride;
+          const int64_t key = __shfl_sync(kFullMask, j, jj);
+          if (w == A(0)) continue;  // dropped or masked: uniform over the warp
+          const int64_t v_row = v_base + key * p.v.row_stride;
 #pragma unroll
           for (int t = 0; t < kSlots; ++t) {
             const int64_t col = col0 + t * kWarp;
@@ -296,16 +310,16 @@ __global__ void __launch_bounds__(kThreads) grad_q_kernel(const BackwardParams p
     if (lse == kNegInf) continue;  // the row saw no key anywhere: no gradient
     const int64_t q_row = row_offset(p.q, c, b, i), g_row = row_offset(p.grad_out, c, b, i);
     const int64_t k_base = row_offset(p.k, c, b, 0), v_base = row_offset(p.v, c, b, 0);
-    const int64_t keys = keys_for(c, i);
+    const int64_t keys = visit_end(c, i);
     for (int64_t pass = 0; pass < passes; ++pass) {
       const int64_t col0 = pass * kPassColumns + lane;
       A acc[kSlots];
 #pragma unroll
       for (int t = 0; t < kSlots; ++t) acc[t] = 0;
       for (int64_t j0 = 0; j0 < keys; j0 += kWarp) {
-        const int64_t j = j0 + lane;
+        const int64_t j = j0 + lane < keys ? key_at(c, j0 + lane) : 0;
         A ds = 0;
-        if (j < keys) {
+        if (j0 + lane < keys && sees(c, i, j)) {
           const A s = scale * row_dot<T, A>(p.q, q_row, p.k, k_base + j * p.k.row_stride, c.d);
           const A prob = exp_of(s - lse);
           const A f = dropout_factor<A>(c, b, i, j);
@@ -317,8 +331,9 @@ __global__ void __launch_bounds__(kThreads) grad_q_kernel(const BackwardParams p
         const int n = keys - j0 < kWarp ? static_cast<int>(keys - j0) : kWarp;
         for (int jj = 0; jj < n; ++jj) {
           const A w = __shfl_sync(kFullMask, ds, jj);
+          const int64_t key = __shfl_sync(kFullMask, j, jj);
           if (w == A(0)) continue;
-          const int64_t k_row = k_base + (j0 + jj) * p.k.row_stride;
+          const int64_t k_row = k_base + key * p.k.row_stride;
 #pragma unroll
           for (int t = 0; t < kSlots; ++t) {
             const int64_t col = col0 + t * kWarp;
@@ -423,6 +438,7 @@ Call call_of(const StridedView& q, const StridedView& k, const AttentionParams& 
   c.keep_scale = 1 / (1 - params.dropout);
   c.seed = params.seed;
   c.offset = params.offset;
+  c.key_order = params.key_order;
   return c;
 }
 

@@ -260,6 +260,9 @@ std::string common_problem(const StridedView& q, const StridedView& k, const Str
     return str_cat("dropout ", params.dropout,
                    " (cuDNN's own dropout mask cannot reproduce ours; use the flash path)");
   }
+  if (params.key_order != nullptr) {
+    return "a key_order is given (cuDNN visits keys in storage order; the math path takes one)";
+  }
   if (params.causal && params.causal_offset < 0) {
     return str_cat("causal_offset ", params.causal_offset,
                    " is negative (cuDNN's diagonal band needs a right bound >= 0)");

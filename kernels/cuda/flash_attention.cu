@@ -160,11 +160,15 @@ Operand contiguous_operand(void* data, const StridedView& q) {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+constexpr const char* kKeyOrderRefusal =
+    "a key_order is given (flash tiles read keys in storage order; the math path takes one)";
+
 }  // namespace
 
 bool flash_attention_supports(const AttentionForwardArgs& args, std::string* why_not) {
   const StridedView& q = args.q;
   if (q.ndim < 2) return refuse(why_not, str_cat("argument 'q' has ", q.ndim, " dims, needs >= 2"));
+  if (args.params.key_order != nullptr) return refuse(why_not, kKeyOrderRefusal);
   // The forward folds the scale into exp2 after taking the row max of the raw scores,
   // which needs scale > 0 (the backward takes any scale).
   if (!(args.params.scale > 0)) {
@@ -181,6 +185,7 @@ bool flash_attention_supports(const AttentionForwardArgs& args, std::string* why
 bool flash_attention_supports_backward(const AttentionBackwardArgs& args, std::string* why_not) {
   const StridedView& q = args.q;
   if (q.ndim < 2) return refuse(why_not, str_cat("argument 'q' has ", q.ndim, " dims, needs >= 2"));
+  if (args.params.key_order != nullptr) return refuse(why_not, kKeyOrderRefusal);
   const int d = static_cast<int>(std::min<int64_t>(q.shape[q.ndim - 1], 1 << 20));
   // 32 is the smallest key tile of any backward config; rows go 8 to a block elsewhere.
   const int64_t blocks = std::max(ceil_div(args.k.shape[args.k.ndim - 2], 32) * batch_count(q),
