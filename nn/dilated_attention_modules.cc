@@ -41,7 +41,8 @@ DilatedAttention::DilatedAttention(DilatedAttentionOptions options, uint64_t dro
 DilatedAttentionResult DilatedAttention::forward_with_lse(const Tensor& q, const Tensor& k,
                                                           const Tensor& v) {
   DilatedAttentionResult result =
-      dilated_attention_with_lse(q, k, v, options_, {is_training(), &dropout_generator_});
+      dilated_attention_with_lse(q, k, v, options_,
+                                 {is_training(), &dropout_generator_, patterns_.get()});
   last_path_ = result.path_used;
   return result;
 }

@@ -8,6 +8,7 @@
 #include "ringdilated/nn/dilated_attention.h"
 #include "ringdilated/nn/linear.h"
 #include "ringdilated/nn/module.h"
+#include "ringdilated/nn/pattern_cache.h"
 #include "ringdilated/tensor/generator.h"
 
 namespace rd::nn {
@@ -17,7 +18,8 @@ namespace rd::nn {
 DType recommended_dtype(Device device);
 
 // Dilated attention of [B, N, H, D] q, k, v; dropout draws from the module's generator
-// (seeded by `dropout_seed`) in training mode.
+// (seeded by `dropout_seed`) in training mode. Index patterns (cycled lists, Hilbert orders)
+// live in the module's own cache, so one module's working set cannot evict another's.
 class DilatedAttention : public Module {
  public:
   explicit DilatedAttention(DilatedAttentionOptions options, uint64_t dropout_seed = 0);
@@ -28,11 +30,14 @@ class DilatedAttention : public Module {
   const DilatedAttentionOptions& options() const { return options_; }
   // The path the last forward took.
   AttentionPath last_path() const { return last_path_; }
+  // The module's pattern cache (thread-safe; its stats show hits and misses).
+  PatternCache& pattern_cache() const { return *patterns_; }
 
  private:
   DilatedAttentionOptions options_;
   Generator dropout_generator_;
   AttentionPath last_path_ = AttentionPath::kAuto;
+  std::unique_ptr<PatternCache> patterns_ = std::make_unique<PatternCache>();
 };
 
 struct MultiheadOptions {
@@ -59,6 +64,7 @@ class MultiheadDilatedAttention : public Module {
   int64_t num_heads() const { return num_heads_; }
   const DilatedAttentionOptions& options() const { return attention_->options(); }
   AttentionPath last_path() const { return attention_->last_path(); }
+  PatternCache& pattern_cache() const { return attention_->pattern_cache(); }
 
  private:
   int64_t embed_dim_;

@@ -1,12 +1,14 @@
 // nn/ building blocks: the pattern cache (hits, eviction, bounds), the Module base (names,
 // order, modes), Linear against a float64 reference, and MultiheadDilatedAttention against
 // its own composition from the functional pieces, with gradients reaching every parameter.
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -79,6 +81,86 @@ TEST(PatternCacheTest, KeepsWithinTheByteBoundAndSkipsOversizedPatterns) {
   EXPECT_EQ(cache.stats().entries, 0);
   EXPECT_EQ(cache.stats().bytes, 0);
   EXPECT_THROW(nn::PatternCache(0, 10), Error);
+}
+
+// Many threads over overlapping keys and a bound that forces evictions: every get returns
+// the right pattern, each call counts once as a hit or a miss, and the bounds hold.
+TEST(PatternCacheTest, ConcurrentGetsStayCorrectAndCounted) {
+  constexpr int kThreads = 8, kCallsPerThread = 2000, kKeys = 32, kMaxEntries = 12;
+  nn::PatternCache cache(kMaxEntries, 1 << 20);
+  std::atomic<int> wrong{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937 rng(static_cast<unsigned>(t));
+      for (int call = 0; call < kCallsPerThread; ++call) {
+        const int key = static_cast<int>(rng() % kKeys);
+        Tensor p = cache.get("k" + std::to_string(key), [key] { return arange_tensor(key + 1); });
+        if (p.numel() != key + 1 || p.to_vector<int64_t>().back() != key) ++wrong;
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  EXPECT_EQ(wrong.load(), 0);
+  const nn::PatternCacheStats s = cache.stats();
+  EXPECT_EQ(s.hits + s.misses, kThreads * kCallsPerThread);
+  EXPECT_LE(s.entries, kMaxEntries);
+  EXPECT_GT(s.evictions, 0);
+  int64_t held_bytes = 0;  // recount what is held: every key still cached hits without compute
+  for (int key = 0; key < kKeys; ++key) {
+    bool computed = false;
+    Tensor p = cache.get("k" + std::to_string(key), [&] {
+      computed = true;
+      return arange_tensor(key + 1);
+    });
+    (void)p;
+    if (!computed) held_bytes += (key + 1) * 8;
+  }
+  EXPECT_LE(held_bytes, int64_t{kMaxEntries} * kKeys * 8);
+}
+
+// A module keeps its patterns in its own cache and leaves the global one alone.
+TEST(PatternCacheTest, ModulesUseTheirOwnCache) {
+  nn::DilatedAttentionOptions o;
+  o.segment_lengths = {4, 8};
+  o.dilation_rates = {1, 2};
+  o.variant = nn::DilationVariant::kGlobal;  // gathers cycled index lists from the cache
+  o.use_hilbert = true;
+  nn::DilatedAttention attention(o);
+  Generator gen(5);
+  Tensor q = randn({1, 12, 2, 8}, gen), k = randn({1, 12, 2, 8}, gen), v = randn({1, 12, 2, 8}, gen);
+  const nn::PatternCacheStats global_before = nn::global_pattern_cache().stats();
+  attention.forward(q, k, v);
+  attention.forward(q, k, v);
+  const nn::PatternCacheStats global_after = nn::global_pattern_cache().stats();
+  EXPECT_EQ(global_after.hits, global_before.hits);
+  EXPECT_EQ(global_after.misses, global_before.misses);
+  const nn::PatternCacheStats own = attention.pattern_cache().stats();
+  // Per call, each of the two head groups asks for its cycled list and the Hilbert order of
+  // 12 keys: the first call computes the two lists and the order once (3 misses, the second
+  // group's order hits), the second call hits all four.
+  EXPECT_EQ(own.misses, 3);
+  EXPECT_EQ(own.hits, 1 + 4);
+}
+
+// Several threads running one module's attention at once get the serial result.
+TEST(PatternCacheTest, ConcurrentAttentionCallsMatchTheSerialResult) {
+  nn::DilatedAttentionOptions o;
+  o.segment_lengths = {4, 8, 16};
+  o.dilation_rates = {1, 2, 4};
+  o.use_hilbert = true;
+  nn::DilatedAttention attention(o);
+  Generator gen(6);
+  Tensor q = randn({2, 20, 3, 8}, gen), k = randn({2, 20, 3, 8}, gen), v = randn({2, 20, 3, 8}, gen);
+  const std::vector<float> serial = attention.forward(q, k, v).to_vector<float>();
+  attention.pattern_cache().clear();
+  std::vector<std::vector<float>> results(6);
+  std::vector<std::thread> threads;
+  for (size_t t = 0; t < results.size(); ++t) {
+    threads.emplace_back([&, t] { results[t] = attention.forward(q, k, v).to_vector<float>(); });
+  }
+  for (std::thread& thread : threads) thread.join();
+  for (const std::vector<float>& r : results) EXPECT_EQ(r, serial);
 }
 
 class TwoLayers : public nn::Module {
