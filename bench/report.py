@@ -8,6 +8,14 @@ elementwise, reduce, rowwise, fused, optim): time per call, throughput (GB/s, or
 GEMM), the same run's ceiling, the ratio of the two, the issue's target and PASS/FAIL.
 
 Counters it reads (set by cuda_ops_bench): bytes_per_second, flops, ceiling, ratio, target.
+
+Rows of bench/cuda_dilated_attention_bench (groups dilated/fixed, dilated/original,
+dense_ceiling, hilbert, mhda, target) get attention tables instead: time per call, tokens/s,
+TFLOP/s, allocator peak, peak minus the bytes held before the call, the issue's memory bound
+and peak / bound, from the counters tokens_per_s, tflops, peak_bytes, held_bytes,
+peak_delta_bytes, bound_bytes, mem_ratio; target rows add ratio, target and target_max
+(1: the ratio must be at most the target, else at least). Before them come two summaries:
+original against fixed against the dense-SDPA ceiling (kAuto), and tokens/s per path.
 With --benchmark_repetitions=N each figure is the median over the repetitions (computed from
 the per-repetition rows, or taken from the "median" aggregate when only aggregates were
 written) and the spread column gives (max - min) / median of the time, or the coefficient of
@@ -36,7 +44,16 @@ _GROUP_TITLES = {
     "rowwise": "softmax and layer_norm, forward and backward",
     "fused": "Other fused ops (informational)",
     "optim": "Optimizer (informational)",
+    "target": "Issue targets",
+    "dilated/fixed": "Dilated attention, fixed variant (segment-local)",
+    "dilated/original": "Dilated attention, original variant (global dilation, O(N^2))",
+    "dense_ceiling": "Dense-SDPA ceiling: the same work as a packed batch through cuDNN",
+    "hilbert": "use_hilbert on and off",
+    "mhda": "MultiheadDilatedAttention (informational)",
 }
+# Groups whose rows carry attention counters (tokens_per_s, memory) rather than bandwidth.
+_ATTENTION_GROUPS = ("target", "dilated/fixed", "dilated/original", "dense_ceiling", "hilbert",
+                     "mhda")
 _GROUP_ORDER = list(_GROUP_TITLES)
 
 # Issue 3's targets, used only for rows written without a "target" counter (older output).
@@ -46,7 +63,9 @@ _FALLBACK_TARGETS = [
     (re.compile(r"^rowwise/(softmax|layer_norm)_(fwd|bwd)/"), 0.70),
 ]
 
-_NUMERIC = ("real_time", "bytes_per_second", "flops", "ceiling", "ratio", "target")
+_NUMERIC = ("real_time", "bytes_per_second", "flops", "ceiling", "ratio", "target", "target_max",
+            "tokens_per_s", "tflops", "peak_bytes", "held_bytes", "peak_delta_bytes",
+            "bound_bytes", "mem_ratio")
 
 _TIME_UNIT_SECONDS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
 
@@ -61,7 +80,10 @@ def base_name(entry):
 
 
 def group_of(name):
-    return name.split("/", 1)[0]
+    parts = name.split("/")
+    if parts[0] == "dilated" and len(parts) > 1:
+        return "/".join(parts[:2])
+    return parts[0]
 
 
 class Row:
@@ -106,7 +128,21 @@ class Row:
             return "SKIPPED"
         if target is None or ratio is None:
             return "-"
+        if self.at_most():
+            return "PASS" if ratio <= target else "FAIL"
         return "PASS" if ratio >= target else "FAIL"
+
+    def is_targeted(self):
+        """Has a target; a skipped row of the "target" group counts too (as a miss)."""
+        return self.target() is not None or (bool(self.error) and
+                                              group_of(self.name) == "target")
+
+    def at_most(self):
+        """Whether the ratio must stay at or below the target (memory, time ratios)."""
+        return bool(self.values.get("target_max"))
+
+    def is_attention(self):
+        return group_of(self.name) in _ATTENTION_GROUPS
 
 
 def collect_rows(benchmarks):
@@ -202,12 +238,139 @@ def print_context(context, path, out):
         ("driver", context.get("cuda_driver")),
         ("CUDA runtime", context.get("cuda_runtime")),
         ("cuBLASLt", context.get("cublaslt_version")),
+        ("cuDNN", context.get("cudnn_version")),
+        ("command", context.get("command")),
         ("Google Benchmark library build", context.get("library_build_type")),
     ]
     out.write(", ".join(f"{k}: {escape(v)}" for k, v in facts if v not in (None, "")) + "\n\n")
 
 
+def format_bytes(value):
+    return "-" if value is None else f"{value / 2**30:.2f} GiB"
+
+
+def format_tokens(value):
+    if value is None:
+        return "-"
+    if value >= 1e9:
+        return f"{value / 1e9:.2f} G/s"
+    if value >= 1e6:
+        return f"{value / 1e6:.2f} M/s"
+    return f"{value / 1e3:.1f} k/s"
+
+
+def format_target(row):
+    target = row.target()
+    if target is None:
+        return "-"
+    return f"{'≤' if row.at_most() else '≥'} {target:.2f}"
+
+
+def print_attention_group(group, rows, out):
+    """One table of dilated-attention rows: speed, memory and, on target rows, the verdict."""
+    out.write(f"### {escape(_GROUP_TITLES.get(group, group))}\n\n")
+    out.write("| benchmark | path / note | time | tokens/s | TFLOP/s | peak | peak − held | "
+              "bound | peak / bound | ratio | target | result |\n")
+    out.write("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n")
+    for row in rows:
+        if row.error:
+            out.write(f"| {escape(row.name)} | {escape(row.label)} | - | - | - | - | - | - | - | "
+                      f"- | {format_target(row)} | SKIPPED: {escape(row.error)} |\n")
+            continue
+        v = row.values
+        tflops = v.get("tflops")
+        out.write(
+            f"| {escape(row.name)} | {escape(row.label)} | {format_time(row.seconds())} | "
+            f"{format_tokens(v.get('tokens_per_s'))} | "
+            f"{'-' if tflops is None else f'{tflops:.1f}'} | "
+            f"{format_bytes(v.get('peak_bytes'))} | {format_bytes(v.get('peak_delta_bytes'))} | "
+            f"{format_bytes(v.get('bound_bytes'))} | {format_ratio(v.get('mem_ratio'))} | "
+            f"{format_ratio(v.get('ratio'))} | {format_target(row)} | {row.verdict()} |\n")
+    out.write("\n")
+
+
+def dilated_key(name):
+    """(direction, heads, N, mask, path, variant) of a dilated/ or dense_ceiling/ row, or None.
+
+    dilated/<variant>/<dir>/<HxDy>/N<n>/<mask>/<path>; dense_ceiling/<dir>/<HxDy>/N<n>/<mask>/
+    <path> (variant "ceiling")."""
+    parts = name.split("/")
+    if parts[0] == "dilated" and len(parts) == 7:
+        variant, direction, heads, n, mask, path = parts[1:]
+    elif parts[0] == "dense_ceiling" and len(parts) == 6:
+        variant = "ceiling"
+        direction, heads, n, mask, path = parts[1:]
+    else:
+        return None
+    if not n.startswith("N") or not n[1:].isdigit():
+        return None
+    return direction, heads, int(n[1:]), mask, path, variant
+
+
+def format_cell(row):
+    if row is None:
+        return "-"
+    if row.error:
+        return "time cap" if row.error.startswith("time cap") else (
+            "OOM" if row.error.startswith("out of memory") else "skipped")
+    return format_tokens(row.values.get("tokens_per_s"))
+
+
+def speedup(a, b):
+    """a's tokens/s over b's, when both ran."""
+    if a is None or b is None or a.error or b.error:
+        return "-"
+    ta, tb = a.values.get("tokens_per_s"), b.values.get("tokens_per_s")
+    return "-" if not ta or not tb else f"{ta / tb:.2f}x"
+
+
+def print_dilated_summaries(rows, out):
+    """Pivot tables over the dilated and ceiling rows: variants (kAuto) and paths."""
+    keyed = {}
+    for row in rows:
+        key = dilated_key(row.name)
+        if key is not None:
+            keyed[key] = row
+    if not keyed:
+        return
+    shapes = sorted({k[:4] for k in keyed}, key=lambda k: (k[0], k[1], k[3], k[2]))
+    out.write("### Summary: original vs fixed vs the dense-SDPA ceiling (kAuto, tokens/s)\n\n")
+    out.write("| direction | heads | N | mask | fixed | original | fixed / original | ceiling | "
+              "fixed / ceiling | fixed peak | original peak |\n")
+    out.write("| --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+    for shape in shapes:
+        fixed = keyed.get(shape + ("auto", "fixed"))
+        original = keyed.get(shape + ("auto", "original"))
+        ceiling = keyed.get(shape + ("cudnn", "ceiling"))
+        if fixed is None and original is None:
+            continue
+        peak = lambda r: "-" if r is None or r.error else format_bytes(r.values.get("peak_bytes"))
+        direction, heads, n, mask = shape
+        out.write(f"| {direction} | {heads} | {n} | {mask} | {format_cell(fixed)} | "
+                  f"{format_cell(original)} | {speedup(fixed, original)} | "
+                  f"{format_cell(ceiling)} | {speedup(fixed, ceiling)} | {peak(fixed)} | "
+                  f"{peak(original)} |\n")
+    out.write("\n")
+    paths = ("auto", "cudnn", "flash", "math")
+    for variant in ("fixed", "original"):
+        present = [s for s in shapes if any(s + (p, variant) in keyed for p in paths)]
+        if not present:
+            continue
+        out.write(f"### Summary: {variant} variant per path (tokens/s; path taken in the "
+                  "detailed table)\n\n")
+        out.write("| direction | heads | N | mask | " + " | ".join(paths) + " |\n")
+        out.write("| --- | --- | ---: | --- |" + " ---: |" * len(paths) + "\n")
+        for shape in present:
+            cells = " | ".join(format_cell(keyed.get(shape + (p, variant))) for p in paths)
+            direction, heads, n, mask = shape
+            out.write(f"| {direction} | {heads} | {n} | {mask} | {cells} |\n")
+        out.write("\n")
+
+
 def print_group(group, rows, out):
+    if group in _ATTENTION_GROUPS:
+        print_attention_group(group, rows, out)
+        return
     title = _GROUP_TITLES.get(group, group)
     targets = sorted({t for t in (r.target() for r in rows) if t is not None})
     if targets:
@@ -242,13 +405,13 @@ def report(path, data, out):
         groups.setdefault(group_of(row.name), []).append(row)
     ordered = [g for g in _GROUP_ORDER if g in groups]
     ordered += [g for g in groups if g not in _GROUP_ORDER]
-    targeted = [r for r in rows if r.target() is not None]
+    targeted = [r for r in rows if r.is_targeted()]
     passed = [r for r in targeted if r.verdict() == "PASS"]
     misses = [r for r in targeted if r.verdict() != "PASS"]
     out.write(f"Targets met: {len(passed)} of {len(targeted)} rows")
     per_group = []
     for group in ordered:
-        group_targeted = [r for r in groups[group] if r.target() is not None]
+        group_targeted = [r for r in groups[group] if r.is_targeted()]
         if group_targeted:
             ok = sum(r.verdict() == "PASS" for r in group_targeted)
             per_group.append(f"{group} {ok}/{len(group_targeted)}")
@@ -258,9 +421,16 @@ def report(path, data, out):
     repetitions = max((r.repetitions for r in rows), default=0)
     if repetitions > 1:
         out.write(f" Figures are medians of {repetitions} repetitions.")
-    out.write(" Ratios compare with ceilings measured in the same run: the device-to-device "
-              "copy bandwidth (bytes read + written), or for GEMM a bare cublasLtMatmul of the "
-              "same shape with the heuristic's first algorithm and a 32 MiB workspace.\n\n")
+    if any(not r.is_attention() for r in rows):
+        out.write(" Ratios compare with ceilings measured in the same run: the device-to-device "
+                  "copy bandwidth (bytes read + written), or for GEMM a bare cublasLtMatmul of "
+                  "the same shape with the heuristic's first algorithm and a 32 MiB workspace.")
+    if any(r.is_attention() for r in rows):
+        out.write(" Attention rows: B = 1, bf16; time per call from CUDA events; peak is the "
+                  "caching allocator's high-water mark during one call (held inputs included); "
+                  "bound = inputs + outputs (+ their gradients for fwdbwd) + LSE.")
+    out.write("\n\n")
+    print_dilated_summaries(rows, out)
     for group in ordered:
         print_group(group, groups[group], out)
     return len(targeted), len(misses)

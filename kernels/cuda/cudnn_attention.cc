@@ -423,6 +423,16 @@ StridedView contiguous_like(const StridedView& shape_like, DType dtype, void* da
   return r;
 }
 
+// Whether v's strides are those of a packed row-major tensor (size-1 dims aside).
+bool is_packed(const StridedView& v) {
+  int64_t expected = 1;
+  for (int d = v.ndim - 1; d >= 0; --d) {
+    if (v.shape[d] != 1 && v.strides[d] != expected) return false;
+    expected *= v.shape[d];
+  }
+  return true;
+}
+
 size_t view_bytes(const StridedView& v, DType dtype) {
   return static_cast<size_t>(v.numel()) * dtype_size(dtype);
 }
@@ -743,11 +753,13 @@ GraphSpec base_spec(Direction direction, const StridedView& k, DType dtype,
 // `dtype` (an input is copied in before the graph runs; an output back after).
 class Staged {
  public:
+  // `packed`: stage unless the view is already a packed row-major tensor (cuDNN before 9.26
+  // takes the backward's softmax stats only packed, and a dilated selection of the LSE is not).
   Staged(const StridedView& view, DType dtype, bool has_head_dim, const BatchFold& fold,
-         bool copy_in, Allocator& scratch, cudaStream_t stream)
+         bool copy_in, Allocator& scratch, cudaStream_t stream, bool packed = false)
       : user_(view), view_(view) {
     if (view.dtype == dtype && fold_fits(view, fold) &&
-        layout_problem("", view, has_head_dim).empty()) {
+        layout_problem("", view, has_head_dim).empty() && (!packed || is_packed(view))) {
       return;
     }
     buffer_.emplace(scratch, view_bytes(view, dtype));
@@ -839,7 +851,8 @@ void cudnn_attention_backward(const AttentionBackwardArgs& args, Allocator& scra
   const BatchFold fold = *find_fold({&args.q, &args.k, &args.v});
   const Staged out(args.out, dtype, true, fold, true, scratch, stream);
   const Staged grad_out(args.grad_out, dtype, true, fold, true, scratch, stream);
-  const Staged lse(args.lse, DType::kFloat32, false, fold, true, scratch, stream);
+  const Staged lse(args.lse, DType::kFloat32, false, fold, true, scratch, stream,
+                   /*packed=*/true);
   // cuDNN overwrites its gradients; ours accumulate, so they land in scratch first.
   ScratchBuffer grad_q_buffer(scratch, view_bytes(args.q, dtype));
   ScratchBuffer grad_k_buffer(scratch, view_bytes(args.k, dtype));
