@@ -15,6 +15,18 @@ namespace {
 
 thread_local bool grad_mode_enabled = true;
 
+// Whether `grad` (the incoming gradient `incoming`, or its dtype conversion) is held by no
+// one but the engine's input slot and this call, and is a whole, packed storage of its own:
+// then making it a leaf's .grad aliases nothing and pins no larger buffer.
+bool exclusively_owned(const Tensor& grad, const Tensor& incoming) {
+  const long holders = grad.impl() == incoming.impl() ? 2 : 1;  // the slot, and `grad`
+  const TensorImpl& impl = *grad.impl();
+  return grad.impl_ptr().use_count() == holders && impl.storage.use_count() == 1 &&
+         impl.offset == 0 && grad.is_contiguous() &&
+         impl.storage->nbytes() ==
+             static_cast<size_t>(grad.numel()) * dtype_size(grad.dtype());
+}
+
 // The sink of a leaf that requires grad: adds incoming gradients into leaf.grad.
 class AccumulateGrad : public Node {
  public:
@@ -28,9 +40,10 @@ class AccumulateGrad : public Node {
     RD_CHECK(grad.shape() == leaf->shape, kInternal, "backward: gradient of shape ",
              shape_str(grad.shape()), " reached a leaf of shape ", shape_str(leaf->shape));
     if (leaf->grad == nullptr) {
-      // A private copy: the incoming tensor may be shared with other leaves' gradients,
-      // and users modify .grad in place (clipping, zeroing).
-      leaf->grad = grad.clone().impl_ptr();
+      // .grad must be private: users modify it in place (clipping, zeroing), and the
+      // incoming tensor may also be another leaf's gradient or a user's seed. A gradient
+      // nobody else holds is adopted as it is, which saves a gradient-sized copy at the peak.
+      leaf->grad = exclusively_owned(grad, grads[0]) ? grad.impl_ptr() : grad.clone().impl_ptr();
     } else {
       leaf->grad = add(Tensor(leaf->grad), grad).impl_ptr();
     }

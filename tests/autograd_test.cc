@@ -47,6 +47,26 @@ TEST(Autograd, GradientsAccumulateIntoLeavesAcrossBackwardCalls) {
   EXPECT_EQ(grad_of(x), (std::vector<double>{4.0, 0.0, 7.0}));
 }
 
+// A leaf's .grad is its own: the engine adopts a gradient only when nothing else holds it.
+// Here the add's backward hands the user's seed to both leaves: each must get a copy, so
+// in-place edits of one .grad reach neither the other nor the seed.
+TEST(Autograd, LeafGradientsNeverAliasEachOtherOrTheSeed) {
+  Tensor a = leaf({1.0, 2.0}, {2}), b = leaf({3.0, 4.0}, {2});
+  Tensor seed = from_vector<double>({0.5, -1.0}, {2});
+  add(a, b).backward(seed);
+  a.grad().mul_(10.0);
+  EXPECT_EQ(grad_of(a), (std::vector<double>{5.0, -10.0}));
+  EXPECT_EQ(grad_of(b), (std::vector<double>{0.5, -1.0}));
+  EXPECT_EQ(seed.to_vector<double>(), (std::vector<double>{0.5, -1.0}));
+  // A gradient made inside the backward (mul's) is adopted; accumulation still adds.
+  Tensor x = leaf({1.0, -2.0}, {2});
+  sum(mul(x, 3.0)).backward();
+  x.grad().mul_(2.0);
+  EXPECT_EQ(grad_of(x), (std::vector<double>{6.0, 6.0}));
+  sum(mul(x, 3.0)).backward();
+  EXPECT_EQ(grad_of(x), (std::vector<double>{9.0, 9.0}));
+}
+
 TEST(Autograd, LongChainRunsIterativelyAndTearsDownWithoutRecursion) {
   constexpr int kSteps = 30000;
   const double c = 1.00002;
