@@ -74,6 +74,11 @@ struct AttentionBackwardArgs {
   StridedView grad_lse;  // like lse, or data == nullptr when the lse was not used
   StridedView grad_q, grad_k, grad_v;  // like q, k, v (q's dtype or float32)
   AttentionParams params;
+  // A promise by the caller: grad_q, grad_k and grad_v hold zeros, and no other call writes
+  // them before this one ends. A kernel may then store its gradients instead of adding them
+  // (cuDNN writes straight into them rather than into scratch plus an add); kernels that
+  // accumulate anyway give the same result.
+  bool grads_start_at_zero = false;
 };
 
 }  // namespace rd::kernels

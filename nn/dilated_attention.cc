@@ -370,29 +370,59 @@ std::pair<Tensor, Tensor> fixed_forward(const Inputs& in, Plan& plan, Generator*
   return {out, lse};
 }
 
-// Gradients of the fixed variant: each call's share, accumulated. `out` and `lse` are the
-// final (merged) results, which is what makes each share exact under all-heads mixing.
-std::vector<Tensor> fixed_backward(const Inputs& in, const Plan& plan, const Tensor& out,
-                                   const Tensor& lse, const Tensor& grad_out,
-                                   const Tensor& grad_lse) {
-  const Tensor& q = in.q;
-  kernels::KernelBackend& backend = backend_for(q.device());
-  // Head groups write disjoint elements: q's dtype is exact. Overlapping shares (all heads)
-  // add up in float32.
-  const DType grad_dtype = plan.merged ? accumulation_dtype(q.dtype()) : q.dtype();
-  const TensorOptions opts = TensorOptions(grad_dtype).with_device(q.device());
-  Tensor grad_q = zeros(q.shape(), opts), grad_k = zeros(q.shape(), opts),
-         grad_v = zeros(q.shape(), opts);
+// ---------------------------------------------------------------------------------------
+// Gradients.
+
+// Where the backward adds the gradients of q, k and v: zero-filled buffers of the gradient
+// dtype, either three [B, N, H, D] tensors or the q/k/v selections of one [B, N, 3, H, D]
+// tensor when the inputs came packed (then no gradient-sized copy is ever made to pack them).
+struct GradBuffers {
+  Tensor packed;            // [B, N, 3, H, D], or undefined
+  std::vector<Tensor> qkv;  // [B, N, H, D] each
+};
+
+GradBuffers zero_grads(const Shape& bnhd, DType dtype, Device device, bool packed) {
+  const TensorOptions opts = TensorOptions(dtype).with_device(device);
+  GradBuffers g;
+  if (packed) {
+    g.packed = zeros({bnhd[0], bnhd[1], 3, bnhd[2], bnhd[3]}, opts);
+    for (int64_t i = 0; i < 3; ++i) g.qkv.push_back(g.packed.select(2, i));
+  } else {
+    for (int i = 0; i < 3; ++i) g.qkv.push_back(zeros(bnhd, opts));
+  }
+  return g;
+}
+
+// The gradients of the autograd inputs (q, k, v; or the packed qkv) in their dtype.
+std::vector<Tensor> input_grads(const GradBuffers& g, DType dtype) {
+  if (g.packed.defined()) return {g.packed.to(dtype)};
+  return {g.qkv[0].to(dtype), g.qkv[1].to(dtype), g.qkv[2].to(dtype)};
+}
+
+// The tensors the autograd node differentiates: q, k and v, or the packed qkv they are
+// selections of.
+struct Differentiated {
+  std::vector<Tensor> inputs;
+  bool packed = false;
+};
+
+// Gradients of the fixed variant: each call's share, added into `grads` (zeros). `out` and
+// `lse` are the final (merged) results, which is what makes each share exact under
+// all-heads mixing.
+void fixed_backward(const Inputs& in, const Plan& plan, const Tensor& out, const Tensor& lse,
+                    const Tensor& grad_out, const Tensor& grad_lse, const GradBuffers& grads) {
+  kernels::KernelBackend& backend = backend_for(in.q.device());
   for (const PlannedCall& call : plan.calls) {
     const Selection& s = call.sel;
     const AttentionForwardArgs fwd = forward_args(in, call, out, lse);
-    const AttentionBackwardArgs b = backward_args(
+    AttentionBackwardArgs b = backward_args(
         fwd, select_bnhd(grad_out, s), grad_lse.defined() ? select_bhn(grad_lse, s) : Tensor(),
-        {select_bnhd(grad_q, s), select_bnhd(grad_k, s), select_bnhd(grad_v, s)});
+        {select_bnhd(grads.qkv[0], s), select_bnhd(grads.qkv[1], s),
+         select_bnhd(grads.qkv[2], s)});
+    b.grads_start_at_zero = !plan.merged;  // head groups: disjoint selections of zeros
     run_with_fallback(backend, in.kernels, fwd, &b, in.forced,
                       [&](AttentionKernel k) { backend.attention_backward(k, b); });
   }
-  return {grad_q.to(q.dtype()), grad_k.to(q.dtype()), grad_v.to(q.dtype())};
 }
 
 // ---------------------------------------------------------------------------------------
@@ -487,10 +517,12 @@ void validate_options(const DilatedAttentionOptions& o, int64_t num_heads) {
            pairs, " pairs");
 }
 
-DilatedAttentionResult dilated_attention_with_lse(const Tensor& q, const Tensor& k,
-                                                  const Tensor& v,
-                                                  const DilatedAttentionOptions& options,
-                                                  const AttentionCallContext& context) {
+namespace {
+
+// The forward of both public forms, and its one autograd node over `diff`'s inputs.
+DilatedAttentionResult attend(const Tensor& q, const Tensor& k, const Tensor& v,
+                              const Differentiated& diff, const DilatedAttentionOptions& options,
+                              const AttentionCallContext& context) {
   for (const auto& [t, name] : {std::pair{&q, "q"}, std::pair{&k, "k"}, std::pair{&v, "v"}}) {
     RD_CHECK(t->defined(), kInvalidArgument, kOp, ": argument '", name, "' is undefined");
     RD_CHECK(t->dim() == 4, kShapeMismatch, kOp, ": argument '", name,
@@ -528,18 +560,22 @@ DilatedAttentionResult dilated_attention_with_lse(const Tensor& q, const Tensor&
     auto [out, lse] = fixed_forward(in, *plan, context.generator, &result.path_used);
     result.out = out;
     result.lse = lse.to(DType::kFloat32);  // the internal lse keeps float64 for float64 data
-    if (autograd::needs_grad({&q, &k, &v})) {
-      autograd::record({result.out, result.lse}, kOp, {q, k, v},
-                       [in, plan, out = out.detach(), lse = lse.detach()](
-                           const std::vector<Tensor>& grads) {
-                         Tensor grad_out = grads[0].defined()
-                                               ? grads[0].to(out.dtype()).contiguous()
-                                               : zeros_like(out);
-                         Tensor grad_lse = grads[1].defined()
-                                               ? grads[1].to(lse.dtype()).contiguous()
-                                               : Tensor();
-                         return fixed_backward(in, *plan, out, lse, grad_out, grad_lse);
-                       });
+    if (autograd::needs_grad(diff.inputs)) {
+      autograd::record(
+          {result.out, result.lse}, kOp, diff.inputs,
+          [in, plan, packed = diff.packed, out = out.detach(), lse = lse.detach()](
+              const std::vector<Tensor>& grads) {
+            const Tensor grad_out =
+                grads[0].defined() ? grads[0].to(out.dtype()).contiguous() : zeros_like(out);
+            const Tensor grad_lse =
+                grads[1].defined() ? grads[1].to(lse.dtype()).contiguous() : Tensor();
+            // Head groups write disjoint elements: q's dtype is exact. Overlapping shares
+            // (all heads) add up in the accumulation dtype.
+            const DType dtype = plan->merged ? accumulation_dtype(out.dtype()) : out.dtype();
+            const GradBuffers buffers = zero_grads(out.shape(), dtype, out.device(), packed);
+            fixed_backward(in, *plan, out, lse, grad_out, grad_lse, buffers);
+            return input_grads(buffers, out.dtype());
+          });
     }
     return result;
   }
@@ -571,10 +607,10 @@ DilatedAttentionResult dilated_attention_with_lse(const Tensor& q, const Tensor&
   result.out = out;
   result.lse = lse.to(DType::kFloat32);
   result.path_used = path_of(slowest);
-  if (autograd::needs_grad({&q, &k, &v})) {
+  if (autograd::needs_grad(diff.inputs)) {
     autograd::record(
-        {result.out, result.lse}, kOp, {q, k, v},
-        [in, groups, offsets, out = out.detach(), lse = lse.detach()](
+        {result.out, result.lse}, kOp, diff.inputs,
+        [in, groups, offsets, packed = diff.packed, out = out.detach(), lse = lse.detach()](
             const std::vector<Tensor>& grads) {
           const Tensor grad_out =
               grads[0].defined() ? grads[0].to(out.dtype()).contiguous() : zeros_like(out);
@@ -583,8 +619,7 @@ DilatedAttentionResult dilated_attention_with_lse(const Tensor& q, const Tensor&
           kernels::KernelBackend& be = backend_for(out.device());
           const DType acc = accumulation_dtype(out.dtype());
           const TensorOptions opts = TensorOptions(acc).with_device(out.device());
-          std::vector<Tensor> result_grads{zeros(out.shape(), opts), zeros(out.shape(), opts),
-                                           zeros(out.shape(), opts)};
+          const GradBuffers result_grads = zero_grads(out.shape(), acc, out.device(), packed);
           for (size_t gi = 0; gi < groups.size(); ++gi) {
             const GlobalGroup& g = groups[gi];
             std::vector<Tensor> keep;
@@ -594,29 +629,50 @@ DilatedAttentionResult dilated_attention_with_lse(const Tensor& q, const Tensor&
             std::vector<Tensor> gathered_grads{zeros(gathered_shape, opts),
                                                zeros(gathered_shape, opts),
                                                zeros(gathered_shape, opts)};
-            const AttentionBackwardArgs b = backward_args(
+            AttentionBackwardArgs b = backward_args(
                 fwd, grad_out.narrow(2, g.heads.h0, g.heads.hc).permute({0, 2, 1, 3}),
                 grad_lse.defined() ? grad_lse.narrow(1, g.heads.h0, g.heads.hc) : Tensor(),
                 {gathered_grads[0], gathered_grads[1], gathered_grads[2]});
+            b.grads_start_at_zero = true;  // fresh zeros, one call per group
             run_with_fallback(be, in.kernels, fwd, &b, in.forced,
                               [&](AttentionKernel kk) { be.attention_backward(kk, b); });
             // Row m of a gathered copy came from position P[m]: add it back there.
             for (int t = 0; t < 3; ++t) {
-              be.index_add(view_of(result_grads[t].narrow(2, g.heads.h0, g.heads.hc)), 1,
+              be.index_add(view_of(result_grads.qkv[t].narrow(2, g.heads.h0, g.heads.hc)), 1,
                            view_of(g.indices), view_of(gathered_grads[t].permute({0, 2, 1, 3})));
             }
           }
-          for (Tensor& g : result_grads) g = g.to(out.dtype());
-          return result_grads;
+          return input_grads(result_grads, out.dtype());
         });
   }
   return result;
+}
+
+}  // namespace
+
+DilatedAttentionResult dilated_attention_with_lse(const Tensor& q, const Tensor& k,
+                                                  const Tensor& v,
+                                                  const DilatedAttentionOptions& options,
+                                                  const AttentionCallContext& context) {
+  return attend(q, k, v, {{q, k, v}, false}, options, context);
 }
 
 Tensor dilated_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                          const DilatedAttentionOptions& options,
                          const AttentionCallContext& context) {
   return dilated_attention_with_lse(q, k, v, options, context).out;
+}
+
+DilatedAttentionResult dilated_attention_qkv_with_lse(const Tensor& qkv,
+                                                      const DilatedAttentionOptions& options,
+                                                      const AttentionCallContext& context) {
+  RD_CHECK(qkv.defined(), kInvalidArgument, kOp, ": argument 'qkv' is undefined");
+  RD_CHECK(qkv.dim() == 5 && qkv.size(2) == 3, kShapeMismatch, kOp,
+           ": argument 'qkv' must be [B, N, 3, H, D], got shape ", shape_str(qkv.shape()));
+  // The selections are computed on a detached base: the node differentiates qkv itself.
+  const Tensor base = qkv.detach();
+  return attend(base.select(2, 0), base.select(2, 1), base.select(2, 2), {{qkv}, true}, options,
+                context);
 }
 
 }  // namespace rd::nn

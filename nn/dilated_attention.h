@@ -77,6 +77,14 @@ Tensor dilated_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                          const DilatedAttentionOptions& options,
                          const AttentionCallContext& context = {});
 
+// The same attention on q, k and v packed as one [B, N, 3, H, D] tensor (q, k, v at index
+// 0, 1, 2 of dim 2, e.g. a QKV projection's output viewed so): differentiable in `qkv`, whose
+// gradient is built in one packed buffer, where three separate q/k/v selections of it would
+// each materialize a gradient of the whole packed tensor.
+DilatedAttentionResult dilated_attention_qkv_with_lse(const Tensor& qkv,
+                                                      const DilatedAttentionOptions& options,
+                                                      const AttentionCallContext& context = {});
+
 // Throws rd::Error (kInvalidArgument) naming the offending option and values unless the
 // options are valid for `num_heads` heads: equal, non-empty pair lists, w_i >= 1, r_i >= 1,
 // w_i % r_i == 0, dropout in [0, 1), a finite positive scale, H >= G for head groups, and

@@ -47,6 +47,13 @@ DilatedAttentionResult DilatedAttention::forward_with_lse(const Tensor& q, const
   return result;
 }
 
+Tensor DilatedAttention::forward_packed(const Tensor& qkv) {
+  DilatedAttentionResult result = dilated_attention_qkv_with_lse(
+      qkv, options_, {is_training(), &dropout_generator_, patterns_.get()});
+  last_path_ = result.path_used;
+  return result.out;
+}
+
 MultiheadDilatedAttention::MultiheadDilatedAttention(int64_t embed_dim, int64_t num_heads,
                                                      DilatedAttentionOptions options, bool bias)
     : MultiheadDilatedAttention(embed_dim, num_heads, std::move(options),
@@ -74,10 +81,10 @@ Tensor MultiheadDilatedAttention::forward(const Tensor& x) {
            x.defined() ? shape_str(x.shape()) : std::string("(undefined)"));
   const int64_t batch = x.size(0), seq_len = x.size(1);
   const int64_t head_dim = embed_dim_ / num_heads_;
-  // [B, N, 3E] viewed as [B, N, 3, H, D]: q, k and v are strided views, never copied.
+  // [B, N, 3E] viewed as [B, N, 3, H, D]: q, k and v are strided views, never copied, and
+  // their gradient is written into one packed buffer.
   const Tensor qkv = qkv_->forward(x).view({batch, seq_len, 3, num_heads_, head_dim});
-  const Tensor attended =
-      attention_->forward(qkv.select(2, 0), qkv.select(2, 1), qkv.select(2, 2));
+  const Tensor attended = attention_->forward_packed(qkv);
   return out_->forward(attended.reshape({batch, seq_len, embed_dim_}));
 }
 

@@ -27,6 +27,9 @@ class DilatedAttention : public Module {
   Tensor forward(const Tensor& q, const Tensor& k, const Tensor& v) {
     return forward_with_lse(q, k, v).out;
   }
+  // The output for q, k, v packed as one [B, N, 3, H, D] tensor (see
+  // dilated_attention_qkv_with_lse).
+  Tensor forward_packed(const Tensor& qkv);
   const DilatedAttentionOptions& options() const { return options_; }
   // The path the last forward took.
   AttentionPath last_path() const { return last_path_; }

@@ -472,6 +472,9 @@ struct Case {
   double scale = 0;                        // 0: 1 / sqrt(D)
   DType grad_dtype = DType::kFloat32;      // kFloat32 or the case's dtype
   bool float32_out_in_backward = false;    // hand the backward a float32 copy of out
+  // Gradients start at zero and the backward is told so (grads_start_at_zero): cuDNN may
+  // write them in place. Then the backward runs once, since a second run would overwrite.
+  bool grads_start_at_zero = false;
 };
 
 // Runs one case: forward (checked), backward twice (checked after each: gradients add up).
@@ -519,9 +522,13 @@ void run_case(const Case& c, cudaStream_t stream, uint32_t seed) {
   Buffer grad_out(c.dtype, q_size);
   grad_out.fill_random(rng, -1, 1);
   Buffer grad_q(c.grad_dtype, q_size), grad_k(c.grad_dtype, kv_size), grad_v(c.grad_dtype, kv_size);
-  grad_q.fill_random(rng, -1, 1);
-  grad_k.fill_random(rng, -1, 1);
-  grad_v.fill_random(rng, -1, 1);
+  for (Buffer* grad : {&grad_q, &grad_k, &grad_v}) {
+    if (c.grads_start_at_zero) {
+      grad->set(std::vector<double>(grad->host().size(), 0.0));
+    } else {
+      grad->fill_random(rng, -1, 1);
+    }
+  }
   Buffer out32(DType::kFloat32, c.float32_out_in_backward ? q_size : 1);
   AttentionBackwardArgs bw;
   bw.q = f.q;
@@ -538,10 +545,11 @@ void run_case(const Case& c, cudaStream_t stream, uint32_t seed) {
   bw.grad_k = view_of(grad_k, c.kv_layout);
   bw.grad_v = view_of(grad_v, c.kv_layout);
   bw.params = f.params;
+  bw.grads_start_at_zero = c.grads_start_at_zero;
   ASSERT_TRUE(gpu::cudnn_attention_supports_backward(bw, &why)) << why;
   const BackwardReference grads = reference_backward(
       x, grad_out.host(), gather(out_got, c.q_layout), gather(lse_got, c.lse_layout));
-  for (int run = 1; run <= 2; ++run) {
+  for (int run = 1; run <= (c.grads_start_at_zero ? 1 : 2); ++run) {
     SCOPED_TRACE("backward run " + std::to_string(run));
     gpu::cudnn_attention_backward(bw, scratch_pool(), stream);
     check_cuda(cudaStreamSynchronize(stream), "backward");
@@ -610,6 +618,21 @@ TEST_F(CudnnAttentionTest, DilatedViewsInPlaceCausal) {
          DType::kBFloat16, dilated(x), dilated(x), dilated_lse(x)};
   c.causal = true;
   run_case(c, stream_, 6);
+}
+
+TEST_F(CudnnAttentionTest, GradientsWrittenInPlaceWhenTheyStartAtZero) {
+  // Dilated selections in q's dtype (written straight by cuDNN) and, in a second case,
+  // float32 gradients (which still go through scratch and an add).
+  const Dilation x{2, 64, 4, 64, 16, 2, 1, 1, 2};
+  Case c{"bf16 dilated, zero gradients in place, causal", DType::kBFloat16, dilated(x),
+         dilated(x), dilated_lse(x)};
+  c.causal = true;
+  c.grad_dtype = DType::kBFloat16;
+  c.grads_start_at_zero = true;
+  run_case(c, stream_, 8);
+  c.name = "bf16 dilated, zero float32 gradients, causal";
+  c.grad_dtype = DType::kFloat32;
+  run_case(c, stream_, 9);
 }
 
 TEST_F(CudnnAttentionTest, DilatedViewsFloat32OutAndGradients) {

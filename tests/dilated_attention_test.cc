@@ -1008,6 +1008,46 @@ TEST(DilatedAttentionHilbert, SameGradientsAsWithout) {
 }
 
 // ---------------------------------------------------------------------------------------
+// Packed q, k, v: the same results and gradients as three separate inputs.
+
+TEST(DilatedAttentionPacked, SameResultsAndGradientsAsSeparateInputs) {
+  for (int index : {2, 5, 7, 15}) {  // head groups causal, all heads, all heads causal, global
+    const Case& c = cases()[index];
+    SCOPED_TRACE(c.name);
+    const DilatedAttentionOptions o = c.options();
+    std::mt19937_64 rng(55);
+    const Shape packed_shape{c.shape[0], c.shape[1], 3, c.shape[2], c.shape[3]};
+    Tensor qkv = from_ref(draw_any(packed_shape, DType::kFloat64, rng), DType::kFloat64);
+    Tensor separate = qkv.detach().clone();
+    qkv.set_requires_grad(true);
+    separate.set_requires_grad(true);
+    nn::DilatedAttentionResult packed = nn::dilated_attention_qkv_with_lse(qkv, o);
+    nn::DilatedAttentionResult split = nn::dilated_attention_with_lse(
+        separate.select(2, 0), separate.select(2, 1), separate.select(2, 2), o);
+    EXPECT_TRUE(values_close(to_ref(packed.out), to_ref(split.out), {1e-14, 1e-14}));
+    EXPECT_TRUE(values_close(to_ref(packed.lse), to_ref(split.lse), {1e-14, 1e-14}));
+    std::vector<Tensor> weights = upstream_gradients({packed.out}, 56);
+    autograd::backward({packed.out}, {weights[0]});
+    autograd::backward({split.out}, {weights[0]});
+    ASSERT_TRUE(qkv.grad().defined() && separate.grad().defined());
+    EXPECT_TRUE(values_close(to_ref(qkv.grad()), to_ref(separate.grad()), {1e-13, 1e-13}));
+  }
+}
+
+TEST(DilatedAttentionPacked, BadShapeIsAnError) {
+  DilatedAttentionOptions o = pairs({4}, {1});
+  for (const Shape& shape : {Shape{1, 8, 2, 16}, Shape{1, 8, 2, 2, 16}}) {
+    try {
+      nn::dilated_attention_qkv_with_lse(zeros(shape), o);
+      ADD_FAILURE() << "accepted qkv of shape " << shape_string(shape);
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kShapeMismatch) << e.what();
+      EXPECT_NE(std::string(e.what()).find("qkv"), std::string::npos) << e.what();
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
 // Path selection on the CPU: every forced path ends on the math path.
 
 TEST(DilatedAttentionPaths, CpuReportsTheMathPath) {

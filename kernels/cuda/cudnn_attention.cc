@@ -791,6 +791,33 @@ void add_into(const StridedView& grad, const StridedView& produced, Allocator& s
   accumulate(grad, wide, stream);
 }
 
+// Where cuDNN writes one gradient. cuDNN overwrites its outputs and ours accumulate, so the
+// gradient lands in scratch and is added afterwards, unless the caller promised the
+// gradient view holds zeros (and it is q's dtype in a layout cuDNN takes): then cuDNN writes
+// it directly, saving the scratch buffer and a read-modify-write pass.
+class GradientTarget {
+ public:
+  GradientTarget(const StridedView& grad, DType dtype, const BatchFold& fold, bool starts_at_zero,
+                 Allocator& scratch)
+      : user_(grad), view_(grad) {
+    if (starts_at_zero && grad.dtype == dtype && fold_fits(grad, fold) &&
+        layout_problem("", grad, true).empty()) {
+      return;
+    }
+    buffer_.emplace(scratch, view_bytes(grad, dtype));
+    view_ = contiguous_like(grad, dtype, buffer_->get());
+  }
+  const StridedView& view() const { return view_; }
+  // Adds a staged gradient into the caller's view.
+  void finish(Allocator& scratch, cudaStream_t stream) const {
+    if (buffer_) add_into(user_, view_, scratch, stream);
+  }
+
+ private:
+  StridedView user_, view_;
+  std::optional<ScratchBuffer> buffer_;
+};
+
 int current_device() {
   int device = 0;
   RD_CUDA_CHECK(cudaGetDevice(&device));
@@ -853,13 +880,9 @@ void cudnn_attention_backward(const AttentionBackwardArgs& args, Allocator& scra
   const Staged grad_out(args.grad_out, dtype, true, fold, true, scratch, stream);
   const Staged lse(args.lse, DType::kFloat32, false, fold, true, scratch, stream,
                    /*packed=*/true);
-  // cuDNN overwrites its gradients; ours accumulate, so they land in scratch first.
-  ScratchBuffer grad_q_buffer(scratch, view_bytes(args.q, dtype));
-  ScratchBuffer grad_k_buffer(scratch, view_bytes(args.k, dtype));
-  ScratchBuffer grad_v_buffer(scratch, view_bytes(args.v, dtype));
-  const StridedView grad_q = contiguous_like(args.q, dtype, grad_q_buffer.get());
-  const StridedView grad_k = contiguous_like(args.k, dtype, grad_k_buffer.get());
-  const StridedView grad_v = contiguous_like(args.v, dtype, grad_v_buffer.get());
+  const GradientTarget grad_q(args.grad_q, dtype, fold, args.grads_start_at_zero, scratch);
+  const GradientTarget grad_k(args.grad_k, dtype, fold, args.grads_start_at_zero, scratch);
+  const GradientTarget grad_v(args.grad_v, dtype, fold, args.grads_start_at_zero, scratch);
 
   GraphSpec spec = base_spec(Direction::kBackward, args.k, dtype, args.params, current_device());
   spec.tensors = {{kQ, fold_view(args.q, fold, true)},
@@ -868,9 +891,9 @@ void cudnn_attention_backward(const AttentionBackwardArgs& args, Allocator& scra
                   {kO, fold_view(out.view(), fold, true)},
                   {kGradO, fold_view(grad_out.view(), fold, true)},
                   {kStats, fold_view(lse.view(), fold, false)},
-                  {kGradQ, fold_view(grad_q, fold, true)},
-                  {kGradK, fold_view(grad_k, fold, true)},
-                  {kGradV, fold_view(grad_v, fold, true)}};
+                  {kGradQ, fold_view(grad_q.view(), fold, true)},
+                  {kGradK, fold_view(grad_k.view(), fold, true)},
+                  {kGradV, fold_view(grad_v.view(), fold, true)}};
   run_graph(kOp, spec,
             {{kQ, args.q.data},
              {kK, args.k.data},
@@ -878,13 +901,11 @@ void cudnn_attention_backward(const AttentionBackwardArgs& args, Allocator& scra
              {kO, out.view().data},
              {kGradO, grad_out.view().data},
              {kStats, lse.view().data},
-             {kGradQ, grad_q.data},
-             {kGradK, grad_k.data},
-             {kGradV, grad_v.data}},
+             {kGradQ, grad_q.view().data},
+             {kGradK, grad_k.view().data},
+             {kGradV, grad_v.view().data}},
             scratch, stream);
-  add_into(args.grad_q, grad_q, scratch, stream);
-  add_into(args.grad_k, grad_k, scratch, stream);
-  add_into(args.grad_v, grad_v, scratch, stream);
+  for (const GradientTarget* grad : {&grad_q, &grad_k, &grad_v}) grad->finish(scratch, stream);
 }
 
 CudnnGraphCacheStats cudnn_graph_cache_stats() { return GraphCache::instance().stats(); }
