@@ -10,9 +10,9 @@
 #include <limits>
 #include <vector>
 
+#include "ringdilated/kernels/attention_dropout.h"
 #include "ringdilated/kernels/cpu/strided_iter.h"
 #include "ringdilated/kernels/dtype_dispatch.h"
-#include "ringdilated/kernels/philox.h"
 
 namespace rd::kernels::cpu {
 namespace {
@@ -182,12 +182,8 @@ struct Mask {
   // 1 / (1 - dropout) for a kept one (the mask of kernels/attention.h).
   A factor(int64_t b, int64_t i, int64_t j) const {
     if (!dropout) return A(1);
-    const uint64_t element = (static_cast<uint64_t>(b) * static_cast<uint64_t>(lq) +
-                              static_cast<uint64_t>(i)) * static_cast<uint64_t>(lk) +
-                             static_cast<uint64_t>(j);
-    const bool keep =
-        philox_bernoulli(keep_probability, philox_for_element(seed, stream_offset, element));
-    return keep ? keep_scale : A(0);
+    return attention_keeps(seed, stream_offset, keep_probability, lq, lk, b, i, j) ? keep_scale
+                                                                                  : A(0);
   }
 };
 

@@ -14,11 +14,11 @@
 #include <cstdint>
 #include <limits>
 
+#include "ringdilated/kernels/attention_dropout.h"
 #include "ringdilated/kernels/cuda/attention.h"
 #include "ringdilated/kernels/cuda/reduce_common.cuh"
 #include "ringdilated/kernels/cuda/runtime.h"
 #include "ringdilated/kernels/dtype_dispatch.h"
-#include "ringdilated/kernels/philox.h"
 
 namespace rd::kernels::cuda {
 namespace {
@@ -155,12 +155,9 @@ __device__ __forceinline__ int64_t first_query_for(const Call& c, int64_t j) {
 template <class A>
 __device__ __forceinline__ A dropout_factor(const Call& c, int64_t b, int64_t i, int64_t j) {
   if (!c.dropout) return A(1);
-  const uint64_t element = (static_cast<uint64_t>(b) * static_cast<uint64_t>(c.lq) +
-                            static_cast<uint64_t>(i)) * static_cast<uint64_t>(c.lk) +
-                           static_cast<uint64_t>(j);
-  const bool keep =
-      philox_bernoulli(c.keep_probability, philox_for_element(c.seed, c.offset, element));
-  return keep ? static_cast<A>(c.keep_scale) : A(0);
+  return attention_keeps(c.seed, c.offset, c.keep_probability, c.lq, c.lk, b, i, j)
+             ? static_cast<A>(c.keep_scale)
+             : A(0);
 }
 
 template <class A>
