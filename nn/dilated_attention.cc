@@ -269,6 +269,7 @@ struct Inputs {
   AttentionParams params;
   std::vector<AttentionKernel> kernels;
   bool forced = false;
+  int64_t backward_piece_elements = 0;
 };
 
 const int64_t* key_order_data(const Tensor& key_order) {
@@ -406,13 +407,41 @@ struct Differentiated {
   bool packed = false;
 };
 
+// The backward of a call in pieces of whole segments, each of at most `piece_elements` q
+// elements (AttentionCallContext::backward_piece_elements): cuDNN's backward takes a float32
+// dQ workspace twice the size of its q, which for one large call would sit on top of the
+// memory peak. Not with dropout: its mask is numbered by the call's own flattened batch index.
+std::vector<PlannedCall> backward_pieces(const PlannedCall& call, int64_t batch, int64_t head_dim,
+                                         bool dropout, int64_t piece_elements) {
+  const Selection& s = call.sel;
+  const int64_t per_segment = batch * s.hc * s.n * head_dim;
+  if (dropout || per_segment * s.segments <= piece_elements) return {call};
+  const int64_t segments_per_piece = std::max<int64_t>(1, piece_elements / per_segment);
+  std::vector<PlannedCall> pieces;
+  for (int64_t first = 0; first < s.segments; first += segments_per_piece) {
+    PlannedCall piece = call;
+    piece.sel.p0 = s.p0 + first * s.ss;
+    piece.sel.segments = std::min(segments_per_piece, s.segments - first);
+    pieces.push_back(piece);
+  }
+  return pieces;
+}
+
 // Gradients of the fixed variant: each call's share, added into `grads` (zeros). `out` and
 // `lse` are the final (merged) results, which is what makes each share exact under
 // all-heads mixing.
 void fixed_backward(const Inputs& in, const Plan& plan, const Tensor& out, const Tensor& lse,
                     const Tensor& grad_out, const Tensor& grad_lse, const GradBuffers& grads) {
   kernels::KernelBackend& backend = backend_for(in.q.device());
+  std::vector<PlannedCall> pieces;
   for (const PlannedCall& call : plan.calls) {
+    for (const PlannedCall& piece :
+         backward_pieces(call, in.q.size(0), in.q.size(3), in.params.dropout > 0,
+                         in.backward_piece_elements)) {
+      pieces.push_back(piece);
+    }
+  }
+  for (const PlannedCall& call : pieces) {
     const Selection& s = call.sel;
     const AttentionForwardArgs fwd = forward_args(in, call, out, lse);
     AttentionBackwardArgs b = backward_args(
@@ -539,6 +568,9 @@ DilatedAttentionResult attend(const Tensor& q, const Tensor& k, const Tensor& v,
   check_same_device({&q, &k, &v}, kOp);
   validate_options(options, q.size(2));
   const bool dropout = context.training && options.dropout > 0;
+  RD_CHECK(context.backward_piece_elements >= 1, kInvalidArgument, kOp,
+           ": context's backward_piece_elements must be >= 1, got ",
+           context.backward_piece_elements);
   RD_CHECK(!dropout || context.generator != nullptr, kInvalidArgument, kOp,
            ": dropout in training needs a generator in the call context");
 
@@ -550,6 +582,7 @@ DilatedAttentionResult attend(const Tensor& q, const Tensor& k, const Tensor& v,
   const AttentionPath requested = requested_path(options.path);
   in.kernels = candidates(requested, q.device());
   in.forced = requested != AttentionPath::kAuto;
+  in.backward_piece_elements = context.backward_piece_elements;
   PatternCache& patterns =
       context.patterns != nullptr ? *context.patterns : global_pattern_cache();
 

@@ -1120,6 +1120,27 @@ double max_abs(const RefArray& a) {
   return ::testing::AssertionSuccess();
 }
 
+// The backward may run each call in pieces of whole segments (bounding kernel workspaces):
+// one segment per piece gives the gradients of the default.
+TEST(DilatedAttentionBackwardPieces, SegmentPiecesGiveTheSameGradients) {
+  for (int index : {0, 3, 4, 7}) {  // constant, rotating, rotating causal, all heads rotating
+    const Case& c = cases()[index];
+    SCOPED_TRACE(c.name);
+    Qkv in = make_qkv(c.shape, DType::kFloat64, QkvLayout::kContiguous, 57);
+    const DilatedAttentionOptions o = c.options();
+    AttentionCallContext one_segment_pieces;
+    one_segment_pieces.backward_piece_elements = 1;
+    DeviceRun whole = run_with_backward(in, Device::cpu(), o);
+    DeviceRun pieces = run_with_backward(in, Device::cpu(), o, one_segment_pieces);
+    EXPECT_TRUE(grads_close(whole.grads, pieces.grads, DType::kFloat64, c.shape[3],
+                            max_keys(c.shape[1], o)));
+  }
+  AttentionCallContext bad;
+  bad.backward_piece_elements = 0;
+  Qkv in = make_qkv(cases()[0].shape, DType::kFloat32, QkvLayout::kContiguous, 58);
+  EXPECT_THROW(nn::dilated_attention(in.q, in.k, in.v, cases()[0].options(), bad), Error);
+}
+
 TEST_F(DilatedAttentionCuda, EachPathMatchesTheCpuForwardAndBackward) {
   const Device gpu = Device::cuda(0);
   for (int index : {0, 2, 4, 6, 7, 12, 14, 15, 16}) {
