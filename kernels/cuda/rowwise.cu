@@ -3,15 +3,18 @@
 // backend's semantics.
 //
 // Rows are split over thread groups as row_tiles.cuh describes. Every thread keeps its
-// share of the row in registers, so a row that fits (up to 16K float/bf16/f16 elements, 8K
-// float64) is read from memory once and written once. Longer rows are processed as
-// register-sized tiles, reading the row again for the output. Statistics are computed in
-// float32 (float64 for float64 data) and folded over the group in a fixed order: results
-// are bitwise reproducible.
+// share of the row in registers, so a row that fits (up to 16K float elements, 32K bf16/f16
+// for the norms, 8K float64) is read from memory once and written once. Longer rows are
+// processed as register-sized tiles, reading the row again for the output. The norms keep
+// their tiles as stored (PackedTile): 16-bit rows then have as many bytes in flight per
+// thread as float rows. Statistics are computed in float32 (float64 for float64 data) and
+// folded over the group in a fixed order: results are bitwise reproducible.
 //
-// The weight/bias gradients of norm_backward are column sums over rows: a second kernel
-// folds fixed blocks of rows per column into float partials in scratch memory, and a third
-// adds each column's partials in order (in double). No atomics anywhere.
+// norm_backward folds the weight/bias gradients (column sums over rows) into the grad_in
+// pass when the row fits a block's registers: each block walks many rows and keeps its own
+// column partials, which a second kernel adds up per column in block order (in double), so
+// grad_out and the input are read once. Other shapes take a separate column-sum kernel over
+// fixed blocks of rows. No atomics anywhere.
 #include <algorithm>
 #include <cstdint>
 #include <limits>
@@ -28,25 +31,6 @@ namespace {
 using namespace reduce_util;  // NOLINT: this file's device vocabulary
 using namespace row_tiles;    // NOLINT
 
-// Multiplies slots by weight (if any) and adds bias (if any), elementwise along the row.
-template <class T, int W>
-__device__ __forceinline__ void apply_affine(const T* weight, const T* bias, const RowThread& r,
-                                             int64_t base, Values<T>& v) {
-  if (weight == nullptr && bias == nullptr) return;
-  for_each_chunk<T, W>(r, base, [&](int q, int64_t e) {
-    if (weight != nullptr) {
-      const Chunk<T, W> w = load_chunk<T, W>(weight + e);
-#pragma unroll
-      for (int j = 0; j < W; ++j) v[q * W + j] *= to_compute(w.x[j]);
-    }
-    if (bias != nullptr) {
-      const Chunk<T, W> b = load_chunk<T, W>(bias + e);
-#pragma unroll
-      for (int j = 0; j < W; ++j) v[q * W + j] += to_compute(b.x[j]);
-    }
-  });
-}
-
 // Two sums folded at once (one round of shuffles / one block barrier pair).
 template <class A>
 struct Pair {
@@ -62,6 +46,22 @@ struct PairSumOp {
 // ---------------------------------------------------------------------------------------
 // Softmax.
 
+// exp(x - m) for a softmax. 16-bit outputs keep 8 or 11 bits, so they take the hardware's
+// 2^x on (x - m) * log2(e) folded into one FMA (a few float ulps, growing with |x - m| where
+// the result is tiny): expf's range reduction would be most of the kernel's instructions.
+// -inf and NaN behave as with expf (-inf gives 0; m = -inf gives NaN).
+template <class T>
+__device__ __forceinline__ Compute<T> softmax_exp(Compute<T> x, Compute<T> m) {
+  if constexpr (kIsHalf<T>) {
+    constexpr float kLog2E = 1.4426950408889634f;
+    float r;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(fmaf(x, kLog2E, -m * kLog2E)));
+    return r;
+  } else {
+    return exp_of(x - m);
+  }
+}
+
 template <class T, int W>
 __device__ void softmax_row(T* out, const T* in, const RowThread& r, bool log,
                             FoldScratch& scratch) {
@@ -73,15 +73,15 @@ __device__ void softmax_row(T* out, const T* in, const RowThread& r, bool log,
   Values<T> v;
   if (r.cols <= capacity) {  // the row stays in registers: read once
     load_tile<T, W>(x, r, 0, v, kNegInf);
-    const A m = block_fold(thread_max<A>(v), r.group, scratch.as<A>(), MaxOp{});
+    const A m = row_fold(thread_max<A>(v), r.group, scratch.as<A>(), MaxOp{}, kNegInf);
     A sum = 0;
 #pragma unroll
     for (int s = 0; s < kSlots<T>; ++s) {
-      const A e = exp_of(v[s] - m);  // padding is -inf: adds 0 (unless m is -inf: NaN row)
+      const A e = softmax_exp<T>(v[s], m);  // padding is -inf: adds 0 (unless m is -inf: NaN row)
       sum += e;
       if (!log) v[s] = e;
     }
-    sum = block_fold(sum, r.group, scratch.as<A>(), SumOp{});
+    sum = row_fold(sum, r.group, scratch.as<A>(), SumOp{}, A(0));
     if (log) {
       const A shift = m + log_of(sum);
 #pragma unroll
@@ -100,7 +100,8 @@ __device__ void softmax_row(T* out, const T* in, const RowThread& r, bool log,
     load_tile<T, W>(x, r, base, v, kNegInf);
     lse_add_tile<T>(state, v);
   }
-  state = block_fold(state, r.group, scratch.as<LseState<A>>(), LseMergeOp{});
+  const LseState<A> empty{kNegInf, 0};  // the merge's identity
+  state = row_fold(state, r.group, scratch.as<LseState<A>>(), LseMergeOp{}, empty);
   const A row_max = state.max, row_sum = state.sum;
   const A shift = row_max + log_of(row_sum);
   const A inv = A(1) / row_sum;
@@ -148,7 +149,7 @@ __device__ void softmax_backward_row(T* grad_in, const T* grad_out, const T* out
     acc += statistic();
     if (cached) break;
   }
-  const A stat = block_fold(acc, r.group, scratch.as<A>(), SumOp{});
+  const A stat = row_fold(acc, r.group, scratch.as<A>(), SumOp{}, A(0));
   for (int64_t base = 0; base < r.cols; base += capacity) {
     if (!cached) {
       load_tile<T, W>(grad_out + offset, r, base, g, A(0));
@@ -186,15 +187,16 @@ template <class T, int W>
 __device__ void norm_row(T* out, const T* in, const RowThread& r, const NormParams& p,
                          FoldScratch& scratch) {
   using A = Compute<T>;
+  using Tile = PackedTile<T, W>;
+  constexpr int kChunks = Tile::kChunks;
   const int64_t offset = r.row * r.cols;
   const T* x = in + offset;
-  T* y = out + offset;
   const T* weight = static_cast<const T*>(p.weight);
   const T* bias = static_cast<const T*>(p.bias);
-  const int64_t capacity = int64_t{kSlots<T>} * r.group;
+  const int64_t capacity = int64_t{Tile::kSlotsT} * r.group;
   const bool cached = r.cols <= capacity;
   const A count = static_cast<A>(r.cols);
-  Values<T> v;  // padding loads as 0: it adds nothing to the mean
+  Tile v;  // padding loads as 0: it adds nothing to the mean
   if (p.residual != nullptr) {
     // The row normalized is the sum as stored (rounded to T), which is what the caller keeps
     // and the backward pass reads. A cached row keeps it in registers; a long row is summed
@@ -204,10 +206,15 @@ __device__ void norm_row(T* out, const T* in, const RowThread& r, const NormPara
     T* sum = static_cast<T*>(p.sum) + offset;
     for (int64_t base = 0; base < r.cols; base += capacity) {
       load_tile<T, W>(x, r, base, v, A(0));
-      add_tile<T, W>(residual, r, base, v);
+      // Every residual chunk is loaded before the first sum chunk is stored: a store in
+      // between (sum may alias residual, as far as the compiler knows) would serialize them.
+      for_each_chunk<T, W, kChunks>(r, base, [&](int q, int64_t e) {
+        const Chunk<T, W> add = load_chunk<T, W>(residual + e);
 #pragma unroll
-      for (int s = 0; s < kSlots<T>; ++s) v[s] = to_compute(from_compute<T>(v[s]));
-      store_tile<T, W>(sum, r, base, v);
+        for (int j = 0; j < W; ++j) v.set(q * W + j, v[q * W + j] + to_compute(add.x[j]));
+      });
+      for_each_chunk<T, W, kChunks>(
+          r, base, [&](int q, int64_t e) { store_chunk<T, W>(sum + e, v.chunk[q]); });
       if (cached) break;
     }
     x = sum;
@@ -221,15 +228,15 @@ __device__ void norm_row(T* out, const T* in, const RowThread& r, const NormPara
     for (int64_t base = 0; base < r.cols; base += capacity) {
       if (!cached) load_tile<T, W>(x, r, base, v, A(0));
 #pragma unroll
-      for (int s = 0; s < kSlots<T>; ++s) total += v[s];
+      for (int s = 0; s < Tile::kSlotsT; ++s) total += v[s];
     }
-    mu = block_fold(total, r.group, scratch.as<A>(), SumOp{}) / count;
+    mu = row_fold(total, r.group, scratch.as<A>(), SumOp{}, A(0)) / count;
   }
   // Pass 2: the variance about the mean (two passes: no cancellation), padding excluded.
   A sq = 0;
   for (int64_t base = 0; base < r.cols; base += capacity) {
     if (!cached) load_tile<T, W>(x, r, base, v, A(0));
-    for_each_chunk<T, W>(r, base, [&](int q, int64_t) {
+    for_each_chunk<T, W, kChunks>(r, base, [&](int q, int64_t) {
 #pragma unroll
       for (int j = 0; j < W; ++j) {
         const A d = v[q * W + j] - mu;
@@ -237,19 +244,31 @@ __device__ void norm_row(T* out, const T* in, const RowThread& r, const NormPara
       }
     });
   }
-  sq = block_fold(sq, r.group, scratch.as<A>(), SumOp{});
+  sq = row_fold(sq, r.group, scratch.as<A>(), SumOp{}, A(0));
   const A rstd = A(1) / sqrt_of(sq / count + static_cast<A>(p.eps));
   if (r.t == 0 && r.active) {
     if (p.mean != nullptr && !p.rms) p.mean[r.row] = static_cast<float>(mu);
     if (p.rstd != nullptr) p.rstd[r.row] = static_cast<float>(rstd);
   }
-  // Pass 3: the output.
+  // Pass 3: the output, (x - mean) * rstd * weight + bias, a chunk at a time. (Storing each
+  // chunk as it is done measured faster here than completing the tile first: the weight and
+  // bias loads hit the cache, and the whole tile's outputs need not stay live.)
+  T* y = out + offset;
   for (int64_t base = 0; base < r.cols; base += capacity) {
     if (!cached) load_tile<T, W>(x, r, base, v, A(0));
+    for_each_chunk<T, W, kChunks>(r, base, [&](int q, int64_t e) {
+      Chunk<T, W> w, b, o;
+      if (weight != nullptr) w = load_chunk<T, W>(weight + e);
+      if (bias != nullptr) b = load_chunk<T, W>(bias + e);
 #pragma unroll
-    for (int s = 0; s < kSlots<T>; ++s) v[s] = (v[s] - mu) * rstd;
-    apply_affine<T, W>(weight, bias, r, base, v);
-    store_tile<T, W>(y, r, base, v);
+      for (int j = 0; j < W; ++j) {
+        A val = (v[q * W + j] - mu) * rstd;
+        if (weight != nullptr) val *= to_compute(w.x[j]);
+        if (bias != nullptr) val += to_compute(b.x[j]);
+        o.x[j] = from_compute<T>(val);
+      }
+      store_chunk<T, W>(y + e, o);
+    });
   }
 }
 
@@ -261,6 +280,20 @@ __global__ void __launch_bounds__(kMaxRowThreads)
   norm_row<T, W>(out, in, r, p, scratch);
 }
 
+// Vectorized 16-bit rows fit in 80 registers a thread without spilling (the bound above
+// lets the compiler take ~88): three 256-thread blocks an SM instead of two.
+template <class T, int W>
+__global__ void __maxnreg__(80)
+    norm_packed_half_kernel(T* out, const T* in, int64_t rows, int64_t cols, int group,
+                            NormParams p) {
+  __shared__ FoldScratch scratch;
+  const RowThread r = row_thread(rows, cols, group);
+  norm_row<T, W>(out, in, r, p, scratch);
+}
+
+// ---------------------------------------------------------------------------------------
+// Norm backward.
+
 struct NormBackwardParams {
   const float* mean;
   const float* rstd;
@@ -271,7 +304,7 @@ struct NormBackwardParams {
 
 // grad_in = rstd * (g - mean(g) - xhat * mean(g * xhat)) + grad_sum with
 // g = grad_out * weight, xhat = (x - mean) * rstd (mean(g) dropped for RMS norm, grad_sum
-// when absent).
+// when absent). The unfused path: any alignment, any row length.
 template <class T, int W>
 __device__ void norm_backward_row(T* grad_in, const T* grad_out, const T* in, const RowThread& r,
                                   const NormBackwardParams& p, FoldScratch& scratch) {
@@ -291,7 +324,12 @@ __device__ void norm_backward_row(T* grad_in, const T* grad_out, const T* in, co
     load_tile<T, W>(grad_out + offset, r, base, g, A(0));
 #pragma unroll
     for (int s = 0; s < kSlots<T>; ++s) xhat[s] = (xhat[s] - mu) * rstd;
-    apply_affine<T, W>(weight, nullptr, r, base, g);
+    if (weight == nullptr) return;
+    for_each_chunk<T, W>(r, base, [&](int q, int64_t e) {
+      const Chunk<T, W> w = load_chunk<T, W>(weight + e);
+#pragma unroll
+      for (int j = 0; j < W; ++j) g[q * W + j] *= to_compute(w.x[j]);
+    });
   };
   Pair<A> sums{0, 0};  // sum(g * xhat), sum(g)
   for (int64_t base = 0; base < r.cols; base += capacity) {
@@ -302,7 +340,7 @@ __device__ void norm_backward_row(T* grad_in, const T* grad_out, const T* in, co
       sums.b += g[s];
     }
   }
-  sums = block_fold(sums, r.group, scratch.as<Pair<A>>(), PairSumOp{});
+  sums = row_fold(sums, r.group, scratch.as<Pair<A>>(), PairSumOp{}, Pair<A>{0, 0});
   const A c1 = sums.a / count;
   const A c2 = p.rms ? A(0) : sums.b / count;
   for (int64_t base = 0; base < r.cols; base += capacity) {
@@ -323,7 +361,8 @@ __global__ void __launch_bounds__(kMaxRowThreads)
   norm_backward_row<T, W>(grad_in, grad_out, in, r, p, scratch);
 }
 
-// Weight/bias gradients: column sums over rows of grad_out * xhat and grad_out.
+// Weight/bias gradients of the unfused path: column sums over rows of grad_out * xhat and
+// grad_out.
 constexpr int kParamCols = 32;         // columns per block (one warp-wide row segment)
 constexpr int kParamRowLanes = 8;      // threads per column, interleaving rows
 constexpr int64_t kParamMinRows = 64;  // rows a block folds at least
@@ -383,19 +422,236 @@ __global__ void __launch_bounds__(kParamCols* kParamRowLanes)
   if (a.bias_partial != nullptr) static_cast<A*>(a.bias_partial)[at] = s.b;
 }
 
-// Adds each column's row-block partials in block order (in double) into the float output.
+// Adds each column's [blocks][cols] partials in block order into the float output: block
+// (x: kSumCols columns, y: kSumLanes lanes), lane y takes partials y, y + kSumLanes, ... (in
+// double), then a fixed tree in shared memory.
+constexpr int kSumCols = 32;
+constexpr int kSumLanes = 16;
+
 template <class A>
-__global__ void __launch_bounds__(256)
+__global__ void __launch_bounds__(kSumCols* kSumLanes)
     column_partials_sum_kernel(const A* partial, int64_t blocks, int64_t cols, float* out) {
-  const int64_t col = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (col >= cols) return;
+  __shared__ double sums[kSumLanes][kSumCols];
+  const int tx = static_cast<int>(threadIdx.x), ty = static_cast<int>(threadIdx.y);
+  const int64_t col = static_cast<int64_t>(blockIdx.x) * kSumCols + tx;
   double s = 0;
-  for (int64_t b = 0; b < blocks; ++b) s += static_cast<double>(partial[b * cols + col]);
-  out[col] = static_cast<float>(s);
+  if (col < cols) {
+    for (int64_t b = ty; b < blocks; b += kSumLanes) {
+      s += static_cast<double>(partial[b * cols + col]);
+    }
+  }
+  sums[ty][tx] = s;
+  __syncthreads();
+  for (int half = kSumLanes / 2; half > 0; half /= 2) {
+    if (ty < half) sums[ty][tx] += sums[ty + half][tx];
+    __syncthreads();
+  }
+  if (ty == 0 && col < cols) out[col] = static_cast<float>(sums[0][tx]);
+}
+
+// The fused path. A block owns whole rows, one at a time (rows blockIdx.x, + gridDim.x, ...):
+// thread t holds chunks k = 0..K-1 of each, at elements (k * blockDim.x + t) * W, and loads
+// its next row while it folds the current one (when two rows' chunks fit half its
+// registers). It adds grad_out * xhat and grad_out of its elements into column partials
+// that only it touches (shared memory: no barrier), and the block writes them as row
+// blockIdx.x of [gridDim.x, cols] partials.
+//
+// Threads a block: up to 1024 (64 registers each), but 16-bit chunks hold twice the
+// elements, whose float values do not fit that: their blocks stop at 512 threads (128
+// registers), and longer rows take more chunks a thread.
+template <class T>
+inline constexpr int kFusedMaxThreads = sizeof(T) == 2 ? 512 : 1024;
+constexpr int kFusedMaxChunks = 4;
+constexpr int kRegisterFile = 65536;  // 32-bit registers of a multiprocessor
+
+struct FusedBackwardParams {
+  const void* grad_out;
+  const void* in;
+  const void* weight;    // may be null
+  const void* grad_sum;  // may be null
+  void* grad_in;         // may be null
+  const float* mean;
+  const float* rstd;
+  void* weight_partial;  // Compute<T> [gridDim.x][cols], or null when not wanted
+  void* bias_partial;
+  int64_t rows, cols;
+  bool rms;
+};
+
+// A thread's K chunks of one row of the input and grad_out, with the row's statistics.
+template <class T, int K>
+struct RowShare {
+  Chunk<T, kVecWidth<T>> x[K];
+  Chunk<T, kVecWidth<T>> g[K];
+  float mean;
+  float rstd;
+};
+
+template <class T, int K>
+__device__ __forceinline__ RowShare<T, K> load_share(const FusedBackwardParams& p, int64_t row) {
+  constexpr int W = kVecWidth<T>;
+  RowShare<T, K> s{};
+  const int64_t offset = row * p.cols;
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    const int64_t e = (static_cast<int64_t>(k) * blockDim.x + threadIdx.x) * W;
+    if (e < p.cols) {
+      s.x[k] = load_chunk<T, W>(static_cast<const T*>(p.in) + offset + e);
+      s.g[k] = load_chunk<T, W>(static_cast<const T*>(p.grad_out) + offset + e);
+    }
+  }
+  s.mean = p.rms ? 0.0f : p.mean[row];
+  s.rstd = p.rstd[row];
+  return s;
+}
+
+template <class T, int K>
+__global__ void __launch_bounds__(kFusedMaxThreads<T>)
+    norm_backward_fused_kernel(FusedBackwardParams p) {
+  using A = Compute<T>;
+  constexpr int W = kVecWidth<T>;
+  // Partials live in 16-byte units of A, laid out [which][k][unit][thread] so that a warp's
+  // accesses are contiguous: which = 0 for the weight's, 1 for the bias's.
+  constexpr int kPerUnit = static_cast<int>(16 / sizeof(A));
+  constexpr int kUnits = W / kPerUnit;
+  using Unit = Chunk<A, kPerUnit>;
+  extern __shared__ __align__(16) unsigned char fused_smem[];  // one name for every <T, K>
+  Unit* partials = reinterpret_cast<Unit*>(fused_smem);
+  __shared__ Pair<A> fold_scratch[kFusedMaxThreads<T> / kWarp];
+  const int threads = static_cast<int>(blockDim.x), t = static_cast<int>(threadIdx.x);
+  auto unit = [&](int which, int k, int u) -> Unit& {
+    return partials[((which * K + k) * kUnits + u) * threads + t];
+  };
+  const bool want_partials = p.weight_partial != nullptr || p.bias_partial != nullptr;
+  if (want_partials) {
+#pragma unroll
+    for (int which = 0; which < 2; ++which) {
+#pragma unroll
+      for (int k = 0; k < K; ++k) {
+#pragma unroll
+        for (int u = 0; u < kUnits; ++u) unit(which, k, u) = Unit{};
+      }
+    }
+  }
+  const T* weight = static_cast<const T*>(p.weight);
+  const T* grad_sum = static_cast<const T*>(p.grad_sum);
+  const A count = static_cast<A>(p.cols);
+  auto element = [&](int k) { return (static_cast<int64_t>(k) * threads + t) * W; };
+  auto weight_chunk = [&](int64_t e) {
+    Chunk<T, W> w;
+    if (weight != nullptr) return load_chunk<T, W>(weight + e);
+#pragma unroll
+    for (int j = 0; j < W; ++j) w.x[j] = from_compute<T>(A(1));
+    return w;
+  };
+
+  // One row: pass 1 takes its two sums, pass 2 writes grad_in and adds to the partials.
+  auto backward_row = [&](const RowShare<T, K>& s, int64_t row) {
+    const A mu = static_cast<A>(s.mean), rstd = static_cast<A>(s.rstd);
+    const bool want_grad_in = p.grad_in != nullptr;
+    A c1 = 0, c2 = 0;  // mean(g * xhat), mean(g) with g = grad_out * weight
+    if (want_grad_in) {
+      Pair<A> sums{0, 0};
+#pragma unroll
+      for (int k = 0; k < K; ++k) {
+        const int64_t e = element(k);
+        if (e >= p.cols) continue;
+        const Chunk<T, W> w = weight_chunk(e);
+#pragma unroll
+        for (int j = 0; j < W; ++j) {
+          const A g = to_compute(s.g[k].x[j]) * to_compute(w.x[j]);
+          sums.a += g * ((to_compute(s.x[k].x[j]) - mu) * rstd);
+          sums.b += g;
+        }
+      }
+      sums = row_fold(sums, threads, fold_scratch, PairSumOp{}, Pair<A>{0, 0});
+      c1 = sums.a / count;
+      c2 = p.rms ? A(0) : sums.b / count;
+    }
+    const int64_t offset = row * p.cols;
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      const int64_t e = element(k);
+      if (e >= p.cols) continue;
+      A xhat[W], go[W];
+#pragma unroll
+      for (int j = 0; j < W; ++j) {
+        xhat[j] = (to_compute(s.x[k].x[j]) - mu) * rstd;
+        go[j] = to_compute(s.g[k].x[j]);
+      }
+      if (want_grad_in) {
+        const Chunk<T, W> w = weight_chunk(e);
+        Chunk<T, W> add, out;
+        if (grad_sum != nullptr) add = load_chunk<T, W>(grad_sum + offset + e);
+#pragma unroll
+        for (int j = 0; j < W; ++j) {
+          A gi = rstd * (go[j] * to_compute(w.x[j]) - c2 - xhat[j] * c1);
+          if (grad_sum != nullptr) gi += to_compute(add.x[j]);
+          out.x[j] = from_compute<T>(gi);
+        }
+        store_chunk<T, W>(static_cast<T*>(p.grad_in) + offset + e, out);
+      }
+      if (!want_partials) continue;
+#pragma unroll
+      for (int u = 0; u < kUnits; ++u) {
+        Unit& dw = unit(0, k, u);
+        Unit& db = unit(1, k, u);
+#pragma unroll
+        for (int i = 0; i < kPerUnit; ++i) {
+          dw.x[i] += go[u * kPerUnit + i] * xhat[u * kPerUnit + i];
+          db.x[i] += go[u * kPerUnit + i];
+        }
+      }
+    }
+  };
+
+  // A row's share takes 8 registers a chunk (16 bytes of x and of grad_out).
+  constexpr bool kPrefetch = 2 * K * 8 <= kRegisterFile / kFusedMaxThreads<T> / 2;
+  const int64_t step = gridDim.x;
+  int64_t row = blockIdx.x;
+  RowShare<T, K> current{};
+  if (row < p.rows) current = load_share<T, K>(p, row);
+  for (; row < p.rows; row += step) {
+    const bool more = row + step < p.rows;
+    if constexpr (kPrefetch) {
+      RowShare<T, K> next{};
+      if (more) next = load_share<T, K>(p, row + step);
+      backward_row(current, row);
+      current = next;
+    } else {
+      backward_row(current, row);
+      if (more) current = load_share<T, K>(p, row + step);
+    }
+  }
+  if (!want_partials) return;
+  const int64_t partial_row = static_cast<int64_t>(blockIdx.x) * p.cols;
+#pragma unroll
+  for (int which = 0; which < 2; ++which) {
+    A* dst = static_cast<A*>(which == 0 ? p.weight_partial : p.bias_partial);
+    if (dst == nullptr) continue;
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      const int64_t e = element(k);
+      if (e >= p.cols) continue;
+#pragma unroll
+      for (int u = 0; u < kUnits; ++u) {
+        store_chunk<A, kPerUnit>(dst + partial_row + e + u * kPerUnit, unit(which, k, u));
+      }
+    }
+  }
 }
 
 // ---------------------------------------------------------------------------------------
 // Host side.
+
+template <class A>
+void sum_column_partials(const void* partial, int64_t blocks, int64_t cols, float* out,
+                         cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(ceil_div(cols, kSumCols)));
+  column_partials_sum_kernel<A><<<grid, dim3(kSumCols, kSumLanes), 0, stream>>>(
+      static_cast<const A*>(partial), blocks, cols, out);
+  RD_CUDA_CHECK_LAUNCH();
+}
 
 template <class T>
 void norm_param_grads(float* grad_weight, float* grad_bias, const T* grad_out, const T* in,
@@ -427,17 +683,73 @@ void norm_param_grads(float* grad_weight, float* grad_bias, const T* grad_out, c
   a.bias_partial = bias_partial.get();
   norm_param_grads_kernel<T><<<grid, block, 0, stream>>>(grad_out, in, a);
   RD_CUDA_CHECK_LAUNCH();
-  const unsigned sum_blocks = static_cast<unsigned>(ceil_div(cols, 256));
   if (grad_weight != nullptr) {
-    column_partials_sum_kernel<A><<<sum_blocks, 256, 0, stream>>>(
-        static_cast<const A*>(a.weight_partial), row_blocks, cols, grad_weight);
-    RD_CUDA_CHECK_LAUNCH();
+    sum_column_partials<A>(a.weight_partial, row_blocks, cols, grad_weight, stream);
   }
   if (grad_bias != nullptr) {
-    column_partials_sum_kernel<A><<<sum_blocks, 256, 0, stream>>>(
-        static_cast<const A*>(a.bias_partial), row_blocks, cols, grad_bias);
-    RD_CUDA_CHECK_LAUNCH();
+    sum_column_partials<A>(a.bias_partial, row_blocks, cols, grad_bias, stream);
   }
+}
+
+// Runs the fused backward when the rows suit it: 16-byte aligned, at most
+// kFusedMaxThreads * kFusedMaxChunks chunks long, and the device has room for a block.
+// Returns false, having done nothing, otherwise. Chunks a thread: 1 for short rows (blocks
+// of <= 512 threads, or 256 for 16-bit data, leave room for several a multiprocessor), then
+// 2, then 4, each as long as the block stays within kFusedMaxThreads. The grid is the number
+// of blocks the device holds at once, so the partial sums (and their order) are fixed for a
+// given device.
+template <class T>
+bool norm_backward_fused(void* grad_in, float* grad_weight, float* grad_bias,
+                         const void* grad_out, const void* grad_sum, const void* in,
+                         const float* mean, const float* rstd, const void* weight, int64_t rows,
+                         int64_t cols, bool rms, Allocator& scratch, cudaStream_t stream) {
+  using A = Compute<T>;
+  constexpr int64_t W = kVecWidth<T>;
+  bool aligned = (cols * static_cast<int64_t>(sizeof(T))) % 16 == 0;
+  for (const void* ptr : {static_cast<const void*>(grad_in), grad_out, grad_sum, in, weight}) {
+    if (ptr != nullptr && reinterpret_cast<uintptr_t>(ptr) % 16 != 0) aligned = false;
+  }
+  const int64_t chunks = cols / W;
+  const int64_t max_threads = kFusedMaxThreads<T>;
+  if (!aligned || chunks > max_threads * kFusedMaxChunks) return false;
+  const int per_thread = chunks <= max_threads / 2 ? 1 : chunks <= 2 * max_threads ? 2 : 4;
+  const int threads = static_cast<int>(ceil_div(ceil_div(chunks, per_thread), kWarp) * kWarp);
+  const bool want_partials = grad_weight != nullptr || grad_bias != nullptr;
+  const size_t smem =
+      want_partials ? 2 * static_cast<size_t>(per_thread) * W * threads * sizeof(A) : 0;
+  bool launched = false;
+  auto launch = [&](auto chunks_per_thread) {
+    constexpr int K = decltype(chunks_per_thread)::value;
+    auto* kernel = norm_backward_fused_kernel<T, K>;
+    RD_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(smem)));
+    int per_sm = 0, device = 0, sms = 0;
+    RD_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
+    RD_CUDA_CHECK(cudaGetDevice(&device));
+    RD_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    if (per_sm == 0) return;
+    const int64_t blocks = std::min<int64_t>(rows, int64_t{per_sm} * sms);
+    const size_t partial_bytes = static_cast<size_t>(blocks * cols) * sizeof(A);
+    ScratchBuffer weight_partial(scratch, grad_weight != nullptr ? partial_bytes : 0);
+    ScratchBuffer bias_partial(scratch, grad_bias != nullptr ? partial_bytes : 0);
+    const FusedBackwardParams p{grad_out, in,   weight, grad_sum, grad_in, mean, rstd,
+                                weight_partial.get(), bias_partial.get(), rows, cols, rms};
+    kernel<<<static_cast<unsigned>(blocks), threads, smem, stream>>>(p);
+    RD_CUDA_CHECK_LAUNCH();
+    if (grad_weight != nullptr) {
+      sum_column_partials<A>(weight_partial.get(), blocks, cols, grad_weight, stream);
+    }
+    if (grad_bias != nullptr) {
+      sum_column_partials<A>(bias_partial.get(), blocks, cols, grad_bias, stream);
+    }
+    launched = true;
+  };
+  switch (per_thread) {
+    case 1: launch(std::integral_constant<int, 1>{}); break;
+    case 2: launch(std::integral_constant<int, 2>{}); break;
+    default: launch(std::integral_constant<int, kFusedMaxChunks>{}); break;
+  }
+  return launched;
 }
 
 }  // namespace
@@ -483,11 +795,20 @@ void norm(void* out, float* mean, float* rstd, const void* in, const void* resid
   dispatch_floating(dtype, "norm", [&](auto tag) {
     using T = typename decltype(tag)::type;
     if (rows == 0) return;  // cols == 0 still writes each row's (NaN) mean and rstd
-    const RowLaunch l = row_launch<T>("norm", rows, cols, {out, in, residual, sum, weight, bias});
+    const RowLaunch l = row_launch<T>("norm", rows, cols, {out, in, residual, sum, weight, bias},
+                                      /*packed=*/true);
     const NormParams p{mean, rstd, residual, sum, weight, bias, eps, rms};
     with_chunk_width<T>(l, [&](auto width) {
-      norm_kernel<T, decltype(width)::value><<<l.blocks, l.threads, 0, stream>>>(
-          static_cast<T*>(out), static_cast<const T*>(in), rows, cols, l.group, p);
+      constexpr int W = decltype(width)::value;
+      auto run = [&](auto* kernel) {
+        kernel<<<l.blocks, l.threads, 0, stream>>>(static_cast<T*>(out), static_cast<const T*>(in),
+                                                   rows, cols, l.group, p);
+      };
+      if constexpr (kIsHalf<T> && W > 1) {
+        run(norm_packed_half_kernel<T, W>);
+      } else {
+        run(norm_kernel<T, W>);
+      }
     });
     RD_CUDA_CHECK_LAUNCH();
   });
@@ -507,6 +828,10 @@ void norm_backward(void* grad_in, float* grad_weight, float* grad_bias, const vo
       for (float* g : {grad_weight, grad_bias}) {
         if (g != nullptr) RD_CUDA_CHECK(cudaMemsetAsync(g, 0, cols * sizeof(float), stream));
       }
+      return;
+    }
+    if (norm_backward_fused<T>(grad_in, grad_weight, grad_bias, grad_out, grad_sum, in, mean,
+                               rstd, weight, rows, cols, rms, scratch, stream)) {
       return;
     }
     if (grad_in != nullptr) {
