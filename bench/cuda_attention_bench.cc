@@ -39,6 +39,7 @@
 #include "ringdilated/kernels/cuda/kernels.h"
 #include "ringdilated/kernels/cuda/runtime.h"
 #include "ringdilated/kernels/error.h"
+#include "cuda_bench_util.h"
 #endif
 
 namespace {
@@ -48,6 +49,9 @@ namespace {
 using rd::DType;
 using rd::kernels::StridedView;
 namespace gpu = rd::kernels::cuda;
+using rd::bench::CudaEvent;
+using rd::bench::DeviceBuffer;
+using rd::bench::have_cuda_device;
 
 constexpr int kDevice = 0;
 constexpr int64_t kTokens = 16384;  // query rows per head in every dense row
@@ -56,38 +60,7 @@ constexpr int kWarmupCalls = 2;
 constexpr double kBatchSeconds = 20e-3;
 constexpr int64_t kMaxCallsPerBatch = 200;
 
-bool have_gpu() {
-  int count = 0;
-  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
-}
-
 cudaStream_t stream() { return gpu::current_stream(kDevice); }
-
-class DeviceMemory {
- public:
-  explicit DeviceMemory(size_t bytes) {
-    RD_CUDA_CHECK(cudaMalloc(&data_, std::max<size_t>(bytes, 16)));
-  }
-  ~DeviceMemory() { cudaFree(data_); }
-  DeviceMemory(const DeviceMemory&) = delete;
-  DeviceMemory& operator=(const DeviceMemory&) = delete;
-  void* get() const { return data_; }
-
- private:
-  void* data_ = nullptr;
-};
-
-class Event {
- public:
-  Event() { RD_CUDA_CHECK(cudaEventCreate(&event_)); }
-  ~Event() { cudaEventDestroy(event_); }
-  Event(const Event&) = delete;
-  Event& operator=(const Event&) = delete;
-  cudaEvent_t get() const { return event_; }
-
- private:
-  cudaEvent_t event_ = nullptr;
-};
 
 // One row's problem: the batch of (segment, head) pairs, rows per segment, head dim, and
 // how q/k/v sit in memory.
@@ -152,11 +125,11 @@ struct Problem {
         grad_v(bytes),
         lse(static_cast<size_t>(s.segments * kHeads * s.n) * sizeof(float)) {
     uint64_t seed = 1;
-    for (DeviceMemory* m : {&q, &k, &v, &grad_out}) {
+    for (DeviceBuffer* m : {&q, &k, &v, &grad_out}) {
       gpu::random(flat(m->get()), rd::kernels::Distribution::kNormal, 0.0, 1.0, seed++, 0,
                   stream());
     }
-    for (DeviceMemory* m : {&out, &grad_q, &grad_k, &grad_v}) {
+    for (DeviceBuffer* m : {&out, &grad_q, &grad_k, &grad_v}) {
       RD_CUDA_CHECK(cudaMemsetAsync(m->get(), 0, bytes, stream()));
     }
     RD_CUDA_CHECK(cudaStreamSynchronize(stream()));
@@ -199,7 +172,7 @@ struct Problem {
 
   Shape shape;
   size_t bytes;
-  DeviceMemory q, k, v, out, grad_out, grad_q, grad_k, grad_v, lse;
+  DeviceBuffer q, k, v, out, grad_out, grad_q, grad_k, grad_v, lse;
 };
 
 // The process's scratch pool for the backward (stream-ordered on the current stream).
@@ -214,7 +187,7 @@ double forward_flops(const Shape& s) {
 }
 
 void run_row(benchmark::State& state, const Shape& shape, bool backward) {
-  if (!have_gpu()) {
+  if (!have_cuda_device()) {
     state.SkipWithError("no CUDA device");
     return;
   }
@@ -233,7 +206,7 @@ void run_row(benchmark::State& state, const Shape& shape, bool backward) {
       if (backward) gpu::flash_attention_backward(bwd, scratch(), stream());
     };
     for (int i = 0; i < kWarmupCalls; ++i) op();
-    Event start, stop;
+    CudaEvent start, stop;
     auto time_calls = [&](int64_t calls) {
       RD_CUDA_CHECK(cudaEventRecord(start.get(), stream()));
       for (int64_t i = 0; i < calls; ++i) op();

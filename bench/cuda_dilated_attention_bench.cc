@@ -88,6 +88,7 @@
 #include "ringdilated/tensor/dispatch.h"
 #include "ringdilated/tensor/generator.h"
 #include "ringdilated/tensor/tensor.h"
+#include "cuda_bench_util.h"
 #endif
 
 namespace {
@@ -96,6 +97,8 @@ namespace {
 
 using rd::DType;
 using rd::Tensor;
+using rd::bench::CudaEvent;
+using rd::bench::have_cuda_device;
 using rd::nn::AttentionPath;
 using rd::nn::DilationVariant;
 
@@ -135,11 +138,6 @@ struct RowSpec {
 
 bool backward_of(const RowSpec& s) { return s.direction == Direction::kForwardBackward; }
 
-bool have_gpu() {
-  int count = 0;
-  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
-}
-
 rd::Device device() { return rd::Device::cuda(kDevice); }
 
 cudaStream_t stream() { return rd::kernels::cuda::current_stream(kDevice); }
@@ -154,22 +152,10 @@ void release_memory() {
   pool().empty_cache();
 }
 
-class Event {
- public:
-  Event() { RD_CUDA_CHECK(cudaEventCreate(&event_)); }
-  ~Event() { cudaEventDestroy(event_); }
-  Event(const Event&) = delete;
-  Event& operator=(const Event&) = delete;
-  cudaEvent_t get() const { return event_; }
-
- private:
-  cudaEvent_t event_ = nullptr;
-};
-
 // GPU seconds of `calls` back-to-back calls of `op`, between two events on the current
 // stream (host gaps between queued kernels count: they are part of a call's cost).
 double time_calls(const std::function<void()>& op, int64_t calls) {
-  Event start, stop;
+  CudaEvent start, stop;
   RD_CUDA_CHECK(cudaEventRecord(start.get(), stream()));
   for (int64_t i = 0; i < calls; ++i) op();
   RD_CUDA_CHECK(cudaEventRecord(stop.get(), stream()));
@@ -330,7 +316,7 @@ std::string error_text(const std::exception& error) {
 // benchmark iteration; any error skips the row with its message. Memory is released either
 // way.
 void run_guarded(benchmark::State& state, const std::function<double()>& body) {
-  if (!have_gpu()) {
+  if (!have_cuda_device()) {
     state.SkipWithError("no CUDA device");
     return;
   }
@@ -740,7 +726,7 @@ void add_rows() {
 // Device facts and the command line for the JSON context (report.py prints them).
 void add_context(const std::string& command) {
   benchmark::AddCustomContext("command", command);
-  if (!have_gpu()) {
+  if (!have_cuda_device()) {
     benchmark::AddCustomContext("cuda_device", "none visible");
     return;
   }

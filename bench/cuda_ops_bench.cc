@@ -49,6 +49,7 @@
 #include "ringdilated/kernels/cuda/runtime.h"
 #include "ringdilated/ringdilated.h"
 #include "ringdilated/tensor/dispatch.h"
+#include "cuda_bench_util.h"
 #endif
 
 namespace {
@@ -57,6 +58,8 @@ namespace {
 
 using rd::DType;
 using rd::Tensor;
+using rd::bench::CudaEvent;
+using rd::bench::DeviceBuffer;
 
 constexpr int kDeviceIndex = 0;
 constexpr rd::Device kDevice = rd::Device::cuda(kDeviceIndex);
@@ -148,31 +151,6 @@ cudaStream_t stream() { return rd::kernels::cuda::current_stream(kDeviceIndex); 
 
 // --- CUDA resources ------------------------------------------------------------------------
 
-class Event {
- public:
-  Event() { RD_CUDA_CHECK(cudaEventCreate(&event_)); }
-  ~Event() { cudaEventDestroy(event_); }  // a destructor cannot throw; nothing to recover
-  Event(const Event&) = delete;
-  Event& operator=(const Event&) = delete;
-  cudaEvent_t get() const { return event_; }
-
- private:
-  cudaEvent_t event_ = nullptr;
-};
-
-// Raw device memory for the ceilings, which must not depend on the library's allocator.
-class DeviceBuffer {
- public:
-  explicit DeviceBuffer(size_t bytes) { RD_CUDA_CHECK(cudaMalloc(&data_, bytes)); }
-  ~DeviceBuffer() { cudaFree(data_); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  void* get() const { return data_; }
-
- private:
-  void* data_ = nullptr;
-};
-
 // Times calls of an op with a pair of events on one stream.
 class GpuTimer {
  public:
@@ -205,8 +183,8 @@ class GpuTimer {
 
  private:
   cudaStream_t stream_;
-  Event start_;
-  Event stop_;
+  CudaEvent start_;
+  CudaEvent stop_;
 };
 
 // Median GPU seconds per call of `op`, over batches of about kBatchSeconds, for at least
