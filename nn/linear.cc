@@ -45,8 +45,7 @@ Tensor Linear::forward(const Tensor& x) const {
   RD_CHECK(x.defined() && x.dim() >= 1 && x.size(-1) == in_features_, kShapeMismatch,
            "Linear: input must be [..., ", in_features_, "], got shape ",
            x.defined() ? shape_str(x.shape()) : std::string("(undefined)"));
-  Tensor y = matmul(x, weight_.t());
-  return has_bias_ ? y + *bias_ : y;
+  return linear(x, weight_, has_bias_ ? *bias_ : Tensor());
 }
 
 }  // namespace rd::nn

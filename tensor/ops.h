@@ -88,6 +88,9 @@ Tensor argmin(const Tensor& x, int64_t dim, bool keepdim = false);
 Tensor matmul(const Tensor& a, const Tensor& b);
 // [B, n, k] @ [B, k, m] -> [B, n, m]; no broadcasting.
 Tensor bmm(const Tensor& a, const Tensor& b);
+// x [..., in] @ weight[out, in]^T + bias[out] -> [..., out] (bias may be undefined): one GEMM
+// whose epilogue adds the bias, so no second output-sized tensor is written and read.
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = {});
 
 // --- neural-network ops ---
 Tensor softmax(const Tensor& x, int64_t dim);

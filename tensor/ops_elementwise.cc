@@ -28,10 +28,22 @@ Tensor sum_to(const Tensor& grad, const Shape& shape) {
   return reduced.reshape(shape);
 }
 
-// The gradient of input `x` from an output gradient: reduced to x's shape, in x's dtype.
-Tensor grad_for(const Tensor& x, const Tensor& grad) {
-  return sum_to(grad, x.shape()).to(x.dtype());
+// What a backward needs of an input whose values it does not read. Saving this instead of
+// the tensor lets the input's memory go as soon as nothing else holds it: a saved bias-add
+// input alone would pin a whole activation until the backward pass.
+struct InputMeta {
+  Shape shape;
+  DType dtype;
+};
+
+InputMeta meta_of(const Tensor& t) { return {t.shape(), t.dtype()}; }
+
+// The gradient of an input from an output gradient: reduced to its shape, in its dtype.
+Tensor grad_for(const InputMeta& x, const Tensor& grad) {
+  return sum_to(grad, x.shape).to(x.dtype);
 }
+
+Tensor grad_for(const Tensor& x, const Tensor& grad) { return grad_for(meta_of(x), grad); }
 
 // A bool mask as 0/1 values of `dtype`, for multiplying into gradients.
 Tensor mask_as(const Tensor& mask, DType dtype) { return mask.to(dtype); }
@@ -97,9 +109,9 @@ Tensor add(const Tensor& a, const Tensor& b, double alpha) {
   Tensor scaled_b = alpha == 1.0 ? b : mul(b, alpha);
   Tensor out = binary_forward(BinaryOp::kAdd, a, scaled_b);
   if (autograd::needs_grad({&a, &scaled_b})) {
-    Tensor sa = a.detach(), sb = b.detach();
-    autograd::record(out, "add", {a, scaled_b}, [sa, sb](const Tensor& g) -> std::vector<Tensor> {
-      return {grad_for(sa, g), grad_for(sb, g)};
+    autograd::record(out, "add", {a, scaled_b},
+                     [ma = meta_of(a), mb = meta_of(b)](const Tensor& g) -> std::vector<Tensor> {
+      return {grad_for(ma, g), grad_for(mb, g)};
     });
   }
   return out;
@@ -109,9 +121,9 @@ Tensor sub(const Tensor& a, const Tensor& b, double alpha) {
   Tensor scaled_b = alpha == 1.0 ? b : mul(b, alpha);
   Tensor out = binary_forward(BinaryOp::kSub, a, scaled_b);
   if (autograd::needs_grad({&a, &scaled_b})) {
-    Tensor sa = a.detach(), sb = b.detach();
-    autograd::record(out, "sub", {a, scaled_b}, [sa, sb](const Tensor& g) -> std::vector<Tensor> {
-      return {grad_for(sa, g), grad_for(sb, neg(g))};
+    autograd::record(out, "sub", {a, scaled_b},
+                     [ma = meta_of(a), mb = meta_of(b)](const Tensor& g) -> std::vector<Tensor> {
+      return {grad_for(ma, g), grad_for(mb, neg(g))};
     });
   }
   return out;
@@ -120,11 +132,13 @@ Tensor sub(const Tensor& a, const Tensor& b, double alpha) {
 Tensor mul(const Tensor& a, const Tensor& b) {
   Tensor out = binary_forward(BinaryOp::kMul, a, b);
   if (autograd::needs_grad({&a, &b})) {
-    Tensor sa = a.detach(), sb = b.detach();
     bool need_a = a.requires_grad(), need_b = b.requires_grad();
-    autograd::record(out, "mul", {a, b}, [=](const Tensor& g) -> std::vector<Tensor> {
-      return {need_a ? grad_for(sa, mul(g, sb)) : Tensor(),
-              need_b ? grad_for(sb, mul(g, sa)) : Tensor()};
+    // Each input's gradient reads only the other input's values.
+    Tensor sa = need_b ? a.detach() : Tensor(), sb = need_a ? b.detach() : Tensor();
+    autograd::record(out, "mul", {a, b},
+                     [=, ma = meta_of(a), mb = meta_of(b)](const Tensor& g) -> std::vector<Tensor> {
+      return {need_a ? grad_for(ma, mul(g, sb)) : Tensor(),
+              need_b ? grad_for(mb, mul(g, sa)) : Tensor()};
     });
   }
   return out;
@@ -133,12 +147,13 @@ Tensor mul(const Tensor& a, const Tensor& b) {
 Tensor div(const Tensor& a, const Tensor& b) {
   Tensor out = binary_forward(BinaryOp::kDiv, a, b);
   if (autograd::needs_grad({&a, &b})) {
-    Tensor sa = a.detach(), sb = b.detach();
     bool need_b = b.requires_grad();
-    autograd::record(out, "div", {a, b}, [=](const Tensor& g) -> std::vector<Tensor> {
+    Tensor sa = need_b ? a.detach() : Tensor(), sb = b.detach();
+    autograd::record(out, "div", {a, b},
+                     [=, ma = meta_of(a), mb = meta_of(b)](const Tensor& g) -> std::vector<Tensor> {
       Tensor grad_a = div(g, sb);
       Tensor grad_b = need_b ? neg(div(mul(grad_a, sa), sb)) : Tensor();
-      return {grad_for(sa, grad_a), need_b ? grad_for(sb, grad_b) : Tensor()};
+      return {grad_for(ma, grad_a), need_b ? grad_for(mb, grad_b) : Tensor()};
     });
   }
   return out;
@@ -303,10 +318,11 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
                                 kernel_view(a.to(dtype).expand(shape), "where"),
                                 kernel_view(b.to(dtype).expand(shape), "where"));
   if (autograd::needs_grad({&a, &b})) {
-    Tensor sc = cond.detach(), sa = a.detach(), sb = b.detach();
-    autograd::record(out, "where", {a, b}, [=](const Tensor& g) -> std::vector<Tensor> {
+    Tensor sc = cond.detach();
+    autograd::record(out, "where", {a, b},
+                     [sc, ma = meta_of(a), mb = meta_of(b)](const Tensor& g) -> std::vector<Tensor> {
       Tensor zero = zeros({}, TensorOptions(g.dtype()).with_device(g.device()));
-      return {grad_for(sa, where(sc, g, zero)), grad_for(sb, where(sc, zero, g))};
+      return {grad_for(ma, where(sc, g, zero)), grad_for(mb, where(sc, zero, g))};
     });
   }
   return out;

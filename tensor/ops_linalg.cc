@@ -1,5 +1,6 @@
 // Matrix products: matmul (NumPy semantics, batch broadcasting) built on bmm, which maps
-// strided operands onto one batched GEMM without copies where the layout allows.
+// strided operands onto one batched GEMM without copies where the layout allows, and linear
+// (a GEMM with a fused bias).
 #include "ringdilated/tensor/autograd.h"
 #include "ringdilated/tensor/dispatch.h"
 #include "ringdilated/tensor/ops.h"
@@ -31,7 +32,9 @@ GemmOperand gemm_operand(const Tensor& x) {
   return {c, false, std::max<int64_t>(cols, 1), rows * cols};
 }
 
-Tensor bmm_forward(const Tensor& a, const Tensor& b) {
+// a @ b, plus `bias` (undefined, or b.size(2) elements of a's dtype, contiguous) added to
+// every row by the GEMM epilogue.
+Tensor bmm_forward(const Tensor& a, const Tensor& b, const Tensor& bias = {}) {
   int64_t batch = a.size(0), m = a.size(1), k = a.size(2), n = b.size(2);
   Tensor out = empty({batch, m, n}, TensorOptions(a.dtype()).with_device(a.device()));
   if (out.numel() == 0) return out;
@@ -53,7 +56,9 @@ Tensor bmm_forward(const Tensor& a, const Tensor& b) {
   args.stride_a = ga.batch_stride;
   args.stride_b = gb.batch_stride;
   args.stride_c = m * n;
+  if (bias.defined()) args.bias = bias.raw_data();
   if (k == 0) {
+    RD_CHECK(!bias.defined(), kInternal, "bmm_forward: a bias with an empty inner dim");
     out.zero_();
     return out;
   }
@@ -75,8 +80,9 @@ Tensor bmm(const Tensor& a, const Tensor& b) {
   check_floating(a, "bmm", "a");
   Tensor out = bmm_forward(a, b);
   if (autograd::needs_grad({&a, &b})) {
-    Tensor sa = a.detach(), sb = b.detach();
     bool need_a = a.requires_grad(), need_b = b.requires_grad();
+    // Each operand's gradient reads only the other operand.
+    Tensor sa = need_b ? a.detach() : Tensor(), sb = need_a ? b.detach() : Tensor();
     autograd::record(out, "bmm", {a, b}, [=](const Tensor& g) -> std::vector<Tensor> {
       return {need_a ? bmm(g, sb.transpose(1, 2)) : Tensor(),
               need_b ? bmm(sa.transpose(1, 2), g) : Tensor()};
@@ -123,6 +129,53 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   out_shape.push_back(m);
   out_shape.push_back(n);
   return product.view(out_shape);
+}
+
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  check_same_device({&x, &weight}, "linear");
+  RD_CHECK(weight.dim() == 2, kShapeMismatch, "linear: argument 'weight' must be [out, in], got ",
+           shape_str(weight.shape()));
+  const int64_t in = weight.size(1), out = weight.size(0);
+  RD_CHECK(x.dim() >= 1 && x.size(-1) == in, kShapeMismatch, "linear: argument 'x' must be [..., ",
+           in, "] for weight ", shape_str(weight.shape()), ", got ", shape_str(x.shape()));
+  RD_CHECK(x.dtype() == weight.dtype(), kDTypeMismatch, "linear: dtypes of x and weight differ (",
+           dtype_name(x.dtype()), " and ", dtype_name(weight.dtype()), ")");
+  check_floating(x, "linear", "x");
+  if (bias.defined()) {
+    check_same_device({&x, &bias}, "linear");
+    RD_CHECK(bias.dim() == 1 && bias.size(0) == out, kShapeMismatch,
+             "linear: argument 'bias' must be [", out, "] for weight ", shape_str(weight.shape()),
+             ", got ", shape_str(bias.shape()));
+    RD_CHECK(bias.dtype() == x.dtype(), kDTypeMismatch, "linear: dtypes of x and bias differ (",
+             dtype_name(x.dtype()), " and ", dtype_name(bias.dtype()), ")");
+  }
+  // An empty inner dim leaves nothing to multiply: the composition handles it.
+  if (in == 0) return bias.defined() ? add(matmul(x, weight.t()), bias) : matmul(x, weight.t());
+
+  Shape out_shape = x.shape();
+  out_shape.back() = out;
+  const int64_t rows = x.numel() / in;
+  const Tensor x_rows = x.reshape({1, rows, in});
+  const Tensor result =
+      bmm_forward(x_rows, weight.t().unsqueeze(0), bias.defined() ? bias.contiguous() : bias)
+          .view(out_shape);
+  if (autograd::needs_grad({&x, &weight, &bias})) {
+    const bool need_x = x.requires_grad(), need_weight = weight.requires_grad();
+    const bool need_bias = bias.defined() && bias.requires_grad();
+    // The input gradient reads the weight, the weight gradient the input: save only those.
+    Tensor saved_x = need_weight ? x_rows.detach().squeeze(0) : Tensor();
+    Tensor saved_weight = need_x ? weight.detach() : Tensor();
+    Shape x_shape = x.shape();
+    autograd::record(
+        result, "linear", {x, weight, bias},
+        [=](const Tensor& g) -> std::vector<Tensor> {
+          const Tensor g_rows = g.reshape({rows, out});
+          return {need_x ? matmul(g_rows, saved_weight).view(x_shape) : Tensor(),
+                  need_weight ? matmul(g_rows.t(), saved_x) : Tensor(),
+                  need_bias ? sum(g_rows, {0}) : Tensor()};
+        });
+  }
+  return result;
 }
 
 }  // namespace rd

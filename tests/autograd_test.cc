@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "ringdilated/tensor/allocator.h"
 #include "ringdilated/tensor/checkpoint.h"
 #include "ringdilated/tensor/ops.h"
 #include "ringdilated/tensor/tensor.h"
@@ -342,6 +343,31 @@ TEST(Checkpoint, MultipleOutputs) {
   CheckpointRun ckpt = run_with(fn, true, nullptr, 0);
   EXPECT_EQ(plain.outputs, ckpt.outputs);
   EXPECT_EQ(plain.grads, ckpt.grads);
+}
+
+// Backward formulas save only what they read: an intermediate consumed by add, sub, where,
+// or the operand whose values a product's requested gradients do not need is freed once
+// the forward is done with it, not held until backward.
+TEST(AutogradMemoryTest, IntermediatesNotReadByBackwardAreFreedAfterForward) {
+  Allocator& pool = allocator_for(Device::cpu());
+  const TensorOptions f32 = TensorOptions(DType::kFloat32).with_requires_grad(true);
+  Tensor w = full({256, 256}, 0.5, f32);  // 256 KiB each
+  Tensor b = full({256}, 0.25, f32);
+  Tensor c = full({256, 256}, 2.0, TensorOptions(DType::kFloat32));
+  const int64_t matrix_bytes = 256 * 256 * 4;
+  const int64_t held = pool.stats().allocated_bytes;
+  {
+    // Each line's inner result is dropped right away unless a backward saved it.
+    Tensor y = add(matmul(c, w), b);
+    EXPECT_EQ(pool.stats().allocated_bytes - held, matrix_bytes);
+    y = sub(y, mul(c, 3.0));  // mul saves c (already held), not the product
+    EXPECT_EQ(pool.stats().allocated_bytes - held, matrix_bytes);
+    y = where(gt(c, 1.0), y, exp(c));  // exp's output is read by its own backward only
+    EXPECT_LE(pool.stats().allocated_bytes - held, 3 * matrix_bytes);
+    sum(y).backward();
+  }
+  EXPECT_TRUE(w.grad().defined() && b.grad().defined());
+  EXPECT_EQ(pool.stats().allocated_bytes - held, matrix_bytes + 256 * 4);  // the two gradients
 }
 
 }  // namespace

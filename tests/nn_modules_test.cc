@@ -18,6 +18,7 @@
 #include "ringdilated/nn/linear.h"
 #include "ringdilated/nn/module.h"
 #include "ringdilated/nn/pattern_cache.h"
+#include "ringdilated/tensor/allocator.h"
 #include "ringdilated/tensor/ops.h"
 #include "testing/tensor_util.h"
 
@@ -265,6 +266,47 @@ TEST(MultiheadDilatedAttentionTest, EqualsItsCompositionAndTrainsEveryParameter)
   }
   EXPECT_EQ(mha.last_path(), nn::AttentionPath::kMath);
   EXPECT_THROW(nn::MultiheadDilatedAttention(10, 3, options), Error);
+}
+
+// Forward + backward holds no activation longer than the backward needs it. With B*N*E
+// elements as the unit, the peak during backward is: the QKV projection output (3, read by
+// the attention backward), the attention output (1, read by the output projection's weight
+// gradient), the module output (1, held by the caller), the attention output's gradient (1)
+// and the packed QKV gradient (3), plus the parameter gradients and the LSE. Anything more
+// is a saved tensor that pins memory (a bias add once kept a whole QKV-sized GEMM output).
+TEST(MultiheadDilatedAttentionTest, PeakMemoryOfForwardBackwardIsTheActivationBudget) {
+  constexpr int64_t kEmbed = 512, kHeads = 8, kSeqLen = 4096;
+  nn::DilatedAttentionOptions options;
+  options.segment_lengths = {1024, 2048};
+  options.dilation_rates = {1, 2};
+  nn::MultiheadOptions module_options;
+  module_options.tensor_options = TensorOptions(DType::kFloat32);
+  module_options.seed = 2;
+  nn::MultiheadDilatedAttention mha(kEmbed, kHeads, options, module_options);
+  Generator gen(4);
+  const TensorOptions f32(DType::kFloat32);
+  Tensor x = randn({1, kSeqLen, kEmbed}, gen, f32.with_requires_grad(true));
+  const Tensor grad_y = randn({1, kSeqLen, kEmbed}, gen, f32);
+
+  int64_t parameter_bytes = 0;
+  for (const Tensor& p : mha.parameters()) parameter_bytes += p.numel() * 4;
+  const int64_t unit = kSeqLen * kEmbed * 4;
+  const int64_t lse_bytes = kHeads * kSeqLen * 4;
+  const int64_t budget = 9 * unit + parameter_bytes + lse_bytes;
+
+  Allocator& pool = allocator_for(Device::cpu());
+  const int64_t held = pool.stats().allocated_bytes;
+  pool.reset_peak_stats();
+  mha.forward(x).backward(grad_y);
+  const int64_t peak_delta = pool.stats().peak_allocated_bytes - held;
+  // Kernel scratch (the math path's per-thread tiles) gets a quarter unit.
+  EXPECT_LE(peak_delta, budget + unit / 4)
+      << "peak above the inputs: " << static_cast<double>(peak_delta) / unit
+      << " units of B*N*E floats; budget " << static_cast<double>(budget) / unit;
+  EXPECT_GE(peak_delta, 9 * unit);  // the budget's tensors do all exist at once
+  ASSERT_TRUE(x.grad().defined());
+  // After backward only the gradients remain above what was held.
+  EXPECT_EQ(pool.stats().allocated_bytes - held, unit + parameter_bytes);
 }
 
 TEST(RecommendedDTypeTest, IsFloat32OnTheCpu) {

@@ -561,6 +561,20 @@ void add_linalg(CaseTable& t) {
        [](const Ts& x) { return bmm(x[0], x[1]); },
        [](const Rs& r) { return ref::bmm(r[0], r[1]); })
       .accumulates(4);
+  // linear: 1-D, 2-D and 3-D inputs, with and without the fused bias.
+  for (const Shape& x_shape : {Shape{4}, Shape{3, 4}, Shape{2, 3, 4}}) {
+    for (bool has_bias : {true, false}) {
+      std::vector<InputSpec> inputs = {Data(x_shape), Data({5, 4})};
+      if (has_bias) inputs.push_back(Data({5}));
+      t.def(
+           has_bias ? "linear_b" : "linear", kFloat, inputs,
+           [has_bias](const Ts& x) { return linear(x[0], x[1], has_bias ? x[2] : Tensor()); },
+           [has_bias](const Rs& r) {
+             return ref::linear(r[0], r[1], has_bias ? std::optional<RefArray>(r[2]) : std::nullopt);
+           })
+          .accumulates(4);
+    }
+  }
 }
 
 void add_nn(CaseTable& t) {

@@ -339,6 +339,24 @@ RefArray bmm(const RefArray& a, const RefArray& b) {
   return matmul(a, b);
 }
 
+RefArray linear(const RefArray& x, const RefArray& weight, const std::optional<RefArray>& bias) {
+  require(weight.dim() == 2 && x.dim() >= 1 && x.shape.back() == weight.shape[1],
+          "linear needs x [..., in] and weight [out, in]");
+  const int64_t in = weight.shape[1], out = weight.shape[0];
+  require(!bias || (bias->dim() == 1 && bias->shape[0] == out), "linear needs bias [out]");
+  Shape shape = x.shape;
+  shape.back() = out;
+  RefArray y = RefArray::filled(shape, 0.0);
+  for (int64_t row = 0; row < x.numel() / in; ++row) {
+    for (int64_t o = 0; o < out; ++o) {
+      double acc = bias ? bias->data[o] : 0.0;
+      for (int64_t i = 0; i < in; ++i) acc += x.data[row * in + i] * weight.data[o * in + i];
+      y.data[row * out + o] = acc;
+    }
+  }
+  return y;
+}
+
 // --- neural-network ops ---
 
 namespace {

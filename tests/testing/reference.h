@@ -73,6 +73,8 @@ RefArray cumsum(const RefArray& x, int64_t dim);
 // --- linear algebra ---
 RefArray matmul(const RefArray& a, const RefArray& b);  // NumPy semantics
 RefArray bmm(const RefArray& a, const RefArray& b);
+// x [..., in] times weight [out, in] transposed, plus bias [out] when given.
+RefArray linear(const RefArray& x, const RefArray& weight, const std::optional<RefArray>& bias);
 
 // --- neural-network ops ---
 RefArray layer_norm(const RefArray& x, const Shape& normalized_shape,
