@@ -85,6 +85,20 @@ TEST(Errors, MatmulInnerSizes) {
       {ErrorCode::kShapeMismatch}, {"bmm", "[2, 3, 4]", "[3, 4, 5]"}));
 }
 
+TEST(Errors, LinearShapesAndDTypes) {
+  EXPECT_TRUE(raises([] { linear(floats({2, 3}), floats({5, 4})); },
+                     {ErrorCode::kShapeMismatch}, {"linear", "'x'", "[2, 3]", "[5, 4]"}));
+  EXPECT_TRUE(raises([] { linear(floats({2, 4}), floats({5, 4, 1})); },
+                     {ErrorCode::kShapeMismatch}, {"linear", "'weight'", "[5, 4, 1]"}));
+  EXPECT_TRUE(raises([] { linear(floats({2, 4}), floats({5, 4}), floats({4})); },
+                     {ErrorCode::kShapeMismatch}, {"linear", "'bias'", "[4]", "[5, 4]"}));
+  EXPECT_TRUE(raises([] { linear(floats({2, 4}), ones({5, 4}, DType::kFloat64)); },
+                     {ErrorCode::kDTypeMismatch}, {"linear", "float32", "float64"}));
+  EXPECT_TRUE(raises(
+      [] { linear(floats({2, 4}), floats({5, 4}), ones({5}, DType::kBFloat16)); },
+      {ErrorCode::kDTypeMismatch}, {"linear", "bias", "bfloat16"}));
+}
+
 TEST(Errors, JoiningMismatchedShapes) {
   EXPECT_TRUE(raises(
       [] {
