@@ -233,6 +233,9 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
     buffers.erase(node.get());
     if (inputs.empty()) inputs.resize(node->num_outputs());
     std::vector<Tensor> input_grads = node->apply(inputs);
+    // Saved tensors are dead once their node ran: free them now, not after the whole pass,
+    // so the peak of a deep backward holds only the activations still ahead of it.
+    if (!retain_graph) node->release();
     const std::vector<Edge>& next = node->next_edges();
     RD_CHECK(input_grads.size() == next.size() || next.empty(), kInternal, "backward: node '",
              node->name(), "' returned ", input_grads.size(), " gradients for ", next.size(),
@@ -244,9 +247,6 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
     }
   }
 
-  if (!retain_graph) {
-    for (const auto& node : reachable) node->release();
-  }
 }
 
 }  // namespace rd::autograd

@@ -70,8 +70,8 @@ class NoGradGuard : public GradModeGuard {
 };
 
 // Runs the backward pass from `roots` seeded with `grads` (undefined means ones for a
-// scalar). Iterative: graph depth is bounded only by memory. Without retain_graph, every
-// node it ran is released afterwards.
+// scalar). Iterative: graph depth is bounded only by memory. Without retain_graph, each
+// node it runs is released right after it ran, so saved tensors go as early as they can.
 void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads = {},
               bool retain_graph = false);
 

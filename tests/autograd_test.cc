@@ -370,5 +370,28 @@ TEST(AutogradMemoryTest, IntermediatesNotReadByBackwardAreFreedAfterForward) {
   EXPECT_EQ(pool.stats().allocated_bytes - held, matrix_bytes + 256 * 4);  // the two gradients
 }
 
+// Without retain_graph a node's saved tensors are freed as soon as it ran, not at the end of
+// the pass: when the upstream probe runs, exp's saved output must be gone already.
+TEST(AutogradMemoryTest, SavedTensorsAreFreedAsSoonAsTheirNodeRan) {
+  Tensor x = full({64}, 0.5, TensorOptions(DType::kFloat32).with_requires_grad(true));
+  std::weak_ptr<Storage> exp_output;
+  bool freed_when_probe_ran = false;
+  Tensor probed = x.detach().clone();
+  autograd::record(probed, "probe", {x}, [&](const Tensor& g) -> std::vector<Tensor> {
+    freed_when_probe_ran = exp_output.expired();
+    return {g};
+  });
+  Tensor loss;
+  {
+    Tensor e = exp(probed);  // saves its output for backward
+    exp_output = e.impl()->storage;
+    loss = sum(e);
+  }
+  EXPECT_FALSE(exp_output.expired());  // held by exp's node until it runs
+  loss.backward();
+  EXPECT_TRUE(freed_when_probe_ran);
+  EXPECT_TRUE(x.grad().defined());
+}
+
 }  // namespace
 }  // namespace rd
