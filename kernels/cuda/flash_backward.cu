@@ -383,49 +383,14 @@ void launch_config(const BackwardParams& params, cudaStream_t stream) {
   }
 }
 
-template <class T>
-void launch_type(const BackwardParams& params, cudaStream_t stream) {
-  switch (head_dim_bucket(params.pr.d)) {
-    case 32: return launch_config<BackwardConfigFor<T, 32>>(params, stream);
-    case 64: return launch_config<BackwardConfigFor<T, 64>>(params, stream);
-    case 128: return launch_config<BackwardConfigFor<T, 128>>(params, stream);
-    case 256: return launch_config<BackwardConfigFor<T, 256>>(params, stream);
-    default:
-      RD_FAIL(kUnimplemented, "flash_attention_backward: head dim ", params.pr.d, " is over 256");
-  }
-}
-
-template <class T>
-size_t smem_for(int d) {
-  switch (head_dim_bucket(d)) {
-    case 32: return BackwardConfigFor<T, 32>::kSmemBytes;
-    case 64: return BackwardConfigFor<T, 64>::kSmemBytes;
-    case 128: return BackwardConfigFor<T, 128>::kSmemBytes;
-    case 256: return BackwardConfigFor<T, 256>::kSmemBytes;
-    default: return 0;
-  }
-}
-
 }  // namespace
 
 void launch_backward(DType dtype, const BackwardParams& params, cudaStream_t stream) {
-  switch (dtype) {
-    case DType::kFloat32: return launch_type<float>(params, stream);
-    case DType::kBFloat16: return launch_type<__nv_bfloat16>(params, stream);
-    case DType::kFloat16: return launch_type<__half>(params, stream);
-    default:
-      RD_FAIL(kDTypeMismatch, "flash_attention_backward: dtype ", dtype_name(dtype),
-              " is not served (float32, bfloat16, float16)");
-  }
+  with_config<BackwardConfigFor>(dtype, params.pr.d, "flash_attention_backward", [&](auto config) {
+    launch_config<typename decltype(config)::type>(params, stream);
+  });
 }
 
-size_t backward_smem_bytes(DType dtype, int d) {
-  switch (dtype) {
-    case DType::kFloat32: return smem_for<float>(d);
-    case DType::kBFloat16: return smem_for<__nv_bfloat16>(d);
-    case DType::kFloat16: return smem_for<__half>(d);
-    default: return 0;
-  }
-}
+size_t backward_smem_bytes(DType dtype, int d) { return config_smem_bytes<BackwardConfigFor>(dtype, d); }
 
 }  // namespace rd::kernels::cuda::flash

@@ -19,6 +19,7 @@
 #include <type_traits>
 
 #include "ringdilated/kernels/dtype.h"
+#include "ringdilated/kernels/error.h"
 #include "ringdilated/kernels/philox.h"
 #include "ringdilated/kernels/strided.h"
 
@@ -89,6 +90,44 @@ size_t backward_smem_bytes(DType dtype, int d);
 // per bucket and zero-pad the head dim up to it. 0 when d > 256.
 constexpr int head_dim_bucket(int d) {
   return d <= 32 ? 32 : d <= 64 ? 64 : d <= 128 ? 128 : d <= 256 ? 256 : 0;
+}
+
+// Host side: calls f(std::type_identity<ConfigFor<T, bucket>>{}) for the element type T of
+// `dtype` (float, __nv_bfloat16, __half) and the head-dim bucket of d, and returns what f
+// returns. Unserved dtypes and head dims over 256 throw, naming `op`. The forward and the
+// backward each pass their own ConfigFor, so the dispatch is written once.
+template <template <class, int> class ConfigFor, class F>
+auto with_config(DType dtype, int d, const char* op, F&& f) {
+  auto with_bucket = [&](auto elem) {
+    using T = typename decltype(elem)::type;
+    switch (head_dim_bucket(d)) {
+      case 32: return f(std::type_identity<ConfigFor<T, 32>>{});
+      case 64: return f(std::type_identity<ConfigFor<T, 64>>{});
+      case 128: return f(std::type_identity<ConfigFor<T, 128>>{});
+      case 256: return f(std::type_identity<ConfigFor<T, 256>>{});
+      default: RD_FAIL(kUnimplemented, op, ": head dim ", d, " is over 256");
+    }
+  };
+  switch (dtype) {
+    case DType::kFloat32: return with_bucket(std::type_identity<float>{});
+    case DType::kBFloat16: return with_bucket(std::type_identity<__nv_bfloat16>{});
+    case DType::kFloat16: return with_bucket(std::type_identity<__half>{});
+    default:
+      RD_FAIL(kDTypeMismatch, op, ": dtype ", dtype_name(dtype),
+              " is not served (float32, bfloat16, float16)");
+  }
+}
+
+// Shared memory a config needs per block, or 0 where no config serves (dtype, d).
+template <template <class, int> class ConfigFor>
+size_t config_smem_bytes(DType dtype, int d) {
+  const bool served = head_dim_bucket(d) != 0 &&
+                      (dtype == DType::kFloat32 || dtype == DType::kBFloat16 ||
+                       dtype == DType::kFloat16);
+  if (!served) return 0;
+  return with_config<ConfigFor>(dtype, d, "flash attention", [](auto config) -> size_t {
+    return decltype(config)::type::kSmemBytes;
+  });
 }
 
 // ---------------------------------------------------------------------------------------

@@ -368,49 +368,14 @@ void launch_config(const ForwardParams& params, cudaStream_t stream) {
   RD_CUDA_CHECK_LAUNCH();
 }
 
-template <class T>
-void launch_type(const ForwardParams& params, cudaStream_t stream) {
-  switch (head_dim_bucket(params.pr.d)) {
-    case 32: return launch_config<ForwardConfigFor<T, 32>>(params, stream);
-    case 64: return launch_config<ForwardConfigFor<T, 64>>(params, stream);
-    case 128: return launch_config<ForwardConfigFor<T, 128>>(params, stream);
-    case 256: return launch_config<ForwardConfigFor<T, 256>>(params, stream);
-    default:
-      RD_FAIL(kUnimplemented, "flash_attention_forward: head dim ", params.pr.d, " is over 256");
-  }
-}
-
-template <class T>
-size_t smem_for(int d) {
-  switch (head_dim_bucket(d)) {
-    case 32: return ForwardConfigFor<T, 32>::kSmemBytes;
-    case 64: return ForwardConfigFor<T, 64>::kSmemBytes;
-    case 128: return ForwardConfigFor<T, 128>::kSmemBytes;
-    case 256: return ForwardConfigFor<T, 256>::kSmemBytes;
-    default: return 0;
-  }
-}
-
 }  // namespace
 
 void launch_forward(DType dtype, const ForwardParams& params, cudaStream_t stream) {
-  switch (dtype) {
-    case DType::kFloat32: return launch_type<float>(params, stream);
-    case DType::kBFloat16: return launch_type<__nv_bfloat16>(params, stream);
-    case DType::kFloat16: return launch_type<__half>(params, stream);
-    default:
-      RD_FAIL(kDTypeMismatch, "flash_attention_forward: dtype ", dtype_name(dtype),
-              " is not served (float32, bfloat16, float16)");
-  }
+  with_config<ForwardConfigFor>(dtype, params.pr.d, "flash_attention_forward", [&](auto config) {
+    launch_config<typename decltype(config)::type>(params, stream);
+  });
 }
 
-size_t forward_smem_bytes(DType dtype, int d) {
-  switch (dtype) {
-    case DType::kFloat32: return smem_for<float>(d);
-    case DType::kBFloat16: return smem_for<__nv_bfloat16>(d);
-    case DType::kFloat16: return smem_for<__half>(d);
-    default: return 0;
-  }
-}
+size_t forward_smem_bytes(DType dtype, int d) { return config_smem_bytes<ForwardConfigFor>(dtype, d); }
 
 }  // namespace rd::kernels::cuda::flash
