@@ -23,6 +23,8 @@
 #include "ringdilated/tensor/ops.h"
 #include "ringdilated/tensor/safetensors.h"
 #include "ringdilated/tensor/tensor.h"
+#include "testing/dtype_precision.h"
+#include "testing/random_tensors.h"
 
 namespace rd {
 namespace {
@@ -33,26 +35,8 @@ using kernels::AdamWTensor;
 const DType kFloatTypes[] = {DType::kFloat32, DType::kFloat64, DType::kBFloat16,
                              DType::kFloat16};
 
-// Relative precision of storing in dtype t (unit roundoff).
-double unit_roundoff(DType t) {
-  switch (t) {
-    case DType::kFloat64: return std::ldexp(1.0, -53);
-    case DType::kBFloat16: return std::ldexp(1.0, -8);
-    case DType::kFloat16: return std::ldexp(1.0, -11);
-    default: return std::ldexp(1.0, -24);
-  }
-}
-
-// Random values of magnitude [0.1, 2] and random sign, in a new contiguous CPU tensor.
-Tensor random_tensor(const Shape& shape, DType dtype, std::mt19937_64& rng) {
-  std::uniform_real_distribution<double> magnitude(0.1, 2.0);
-  std::bernoulli_distribution negative(0.5);
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  std::vector<double> values(static_cast<size_t>(n));
-  for (double& v : values) v = negative(rng) ? -magnitude(rng) : magnitude(rng);
-  return from_vector<double>(std::move(values), shape).to(dtype);
-}
+using test::random_nonzero_tensor;
+using test::unit_roundoff;
 
 std::vector<double> values_of(const Tensor& t) { return t.to_vector<double>(); }
 
@@ -101,8 +85,8 @@ struct TensorState {
   Tensor param, grad, exp_avg, exp_avg_sq;
 
   TensorState(int64_t numel, DType dtype, std::mt19937_64& rng)
-      : param(random_tensor({numel}, dtype, rng)),
-        grad(random_tensor({numel}, dtype, rng)),
+      : param(random_nonzero_tensor({numel}, dtype, rng)),
+        grad(random_nonzero_tensor({numel}, dtype, rng)),
         exp_avg(zeros({numel}, accumulation_dtype(dtype))),
         exp_avg_sq(zeros({numel}, accumulation_dtype(dtype))) {}
   TensorState clone() const {
@@ -188,7 +172,7 @@ TEST(AdamWKernelTest, MatchesFloat64ReferenceForEveryDTypeAndSize) {
         std::vector<Before> before;
         std::vector<AdamWTensor> args;
         for (TensorState& state : states) {
-          if (step != 1) state.grad = random_tensor({state.param.numel()}, dtype, rng);
+          if (step != 1) state.grad = random_nonzero_tensor({state.param.numel()}, dtype, rng);
           before.emplace_back(state);
           args.push_back(state.kernel_args());
         }
@@ -318,10 +302,10 @@ void expect_error(ErrorCode code, const std::string& message, Fn&& fn) {
 // moves each alone.
 TEST(AdamWOptimizerTest, StepsEachDTypeGroupLikeTheKernel) {
   std::mt19937_64 rng(1);
-  const Tensor a = random_tensor({3, 5}, DType::kFloat32, rng);
-  const Tensor b = random_tensor({7}, DType::kBFloat16, rng);
-  const Tensor c = random_tensor({2, 2}, DType::kFloat64, rng);
-  const Tensor d = random_tensor({4}, DType::kFloat32, rng);
+  const Tensor a = random_nonzero_tensor({3, 5}, DType::kFloat32, rng);
+  const Tensor b = random_nonzero_tensor({7}, DType::kBFloat16, rng);
+  const Tensor c = random_nonzero_tensor({2, 2}, DType::kFloat64, rng);
+  const Tensor d = random_nonzero_tensor({4}, DType::kFloat32, rng);
   std::map<std::string, std::vector<Tensor>> grads;
   // The optimizer shares these handles' tensors, so their gradients reach it.
   std::vector<std::pair<std::string, Tensor>> handles = {
@@ -329,7 +313,7 @@ TEST(AdamWOptimizerTest, StepsEachDTypeGroupLikeTheKernel) {
   AdamW opt(handles, kOptions);
   for (int k = 0; k < 3; ++k) {
     for (auto& [name, p] : handles) {
-      grads[name].push_back(random_tensor(p.shape(), p.dtype(), rng));
+      grads[name].push_back(random_nonzero_tensor(p.shape(), p.dtype(), rng));
       p.set_grad(grads[name].back());
     }
     opt.step();
@@ -345,13 +329,13 @@ TEST(AdamWOptimizerTest, StepsEachDTypeGroupLikeTheKernel) {
 
 TEST(AdamWOptimizerTest, SkipsParametersWithoutGradientAndBiasCorrectsPerParameter) {
   std::mt19937_64 rng(2);
-  const Tensor a0 = random_tensor({6}, DType::kFloat32, rng);
-  const Tensor b0 = random_tensor({5}, DType::kFloat32, rng);
+  const Tensor a0 = random_nonzero_tensor({6}, DType::kFloat32, rng);
+  const Tensor b0 = random_nonzero_tensor({5}, DType::kFloat32, rng);
   Tensor a = a0.clone(), b = b0.clone();
   AdamW opt({{"a", a}, {"b", b}}, kOptions);
-  const Tensor ga1 = random_tensor({6}, DType::kFloat32, rng);
-  const Tensor ga2 = random_tensor({6}, DType::kFloat32, rng);
-  const Tensor gb = random_tensor({5}, DType::kFloat32, rng);
+  const Tensor ga1 = random_nonzero_tensor({6}, DType::kFloat32, rng);
+  const Tensor ga2 = random_nonzero_tensor({6}, DType::kFloat32, rng);
+  const Tensor gb = random_nonzero_tensor({5}, DType::kFloat32, rng);
 
   a.set_grad(ga1);
   opt.step();
@@ -386,14 +370,14 @@ TEST(AdamWOptimizerTest, SkipsParametersWithoutGradientAndBiasCorrectsPerParamet
 // Gradients from autograd, and non-contiguous ones, are used like their contiguous values.
 TEST(AdamWOptimizerTest, UsesAutogradAndNonContiguousGradients) {
   std::mt19937_64 rng(3);
-  const Tensor w0 = random_tensor({4, 3}, DType::kFloat32, rng);
-  const Tensor x = random_tensor({4, 3}, DType::kFloat32, rng);
+  const Tensor w0 = random_nonzero_tensor({4, 3}, DType::kFloat32, rng);
+  const Tensor x = random_nonzero_tensor({4, 3}, DType::kFloat32, rng);
   Tensor w = w0.clone();
   w.set_requires_grad(true);
   Tensor u = w0.clone();  // gets a transposed gradient
   AdamW opt({{"w", w}, {"u", u}}, kOptions);
   sum(mul(w, x)).backward();  // d/dw = x
-  const Tensor gu = random_tensor({3, 4}, DType::kFloat32, rng).t();
+  const Tensor gu = random_nonzero_tensor({3, 4}, DType::kFloat32, rng).t();
   ASSERT_FALSE(gu.is_contiguous());
   u.set_grad(gu);
   opt.step();
@@ -412,13 +396,13 @@ TEST(AdamWOptimizerTest, StateDictRoundTripThroughSafetensorsContinuesBitIdentic
         {"layer.0.weight", {8, 5}}, {"layer.0.bias", {8}}, {"frozen", {3}}};
     std::vector<std::pair<std::string, Tensor>> run;
     for (const auto& [name, shape] : shapes) {
-      run.emplace_back(name, random_tensor(shape, dtype, rng));
+      run.emplace_back(name, random_nonzero_tensor(shape, dtype, rng));
     }
     AdamW uninterrupted(run, kOptions);
     std::vector<std::vector<Tensor>> grads(5);
     for (auto& step_grads : grads) {
       for (size_t i = 0; i + 1 < shapes.size(); ++i) {  // "frozen" never gets a gradient
-        step_grads.push_back(random_tensor(shapes[i].second, dtype, rng));
+        step_grads.push_back(random_nonzero_tensor(shapes[i].second, dtype, rng));
       }
     }
     auto step_with = [&](AdamW& opt, std::vector<std::pair<std::string, Tensor>>& params,
@@ -474,7 +458,7 @@ TEST(AdamWOptimizerTest, StateDictRoundTripThroughSafetensorsContinuesBitIdentic
 
 TEST(AdamWOptimizerTest, RejectsBadParametersAndOptions) {
   std::mt19937_64 rng(6);
-  const Tensor p = random_tensor({2, 3}, DType::kFloat32, rng);
+  const Tensor p = random_nonzero_tensor({2, 3}, DType::kFloat32, rng);
   expect_error(ErrorCode::kInvalidArgument, "AdamW: parameter name 'w' is used twice",
                [&] { AdamW({{"w", p}, {"w", p.clone()}}); });
   expect_error(ErrorCode::kInvalidArgument, "non-empty name", [&] { AdamW({{"", p}}); });
@@ -502,16 +486,16 @@ TEST(AdamWOptimizerTest, RejectsBadParametersAndOptions) {
 
 TEST(AdamWOptimizerTest, RejectsMismatchedGradientsBeforeUpdatingAnything) {
   std::mt19937_64 rng(7);
-  Tensor a = random_tensor({4}, DType::kFloat32, rng);
-  Tensor b = random_tensor({2, 2}, DType::kFloat32, rng);
+  Tensor a = random_nonzero_tensor({4}, DType::kFloat32, rng);
+  Tensor b = random_nonzero_tensor({2, 2}, DType::kFloat32, rng);
   const Tensor a0 = a.clone();
   AdamW opt({{"a", a}, {"b", b}});
-  a.set_grad(random_tensor({4}, DType::kFloat32, rng));
+  a.set_grad(random_nonzero_tensor({4}, DType::kFloat32, rng));
 
-  b.set_grad(random_tensor({2, 2}, DType::kFloat64, rng));
+  b.set_grad(random_nonzero_tensor({2, 2}, DType::kFloat64, rng));
   expect_error(ErrorCode::kDTypeMismatch, "gradient of 'b' is float64", [&] { opt.step(); });
   // set_grad refuses a wrong shape, but the gradient slot can still be filled directly.
-  b.impl()->grad = random_tensor({3}, DType::kFloat32, rng).impl_ptr();
+  b.impl()->grad = random_nonzero_tensor({3}, DType::kFloat32, rng).impl_ptr();
   expect_error(ErrorCode::kShapeMismatch, "gradient of 'b' has shape [3]", [&] { opt.step(); });
 
   EXPECT_TRUE(same_bits(a, a0)) << "a failed step must not update any parameter";
@@ -521,11 +505,11 @@ TEST(AdamWOptimizerTest, RejectsMismatchedGradientsBeforeUpdatingAnything) {
 
 TEST(AdamWOptimizerTest, RejectsBadStateDictsAndKeepsItsState) {
   std::mt19937_64 rng(8);
-  Tensor w = random_tensor({3, 2}, DType::kBFloat16, rng);
-  Tensor b = random_tensor({2}, DType::kBFloat16, rng);
+  Tensor w = random_nonzero_tensor({3, 2}, DType::kBFloat16, rng);
+  Tensor b = random_nonzero_tensor({2}, DType::kBFloat16, rng);
   AdamW opt({{"w", w}, {"b", b}}, kOptions);
-  w.set_grad(random_tensor({3, 2}, DType::kBFloat16, rng));
-  b.set_grad(random_tensor({2}, DType::kBFloat16, rng));
+  w.set_grad(random_nonzero_tensor({3, 2}, DType::kBFloat16, rng));
+  b.set_grad(random_nonzero_tensor({2}, DType::kBFloat16, rng));
   opt.step();
   opt.step();
   std::map<std::string, Tensor> good;

@@ -12,6 +12,7 @@
 #include "ringdilated/tensor/device.h"
 #include "ringdilated/kernels/cpu/caching_allocator.h"
 #include "ringdilated/tensor/tensor.h"
+#include "testing/memory_stats_check.h"
 
 namespace rd {
 namespace {
@@ -19,16 +20,7 @@ namespace {
 constexpr size_t kKiB = 1024;
 constexpr size_t kMiB = 1024 * 1024;
 
-// Asserts every field of a MemoryStats, naming the ones that differ.
-void expect_stats(const MemoryStats& got, const MemoryStats& want) {
-  EXPECT_EQ(got.allocated_bytes, want.allocated_bytes);
-  EXPECT_EQ(got.reserved_bytes, want.reserved_bytes);
-  EXPECT_EQ(got.peak_allocated_bytes, want.peak_allocated_bytes);
-  EXPECT_EQ(got.cache_hits, want.cache_hits);
-  EXPECT_EQ(got.cache_misses, want.cache_misses);
-  EXPECT_EQ(got.system_allocs, want.system_allocs);
-  EXPECT_EQ(got.system_frees, want.system_frees);
-}
+using test::expect_stats;
 
 TEST(CpuAllocatorTest, BlockSizesFollowTheDocumentedClasses) {
   const std::pair<size_t, size_t> cases[] = {

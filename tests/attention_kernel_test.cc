@@ -14,7 +14,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <functional>
 #include <limits>
 #include <numeric>
@@ -30,8 +29,11 @@
 #include "ringdilated/kernels/cpu/attention.h"
 #include "ringdilated/kernels/cpu/parallel.h"
 #include "ringdilated/kernels/error.h"
-#include "ringdilated/kernels/half.h"
 #include "ringdilated/kernels/philox.h"
+#include "testing/attention_operands.h"
+#include "testing/dtype_precision.h"
+#include "testing/elementwise_close.h"
+#include "testing/host_views.h"
 
 namespace rd::kernels {
 namespace {
@@ -41,268 +43,26 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr DType kFloatTypes[] = {DType::kFloat32, DType::kFloat64, DType::kBFloat16,
                                  DType::kFloat16};
 
-// ---------------------------------------------------------------------------------------
-// Precision of the dtypes.
-
-// Unit roundoff (half an ulp, relative) of a dtype's storage.
-double unit_roundoff(DType t) {
-  switch (t) {
-    case DType::kFloat64: return std::ldexp(1.0, -53);
-    case DType::kBFloat16: return std::ldexp(1.0, -8);
-    case DType::kFloat16: return std::ldexp(1.0, -11);
-    default: return std::ldexp(1.0, -24);
-  }
-}
-// Unit roundoff of the type kernels compute in: float32, float64 for float64 data.
-double compute_roundoff(DType t) {
-  return t == DType::kFloat64 ? std::ldexp(1.0, -53) : std::ldexp(1.0, -24);
-}
-// Absolute rounding of the smallest values a stored result may have (float16 subnormals).
-double tiny_step(DType t) { return t == DType::kFloat16 ? std::ldexp(1.0, -24) : 0.0; }
-
-int64_t product(const Shape& s) {
-  int64_t n = 1;
-  for (int64_t x : s) n *= x;
-  return n;
-}
-
-Shape concat(Shape a, const Shape& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
-
-Shape contiguous_strides(const Shape& shape) {
-  Shape s(shape.size(), 1);
-  for (int d = static_cast<int>(shape.size()) - 2; d >= 0; --d) s[d] = s[d + 1] * shape[d + 1];
-  return s;
-}
-
-// ---------------------------------------------------------------------------------------
-// Typed host memory and views into it.
-
-double load_element(const unsigned char* p, DType t) {
-  auto load = [p](auto v) {
-    std::memcpy(&v, p, sizeof(v));
-    return v;
-  };
-  switch (t) {
-    case DType::kFloat32: return load(float{});
-    case DType::kFloat64: return load(double{});
-    case DType::kBFloat16: return static_cast<float>(load(BFloat16{}));
-    case DType::kFloat16: return static_cast<float>(load(Float16{}));
-    default: ADD_FAILURE() << "unexpected dtype " << dtype_name(t); return 0;
-  }
-}
-
-void store_element(unsigned char* p, DType t, double v) {
-  auto store = [p](auto x) { std::memcpy(p, &x, sizeof(x)); };
-  switch (t) {
-    case DType::kFloat32: return store(static_cast<float>(v));
-    case DType::kFloat64: return store(v);
-    case DType::kBFloat16: return store(BFloat16(static_cast<float>(v)));
-    case DType::kFloat16: return store(Float16(static_cast<float>(v)));
-    default: ADD_FAILURE() << "unexpected dtype " << dtype_name(t);
-  }
-}
-
-class HostBuffer {
- public:
-  HostBuffer() = default;
-  HostBuffer(DType dtype, int64_t count)
-      : dtype_(dtype), count_(count), bytes_(static_cast<size_t>(count) * dtype_size(dtype)) {}
-  DType dtype() const { return dtype_; }
-  int64_t count() const { return count_; }
-  unsigned char* element(int64_t i) { return bytes_.data() + i * dtype_size(dtype_); }
-  double get(int64_t i) const { return load_element(bytes_.data() + i * dtype_size(dtype_), dtype_); }
-  void set(int64_t i, double v) { store_element(element(i), dtype_, v); }
-  void fill_uniform(std::mt19937_64& rng, double lo = -1, double hi = 1) {
-    std::uniform_real_distribution<double> dist(lo, hi);
-    for (int64_t i = 0; i < count_; ++i) set(i, dist(rng));
-  }
-  void poison() { std::fill(bytes_.begin(), bytes_.end(), 0xff); }  // NaN in every float dtype
-  const std::vector<unsigned char>& bytes() const { return bytes_; }
-
- private:
-  DType dtype_ = DType::kFloat32;
-  int64_t count_ = 0;
-  std::vector<unsigned char> bytes_;
-};
-
-// A view with the memory behind it. Movable only: the view points into the buffer's heap
-// block, which a move keeps.
-struct Operand {
-  HostBuffer buffer;
-  StridedView view;
-  Operand() = default;
-  Operand(Operand&&) = default;
-  Operand& operator=(Operand&&) = default;
-  Operand(const Operand&) = delete;
-};
-
-Operand make_strided(DType dtype, const Shape& shape, const Shape& strides, int64_t offset,
-                     int64_t count) {
-  Operand o;
-  o.buffer = HostBuffer(dtype, count);
-  o.view.data = count > 0 ? o.buffer.element(offset) : nullptr;
-  o.view.dtype = dtype;
-  o.view.ndim = static_cast<int>(shape.size());
-  for (size_t d = 0; d < shape.size(); ++d) {
-    o.view.shape[d] = shape[d];
-    o.view.strides[d] = strides[d];
-  }
-  return o;
-}
-
-// Calls f(logical index, element offset) for every element of v in row-major order.
-template <class F>
-void for_each_element(const StridedView& v, const F& f) {
-  const int64_t n = v.numel();
-  std::vector<int64_t> index(v.ndim, 0);
-  int64_t offset = 0;
-  for (int64_t linear = 0; linear < n; ++linear) {
-    f(linear, offset);
-    for (int d = v.ndim - 1; d >= 0; --d) {
-      if (++index[d] < v.shape[d]) {
-        offset += v.strides[d];
-        break;
-      }
-      offset -= (v.shape[d] - 1) * v.strides[d];
-      index[d] = 0;
-    }
-  }
-}
-
-unsigned char* element_at(const StridedView& v, int64_t offset) {
-  return static_cast<unsigned char*>(v.data) + offset * static_cast<int64_t>(dtype_size(v.dtype));
-}
-
-// The values of v in logical row-major order.
-std::vector<double> read_view(const StridedView& v) {
-  std::vector<double> values(v.numel());
-  for_each_element(v, [&](int64_t i, int64_t off) { values[i] = load_element(element_at(v, off), v.dtype); });
-  return values;
-}
-
-// Stores values (logical row-major order) through v, rounded to its dtype.
-void write_view(const StridedView& v, const std::vector<double>& values) {
-  for_each_element(v, [&](int64_t i, int64_t off) { store_element(element_at(v, off), v.dtype, values[i]); });
-}
-
-// Fails when any element of the buffer outside the view differs from `before`.
-void expect_untouched_outside(const char* what, const Operand& o,
-                              const std::vector<unsigned char>& before) {
-  const int64_t count = o.buffer.count();
-  if (count == 0) return;
-  std::vector<bool> inside(count, false);
-  const auto* base = o.buffer.bytes().data();
-  const auto size = static_cast<int64_t>(dtype_size(o.view.dtype));
-  const int64_t first = (static_cast<const unsigned char*>(o.view.data) - base) / size;
-  for_each_element(o.view, [&](int64_t, int64_t off) { inside[first + off] = true; });
-  int64_t changed = 0;
-  for (int64_t e = 0; e < count; ++e) {
-    if (!inside[e] && std::memcmp(base + e * size, before.data() + e * size, size) != 0) ++changed;
-  }
-  EXPECT_EQ(changed, 0) << what << ": elements outside the view were written";
-}
-
-// ---------------------------------------------------------------------------------------
-// Layouts: how the views of one case sit in memory.
-
-enum class Layout {
-  kContiguous,
-  kStrided,  // transposed, reversed (negative stride), broadcast (zero stride), every-other
-  kDilated,  // [B, S, H, n, D] views of [B, N, H, D] buffers: the fixed variant's selection
-};
-
-enum class Style {
-  kPlain,
-  kTransposed,       // the last two dims stored swapped
-  kReversedRows,     // rows (dim -2, or -1 for [batch..., rows]) in reverse: negative stride
-  kBroadcastFirst,   // dim 0 has stride 0 (inputs only)
-  kEveryOther,       // every other element of a buffer twice as large, starting at 1
-  kDilated,          // see Layout::kDilated
-};
-
-// The dilated selection: dilation rate r and offset o (segments of length w = n * r).
-constexpr int64_t kDilation = 2;
-constexpr int64_t kDilationOffset = 1;
-
-Operand make_operand(DType dtype, const Shape& shape, Style style) {
-  const int n = static_cast<int>(shape.size());
-  Shape strides = contiguous_strides(shape);
-  int64_t offset = 0;
-  int64_t count = product(shape);
-  switch (style) {
-    case Style::kPlain:
-      break;
-    case Style::kTransposed:
-      if (n >= 2) {
-        Shape stored = shape;
-        std::swap(stored[n - 1], stored[n - 2]);
-        strides = contiguous_strides(stored);
-        std::swap(strides[n - 1], strides[n - 2]);
-      }
-      break;
-    case Style::kReversedRows: {
-      const int rows = n >= 2 ? n - 2 : n - 1;
-      if (shape[rows] > 0) {
-        offset = (shape[rows] - 1) * strides[rows];
-        strides[rows] = -strides[rows];
-      }
-      break;
-    }
-    case Style::kBroadcastFirst:
-      if (n > 2 && shape[0] > 1) {
-        const Shape rest(shape.begin() + 1, shape.end());
-        strides = concat({0}, contiguous_strides(rest));
-        count = product(rest);
-      }
-      break;
-    case Style::kEveryOther:
-      for (int64_t& s : strides) s *= 2;
-      offset = 1;
-      count = 2 * count + 1;
-      break;
-    case Style::kDilated: {
-      // Matrices [B, S, H, n, D] in a [B, N, H, D] buffer; row statistics [B, S, H, n] in a
-      // [B, H, N] buffer, as the spec lays out out and lse.
-      const int64_t b = shape[0], segments = shape[1], heads = shape[2], rows = shape[3];
-      const int64_t w = rows * kDilation, seq = segments * w;
-      if (n == 5) {
-        const int64_t d = shape[4];
-        strides = {seq * heads * d, w * heads * d, d, kDilation * heads * d, 1};
-        offset = kDilationOffset * heads * d;
-        count = b * seq * heads * d;
-      } else {
-        strides = {heads * seq, w, seq, kDilation};
-        offset = kDilationOffset;
-        count = b * heads * seq;
-      }
-      break;
-    }
-  }
-  return make_strided(dtype, shape, strides, offset, count);
-}
-
-enum class Role { kQ, kK, kV, kOut, kLse, kGradOut, kGradLse, kGradQ, kGradK, kGradV };
-
-Style style_for(Layout layout, Role role) {
-  if (layout == Layout::kContiguous) return Style::kPlain;
-  if (layout == Layout::kDilated) return Style::kDilated;
-  switch (role) {
-    case Role::kQ:
-    case Role::kOut:
-    case Role::kGradQ: return Style::kTransposed;
-    case Role::kK:
-    case Role::kGradOut:
-    case Role::kGradK: return Style::kReversedRows;
-    case Role::kV: return Style::kBroadcastFirst;
-    case Role::kLse:
-    case Role::kGradLse:
-    case Role::kGradV: return Style::kEveryOther;
-  }
-  return Style::kPlain;
-}
+using test::AttentionLayout;
+using test::AttentionValues;
+using test::compute_roundoff;
+using test::concat;
+using test::contiguous_strides;
+using test::dtype_tag;
+using test::expect_untouched_outside;
+using test::fill_extreme;
+using test::make_operand;
+using test::make_view;
+using test::Operand;
+using test::product;
+using test::read_view;
+using test::Role;
+using test::signed_tag;
+using test::Style;
+using test::style_for;
+using test::tiny_step;
+using test::unit_roundoff;
+using test::write_view;
 
 // ---------------------------------------------------------------------------------------
 // The float64 reference, written from kernels/attention.h.
@@ -472,28 +232,10 @@ GradRef reference_backward(const Problem& pr, const ForwardRef& f, const std::ve
 void expect_close(const std::string& what, const std::vector<double>& got,
                   const std::vector<double>& want, const std::vector<double>& err, DType stored,
                   const std::vector<double>* base = nullptr) {
-  ASSERT_EQ(got.size(), want.size()) << what;
   const double u = unit_roundoff(stored), tiny = tiny_step(stored);
-  int64_t failures = 0, first = -1;
-  double first_tol = 0;
-  for (size_t e = 0; e < got.size(); ++e) {
-    bool ok;
-    double tol = 0;
-    if (std::isinf(want[e])) {
-      ok = got[e] == want[e];
-    } else {
-      tol = err[e] + 2 * u * (std::fabs(want[e]) + (base ? std::fabs((*base)[e]) : 0)) + tiny;
-      ok = std::fabs(got[e] - want[e]) <= tol;  // false for NaN
-    }
-    if (!ok && failures++ == 0) {
-      first = static_cast<int64_t>(e);
-      first_tol = tol;
-    }
-  }
-  EXPECT_EQ(failures, 0) << what << ": " << failures << " of " << got.size()
-                         << " elements off; first at " << first << ": got "
-                         << (first >= 0 ? got[first] : 0) << ", want "
-                         << (first >= 0 ? want[first] : 0) << ", tolerance " << first_tol;
+  test::expect_elementwise_close(what, got, want, [&](size_t e) {
+    return err[e] + 2 * u * (std::fabs(want[e]) + (base ? std::fabs((*base)[e]) : 0)) + tiny;
+  });
 }
 
 std::vector<double> plus(const std::vector<double>& a, const std::vector<double>& b) {
@@ -505,33 +247,8 @@ std::vector<double> plus(const std::vector<double>& a, const std::vector<double>
 // ---------------------------------------------------------------------------------------
 // Case-driven tests: forward and backward of the CPU kernel against the reference.
 
-enum class Values {
-  kRandom,   // uniform in [-1, 1]
-  kExtreme,  // scores +-1e4 + small integers, computed exactly
-};
-
-struct Case {
-  std::string name;
-  DType dtype = DType::kFloat32;
-  std::optional<DType> out_dtype = std::nullopt;   // default: dtype
-  std::optional<DType> grad_dtype = std::nullopt;  // default: dtype
-  Shape batch = {2};
-  int64_t lq = 9, lk = 13, d = 16;
-  std::optional<double> scale = std::nullopt;  // default: 1 / sqrt(d)
-  bool causal = false;
-  int64_t causal_offset = 0;
-  double dropout = 0;
-  bool lse = true;       // the forward writes lse
-  bool grad_lse = true;  // the backward gets a grad_lse
-  Layout layout = Layout::kContiguous;
-  Values values = Values::kRandom;
-  bool key_order = false;  // visit the keys in a random order: the same result
-};
-
-// gtest prints a failing case by its name rather than its bytes.
-void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
-
-std::string dtype_tag(DType t) { return std::string(dtype_name(t)); }
+// Small sizes by default: the float64 reference backward is quadratic in lk per query row.
+using Case = test::AttentionCase</*kDefaultLq=*/9, /*kDefaultLk=*/13>;
 
 std::vector<Case> all_cases() {
   std::vector<Case> cases;
@@ -548,8 +265,7 @@ std::vector<Case> all_cases() {
     for (auto [lq, lk] : {std::pair{6, 10}, std::pair{10, 6}}) {
       for (int64_t offset : {0, 3, -2}) {
         cases.push_back({.name = dtype_tag(t) + "_causal_q" + std::to_string(lq) + "_k" +
-                                 std::to_string(lk) + "_offset" +
-                                 (offset < 0 ? "m" + std::to_string(-offset) : std::to_string(offset)),
+                                 std::to_string(lk) + "_offset" + signed_tag(offset),
                          .dtype = t, .lq = lq, .lk = lk, .causal = true, .causal_offset = offset});
       }
     }
@@ -579,23 +295,24 @@ std::vector<Case> all_cases() {
   cases.push_back({.name = "dropout_half_causal", .causal = true, .causal_offset = 2, .dropout = 0.5});
   cases.push_back({.name = "odd_d_custom_scale", .d = 3, .scale = 0.7});
   cases.push_back({.name = "negative_scale", .d = 5, .scale = -0.3});
-  cases.push_back({.name = "strided_f32", .batch = {2, 3}, .layout = Layout::kStrided});
+  cases.push_back({.name = "strided_f32", .batch = {2, 3}, .layout = AttentionLayout::kStrided});
   cases.push_back({.name = "strided_bf16_causal_dropout", .dtype = DType::kBFloat16,
-                   .causal = true, .causal_offset = 1, .dropout = 0.2, .layout = Layout::kStrided});
+                   .causal = true, .causal_offset = 1, .dropout = 0.2,
+                   .layout = AttentionLayout::kStrided});
   cases.push_back({.name = "strided_f64_no_batch", .dtype = DType::kFloat64, .batch = {},
-                   .layout = Layout::kStrided});
+                   .layout = AttentionLayout::kStrided});
   for (DType t : kFloatTypes) {
     cases.push_back({.name = "dilated_" + dtype_tag(t), .dtype = t, .batch = {2, 2, 3}, .lq = 4,
-                     .lk = 4, .layout = Layout::kDilated});
+                     .lk = 4, .layout = AttentionLayout::kDilated});
   }
   cases.push_back({.name = "dilated_causal_dropout", .batch = {2, 3, 2}, .lq = 6, .lk = 6,
-                   .causal = true, .dropout = 0.3, .layout = Layout::kDilated});
+                   .causal = true, .dropout = 0.3, .layout = AttentionLayout::kDilated});
   for (DType t : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
     cases.push_back({.name = "extreme_" + dtype_tag(t), .dtype = t, .lq = 8, .lk = 11,
-                     .scale = 1.0, .values = Values::kExtreme});
+                     .scale = 1.0, .values = AttentionValues::kExtreme});
   }
   cases.push_back({.name = "extreme_causal_f32", .lq = 8, .lk = 11, .scale = 1.0, .causal = true,
-                   .causal_offset = 1, .values = Values::kExtreme});
+                   .causal_offset = 1, .values = AttentionValues::kExtreme});
   // A key visiting order changes only the order of the sums: the reference ignores it.
   for (DType t : kFloatTypes) {
     cases.push_back({.name = "key_order_" + dtype_tag(t), .dtype = t, .key_order = true});
@@ -605,21 +322,8 @@ std::vector<Case> all_cases() {
   cases.push_back({.name = "key_order_causal_negative_offset", .dtype = DType::kFloat64, .lq = 100,
                    .lk = 70, .causal = true, .causal_offset = -40, .key_order = true});
   cases.push_back({.name = "key_order_strided_bf16_causal", .dtype = DType::kBFloat16, .causal = true,
-                   .causal_offset = 1, .layout = Layout::kStrided, .key_order = true});
+                   .causal_offset = 1, .layout = AttentionLayout::kStrided, .key_order = true});
   return cases;
-}
-
-// q[b, i] = (+-100, c_i, 0, ...) (the sign alternating by row) and k[b, j] = (100, c_j, 0, ...)
-// with small integers c: scores +-1e4 + c_i c_j, exact in every compute type.
-void fill_extreme(const StridedView& view, bool alternate_sign) {
-  const int64_t d = view.shape[view.ndim - 1], rows = view.shape[view.ndim - 2];
-  std::vector<double> values(view.numel(), 0);
-  for (int64_t r = 0; r < view.numel() / d; ++r) {
-    const int64_t i = r % rows;
-    values[r * d] = alternate_sign && i % 2 == 1 ? -100 : 100;
-    if (d > 1) values[r * d + 1] = static_cast<double>((r * 7 + 3) % 5) - 2;
-  }
-  write_view(view, values);
 }
 
 class AttentionCaseTest : public ::testing::TestWithParam<Case> {};
@@ -640,7 +344,7 @@ TEST_P(AttentionCaseTest, ForwardAndBackwardMatchTheReference) {
   q.buffer.fill_uniform(rng);
   k.buffer.fill_uniform(rng);
   v.buffer.fill_uniform(rng);
-  if (c.values == Values::kExtreme) {
+  if (c.values == AttentionValues::kExtreme) {
     fill_extreme(q.view, /*alternate_sign=*/true);
     fill_extreme(k.view, /*alternate_sign=*/false);
   }
@@ -665,7 +369,7 @@ TEST_P(AttentionCaseTest, ForwardAndBackwardMatchTheReference) {
   pr.q = read_view(q.view);
   pr.k = read_view(k.view);
   pr.v = read_view(v.view);
-  pr.exact_scores = c.values == Values::kExtreme;
+  pr.exact_scores = c.values == AttentionValues::kExtreme;
   const ForwardRef ref = reference_forward(pr);
 
   // Forward, into poisoned outputs.
@@ -1082,19 +786,6 @@ TEST(AttentionKernelTest, ResultsDoNotDependOnTheThreadCount) {
 // ---------------------------------------------------------------------------------------
 // Argument checks: each bad argument is an rd::Error naming the op and the argument.
 
-StridedView view_of(void* data, DType dtype, const Shape& shape, Shape strides = {}) {
-  if (strides.empty()) strides = contiguous_strides(shape);
-  StridedView v;
-  v.data = data;
-  v.dtype = dtype;
-  v.ndim = static_cast<int>(shape.size());
-  for (size_t d = 0; d < shape.size(); ++d) {
-    v.shape[d] = shape[d];
-    v.strides[d] = strides[d];
-  }
-  return v;
-}
-
 template <class F>
 void expect_error(const F& call, ErrorCode code, const std::vector<std::string>& pieces) {
   try {
@@ -1114,11 +805,11 @@ TEST(AttentionKernelTest, BadArgumentsAreClearErrors) {
   void* m = memory.data();
   const DType f32 = DType::kFloat32;
   AttentionForwardArgs good;
-  good.q = view_of(m, f32, {2, 5, 8});
-  good.k = view_of(m, f32, {2, 6, 8});
-  good.v = view_of(m, f32, {2, 6, 8});
-  good.out = view_of(m, f32, {2, 5, 8});
-  good.lse = view_of(m, f32, {2, 5});
+  good.q = make_view(m, f32, {2, 5, 8});
+  good.k = make_view(m, f32, {2, 6, 8});
+  good.v = make_view(m, f32, {2, 6, 8});
+  good.out = make_view(m, f32, {2, 5, 8});
+  good.lse = make_view(m, f32, {2, 5});
   good.params.scale = 0.5;
   EXPECT_NO_THROW(check_attention_forward_args(good));
 
@@ -1129,21 +820,21 @@ TEST(AttentionKernelTest, BadArgumentsAreClearErrors) {
     std::vector<std::string> pieces;
   };
   const std::vector<ForwardBad> forward_cases = {
-      {[&](auto& a) { a.q = view_of(m, f32, {8}); }, ErrorCode::kShapeMismatch,
+      {[&](auto& a) { a.q = make_view(m, f32, {8}); }, ErrorCode::kShapeMismatch,
        {"attention: argument 'q'", "[8]"}},
       {[&](auto& a) { a.q.dtype = a.k.dtype = a.v.dtype = DType::kInt32; },
        ErrorCode::kDTypeMismatch, {"attention: argument 'q'", "floating"}},
       {[&](auto& a) { a.k.dtype = DType::kFloat64; }, ErrorCode::kDTypeMismatch,
        {"attention: argument 'k'", "float64"}},
-      {[&](auto& a) { a.k = view_of(m, f32, {3, 6, 8}); }, ErrorCode::kShapeMismatch,
+      {[&](auto& a) { a.k = make_view(m, f32, {3, 6, 8}); }, ErrorCode::kShapeMismatch,
        {"argument 'k' has shape [3, 6, 8]", "[2, 5, 8]"}},
-      {[&](auto& a) { a.v = view_of(m, f32, {2, 6, 4}); }, ErrorCode::kShapeMismatch,
+      {[&](auto& a) { a.v = make_view(m, f32, {2, 6, 4}); }, ErrorCode::kShapeMismatch,
        {"argument 'v' has shape [2, 6, 4]"}},
-      {[&](auto& a) { a.v = view_of(m, f32, {2, 7, 8}); }, ErrorCode::kShapeMismatch,
+      {[&](auto& a) { a.v = make_view(m, f32, {2, 7, 8}); }, ErrorCode::kShapeMismatch,
        {"argument 'v' has shape [2, 7, 8] but 'k' has shape [2, 6, 8]"}},
-      {[&](auto& a) { a.k = view_of(m, f32, {2, 3, 6, 8}); a.v = a.k; }, ErrorCode::kShapeMismatch,
+      {[&](auto& a) { a.k = make_view(m, f32, {2, 3, 6, 8}); a.v = a.k; }, ErrorCode::kShapeMismatch,
        {"argument 'k' has shape [2, 3, 6, 8]"}},
-      {[&](auto& a) { a.out = view_of(m, f32, {2, 5, 4}); }, ErrorCode::kShapeMismatch,
+      {[&](auto& a) { a.out = make_view(m, f32, {2, 5, 4}); }, ErrorCode::kShapeMismatch,
        {"argument 'out' has shape [2, 5, 4]"}},
       {[&](auto& a) { a.out.dtype = DType::kFloat64; }, ErrorCode::kDTypeMismatch,
        {"argument 'out' has dtype float64"}},
@@ -1151,9 +842,9 @@ TEST(AttentionKernelTest, BadArgumentsAreClearErrors) {
        {"argument 'out' has dtype bfloat16"}},
       {[&](auto& a) { a.lse.dtype = DType::kFloat64; }, ErrorCode::kDTypeMismatch,
        {"argument 'lse' has dtype float64"}},
-      {[&](auto& a) { a.lse = view_of(m, f32, {2, 6}); }, ErrorCode::kShapeMismatch,
+      {[&](auto& a) { a.lse = make_view(m, f32, {2, 6}); }, ErrorCode::kShapeMismatch,
        {"argument 'lse' has shape [2, 6]"}},
-      {[&](auto& a) { a.lse = view_of(m, f32, {2, 5, 1}); }, ErrorCode::kShapeMismatch,
+      {[&](auto& a) { a.lse = make_view(m, f32, {2, 5, 1}); }, ErrorCode::kShapeMismatch,
        {"argument 'lse' has shape [2, 5, 1]"}},
       {[&](auto& a) { a.params.dropout = 1.0; }, ErrorCode::kInvalidArgument,
        {"attention: argument 'dropout'", "[0, 1)"}},
@@ -1161,9 +852,9 @@ TEST(AttentionKernelTest, BadArgumentsAreClearErrors) {
       {[&](auto& a) { a.params.dropout = std::nan(""); }, ErrorCode::kInvalidArgument, {"'dropout'"}},
       {[&](auto& a) { a.params.scale = kInf; }, ErrorCode::kInvalidArgument, {"argument 'scale'"}},
       {[&](auto& a) { a.params.scale = std::nan(""); }, ErrorCode::kInvalidArgument, {"'scale'"}},
-      {[&](auto& a) { a.out = view_of(m, f32, {2, 5, 8}, {40, 0, 1}); },
+      {[&](auto& a) { a.out = make_view(m, f32, {2, 5, 8}, {40, 0, 1}); },
        ErrorCode::kInvalidArgument, {"attention: output 'out' overlaps itself", "[2, 5, 8]"}},
-      {[&](auto& a) { a.lse = view_of(m, f32, {2, 5}, {1, 1}); }, ErrorCode::kInvalidArgument,
+      {[&](auto& a) { a.lse = make_view(m, f32, {2, 5}, {1, 1}); }, ErrorCode::kInvalidArgument,
        {"output 'lse' overlaps itself"}},
       {[&](auto& a) { a.q.data = nullptr; }, ErrorCode::kInvalidArgument,
        {"argument 'q' has no data"}},
@@ -1188,7 +879,7 @@ TEST(AttentionKernelTest, BadArgumentsAreClearErrors) {
   mixed.lse = StridedView{};
   EXPECT_NO_THROW(check_attention_forward_args(mixed));
   AttentionForwardArgs strided = good;
-  strided.k = view_of(static_cast<float*>(m) + 40, f32, {2, 6, 8}, {0, -8, 1});
+  strided.k = make_view(static_cast<float*>(m) + 40, f32, {2, 6, 8}, {0, -8, 1});
   EXPECT_NO_THROW(check_attention_forward_args(strided));
 
   AttentionBackwardArgs bgood;
@@ -1211,19 +902,19 @@ TEST(AttentionKernelTest, BadArgumentsAreClearErrors) {
     std::vector<std::string> pieces;
   };
   const std::vector<BackwardBad> backward_cases = {
-      {[&](auto& a) { a.grad_k = view_of(m, f32, {2, 5, 8}); }, ErrorCode::kShapeMismatch,
+      {[&](auto& a) { a.grad_k = make_view(m, f32, {2, 5, 8}); }, ErrorCode::kShapeMismatch,
        {"attention_backward: argument 'grad_k' has shape [2, 5, 8] but 'k' has shape [2, 6, 8]"}},
       {[&](auto& a) { a.grad_q.dtype = DType::kFloat64; }, ErrorCode::kDTypeMismatch,
        {"attention_backward: argument 'grad_q' has dtype float64"}},
-      {[&](auto& a) { a.grad_out = view_of(m, f32, {2, 4, 8}); }, ErrorCode::kShapeMismatch,
+      {[&](auto& a) { a.grad_out = make_view(m, f32, {2, 4, 8}); }, ErrorCode::kShapeMismatch,
        {"argument 'grad_out' has shape [2, 4, 8]"}},
       {[&](auto& a) { a.lse = StridedView{}; }, ErrorCode::kShapeMismatch,
        {"attention_backward: argument 'lse' has shape []"}},
       {[&](auto& a) { a.lse.data = nullptr; }, ErrorCode::kInvalidArgument,
        {"attention_backward: argument 'lse' has no data"}},
-      {[&](auto& a) { a.grad_lse = view_of(m, f32, {5, 2}); }, ErrorCode::kShapeMismatch,
+      {[&](auto& a) { a.grad_lse = make_view(m, f32, {5, 2}); }, ErrorCode::kShapeMismatch,
        {"argument 'grad_lse' has shape [5, 2]"}},
-      {[&](auto& a) { a.grad_v = view_of(m, f32, {2, 6, 8}, {0, 8, 1}); },
+      {[&](auto& a) { a.grad_v = make_view(m, f32, {2, 6, 8}, {0, 8, 1}); },
        ErrorCode::kInvalidArgument, {"attention_backward: output 'grad_v' overlaps itself"}},
       {[&](auto& a) { a.out.dtype = DType::kFloat16; }, ErrorCode::kDTypeMismatch,
        {"argument 'out' has dtype float16"}},
@@ -1238,7 +929,7 @@ TEST(AttentionKernelTest, BadArgumentsAreClearErrors) {
                  backward_cases[n].pieces);
   }
   AttentionBackwardArgs bad_shape = bgood;
-  bad_shape.grad_v = view_of(m, f32, {2, 6, 7});
+  bad_shape.grad_v = make_view(m, f32, {2, 6, 7});
   expect_error([&] { cpu::attention_backward(bad_shape); }, ErrorCode::kShapeMismatch,
                {"attention_backward: argument 'grad_v'"});
 }

@@ -13,7 +13,6 @@
 #include <map>
 #include <memory>
 #include <random>
-#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -23,11 +22,13 @@
 #include "ringdilated/nn/optimizer.h"
 #include "ringdilated/tensor/device.h"
 #include "ringdilated/tensor/tensor.h"
+#include "testing/random_tensors.h"
 
 #if defined(RD_WITH_CUDA)
 #include <cuda_runtime.h>
 
 #include "ringdilated/kernels/cuda/kernels.h"
+#include "testing/cuda_test_streams.h"
 #endif
 
 namespace rd {
@@ -45,22 +46,8 @@ using kernels::AdamWTensor;
 const DType kFloatTypes[] = {DType::kFloat32, DType::kFloat64, DType::kBFloat16,
                              DType::kFloat16};
 
-void cuda_check(cudaError_t status, const char* what) {
-  if (status != cudaSuccess) {
-    throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(status));
-  }
-}
-
-// Random values of magnitude [0.1, 2] and random sign, in a new contiguous CPU tensor.
-Tensor random_tensor(const Shape& shape, DType dtype, std::mt19937_64& rng) {
-  std::uniform_real_distribution<double> magnitude(0.1, 2.0);
-  std::bernoulli_distribution negative(0.5);
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  std::vector<double> values(static_cast<size_t>(n));
-  for (double& v : values) v = negative(rng) ? -magnitude(rng) : magnitude(rng);
-  return from_vector<double>(std::move(values), shape).to(dtype);
-}
+using test::cuda_check;
+using test::random_nonzero_tensor;
 
 size_t nbytes(const Tensor& t) { return static_cast<size_t>(t.numel()) * dtype_size(t.dtype()); }
 
@@ -120,8 +107,8 @@ struct DualTensor {
   std::unique_ptr<GuardedBuffer> d_param, d_grad, d_exp_avg, d_exp_avg_sq;
 
   DualTensor(int64_t numel, DType dtype, Misalignment mis, std::mt19937_64& rng)
-      : param(random_tensor({numel}, dtype, rng)),
-        grad(random_tensor({numel}, dtype, rng)),
+      : param(random_nonzero_tensor({numel}, dtype, rng)),
+        grad(random_nonzero_tensor({numel}, dtype, rng)),
         exp_avg(zeros({numel}, accumulation_dtype(dtype))),
         exp_avg_sq(zeros({numel}, accumulation_dtype(dtype))) {
     const size_t t = dtype_size(dtype), a = dtype_size(accumulation_dtype(dtype));
@@ -139,7 +126,7 @@ struct DualTensor {
             param.numel()};
   }
   void new_gradient(std::mt19937_64& rng) {
-    grad = random_tensor({param.numel()}, param.dtype(), rng);
+    grad = random_nonzero_tensor({param.numel()}, param.dtype(), rng);
     d_grad->upload(grad);
   }
 };
@@ -164,17 +151,8 @@ struct DualTensor {
          << have[static_cast<size_t>(first)];
 }
 
-class CudaAdamWTest : public ::testing::Test {
+class CudaAdamWTest : public test::CudaStreamTest {
  protected:
-  void SetUp() override {
-    if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
-    cuda_check(cudaSetDevice(0), "cudaSetDevice");
-    cuda_check(cudaStreamCreate(&stream_), "cudaStreamCreate");
-  }
-  void TearDown() override {
-    if (stream_ != nullptr) cudaStreamDestroy(stream_);
-  }
-
   // Runs `steps` AdamW steps on both devices with fresh gradients each time and checks the
   // GPU's parameters and moments against the CPU's after each one.
   void run_and_compare(std::vector<DualTensor>& tensors, DType dtype, double weight_decay,
@@ -191,9 +169,8 @@ class CudaAdamWTest : public ::testing::Test {
         device.push_back(t.device_args());
       }
       kernels::cpu_backend().adamw(host, dtype, s);
-      kernels::cuda::adamw(device, dtype, s, stream_);
-      cuda_check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
-      cuda_check(cudaGetLastError(), "cudaGetLastError");
+      kernels::cuda::adamw(device, dtype, s, stream());
+      sync();
       for (size_t k = 0; k < tensors.size(); ++k) {
         const DualTensor& t = tensors[k];
         SCOPED_TRACE(str_cat("tensor ", k, " of ", t.param.numel(), " elements"));
@@ -214,8 +191,6 @@ class CudaAdamWTest : public ::testing::Test {
       }
     }
   }
-
-  cudaStream_t stream_ = nullptr;
 };
 
 TEST_F(CudaAdamWTest, MatchesCpuForEveryDTypeSizeAndAlignment) {
@@ -287,7 +262,7 @@ TEST_F(CudaAdamWTest, RejectsBadArgumentsLikeTheCpu) {
       cpu_message = e.what();
     }
     try {
-      kernels::cuda::adamw(c.tensors, c.dtype, c.step, stream_);
+      kernels::cuda::adamw(c.tensors, c.dtype, c.step, stream());
     } catch (const Error& e) {
       gpu_message = e.what();
     }
@@ -313,10 +288,10 @@ NamedTensors on_device(const NamedTensors& params, Device device) {
 TEST_F(CudaAdamWTest, OptimizerOnCudaMatchesCpuAndResumesCpuState) {
   const Device gpu = Device::cuda(0);
   std::mt19937_64 rng(13);
-  const NamedTensors initial = {{"w", random_tensor({33, 17}, DType::kFloat32, rng)},
-                                {"e", random_tensor({1000}, DType::kBFloat16, rng)},
-                                {"h", random_tensor({5}, DType::kFloat16, rng)},
-                                {"d", random_tensor({3, 3}, DType::kFloat64, rng)}};
+  const NamedTensors initial = {{"w", random_nonzero_tensor({33, 17}, DType::kFloat32, rng)},
+                                {"e", random_nonzero_tensor({1000}, DType::kBFloat16, rng)},
+                                {"h", random_nonzero_tensor({5}, DType::kFloat16, rng)},
+                                {"d", random_nonzero_tensor({3, 3}, DType::kFloat64, rng)}};
   NamedTensors cpu_params = on_device(initial, Device::cpu());
   NamedTensors gpu_params = on_device(initial, gpu);
   const nn::AdamWOptions options{0.01, 0.9, 0.99, 1e-6, 0.1};
@@ -324,7 +299,8 @@ TEST_F(CudaAdamWTest, OptimizerOnCudaMatchesCpuAndResumesCpuState) {
   auto step_both = [&](int step) {
     for (size_t i = 0; i < initial.size(); ++i) {
       if (step == 0 && initial[i].first == "h") continue;  // "h" joins at the second step
-      const Tensor g = random_tensor(initial[i].second.shape(), initial[i].second.dtype(), rng);
+      const Tensor g = random_nonzero_tensor(initial[i].second.shape(),
+                                           initial[i].second.dtype(), rng);
       cpu_params[i].second.set_grad(g);
       gpu_params[i].second.set_grad(g.to(gpu));
     }
@@ -351,7 +327,8 @@ TEST_F(CudaAdamWTest, OptimizerOnCudaMatchesCpuAndResumesCpuState) {
   nn::AdamW resumed(resumed_params, options);
   resumed.load_state_dict(cpu_state);
   for (size_t i = 0; i < initial.size(); ++i) {
-    const Tensor g = random_tensor(initial[i].second.shape(), initial[i].second.dtype(), rng);
+    const Tensor g = random_nonzero_tensor(initial[i].second.shape(),
+                                           initial[i].second.dtype(), rng);
     cpu_params[i].second.set_grad(g);
     resumed_params[i].second.set_grad(g.to(gpu));
   }

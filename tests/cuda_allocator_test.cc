@@ -2,7 +2,6 @@
 // safety, exact stats, the reserved limit, empty_cache, errors and thread safety. They need a
 // CUDA device and skip without one.
 #include <atomic>
-#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <functional>
@@ -19,12 +18,14 @@
 #include "ringdilated/tensor/allocator.h"
 #include "ringdilated/tensor/device.h"
 #include "ringdilated/tensor/tensor.h"
+#include "testing/memory_stats_check.h"
 
 #if defined(RD_WITH_CUDA)
 #include <cuda_runtime.h>
 
 #include "ringdilated/kernels/cuda/caching_allocator.h"
 #include "ringdilated/kernels/cuda/runtime.h"
+#include "testing/cuda_test_streams.h"
 #endif
 
 namespace rd {
@@ -40,16 +41,7 @@ constexpr size_t kMiB = 1024 * 1024;
 
 char* bytes(void* p) { return static_cast<char*>(p); }
 
-// Asserts every field of a MemoryStats, naming the ones that differ.
-void expect_stats(const MemoryStats& got, const MemoryStats& want) {
-  EXPECT_EQ(got.allocated_bytes, want.allocated_bytes);
-  EXPECT_EQ(got.reserved_bytes, want.reserved_bytes);
-  EXPECT_EQ(got.peak_allocated_bytes, want.peak_allocated_bytes);
-  EXPECT_EQ(got.cache_hits, want.cache_hits);
-  EXPECT_EQ(got.cache_misses, want.cache_misses);
-  EXPECT_EQ(got.system_allocs, want.system_allocs);
-  EXPECT_EQ(got.system_frees, want.system_frees);
-}
+using test::expect_stats;
 
 // Runs `fn`, which must throw rd::Error with `code`; returns the message.
 std::string expect_error(const std::function<void()>& fn, ErrorCode code) {
@@ -63,45 +55,8 @@ std::string expect_error(const std::function<void()>& fn, ErrorCode code) {
   return "";
 }
 
-// A non-blocking stream (no implicit sync with the legacy default stream), destroyed with
-// the test.
-class TestStream {
- public:
-  TestStream() { RD_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking)); }
-  ~TestStream() { static_cast<void>(cudaStreamDestroy(stream_)); }
-  TestStream(const TestStream&) = delete;
-  TestStream& operator=(const TestStream&) = delete;
-  cudaStream_t get() const { return stream_; }
-
- private:
-  cudaStream_t stream_ = nullptr;
-};
-
-// Holds `stream` at a host callback until open() (at the latest when the gate is
-// destroyed), so that everything queued behind it stays pending meanwhile. While a gate is
-// closed the test must not synchronize the device (cudaFree, cudaDeviceSynchronize).
-class StreamGate {
- public:
-  explicit StreamGate(cudaStream_t stream) : stream_(stream) {
-    RD_CUDA_CHECK(cudaLaunchHostFunc(stream_, &StreamGate::hold, this));
-  }
-  ~StreamGate() {
-    open();
-    static_cast<void>(cudaStreamSynchronize(stream_));
-  }
-  StreamGate(const StreamGate&) = delete;
-  StreamGate& operator=(const StreamGate&) = delete;
-  void open() { open_.store(true); }
-
- private:
-  static void CUDART_CB hold(void* self) {
-    while (!static_cast<StreamGate*>(self)->open_.load()) {
-      std::this_thread::sleep_for(std::chrono::microseconds(100));
-    }
-  }
-  cudaStream_t stream_;
-  std::atomic<bool> open_{false};
-};
+using test::StreamGate;
+using test::TestStream;
 
 // Writes a distinct byte into each block on the current stream, then reads every block
 // back: blocks that overlapped, or memory that is not really there, would show.

@@ -12,27 +12,31 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <functional>
 #include <limits>
 #include <numeric>
 #include <optional>
 #include <ostream>
 #include <random>
-#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "ringdilated/kernels/attention.h"
 #include "ringdilated/kernels/cpu/attention.h"
-#include "ringdilated/kernels/half.h"
+#include "testing/attention_operands.h"
+#include "testing/dtype_precision.h"
+#include "testing/elementwise_close.h"
+#include "testing/host_views.h"
 
 #if defined(RD_WITH_CUDA)
 #include <cuda_runtime.h>
 
 #include "ringdilated/kernels/allocator.h"
 #include "ringdilated/kernels/cuda/attention.h"
+#include "ringdilated/tensor/device.h"
+#include "testing/cuda_scratch_allocator.h"
+#include "testing/cuda_test_streams.h"
 #endif
 
 namespace rd::kernels {
@@ -49,206 +53,38 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr DType kFloatTypes[] = {DType::kFloat32, DType::kFloat64, DType::kBFloat16,
                                  DType::kFloat16};
 
-void cuda_check(cudaError_t status, const char* what) {
-  if (status != cudaSuccess) {
-    throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(status));
-  }
-}
-
-bool have_gpu() {
-  int count = 0;
-  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
-}
-
-double unit_roundoff(DType t) {
-  switch (t) {
-    case DType::kFloat64: return std::ldexp(1.0, -53);
-    case DType::kBFloat16: return std::ldexp(1.0, -8);
-    case DType::kFloat16: return std::ldexp(1.0, -11);
-    default: return std::ldexp(1.0, -24);
-  }
-}
-double compute_roundoff(DType t) {
-  return t == DType::kFloat64 ? std::ldexp(1.0, -53) : std::ldexp(1.0, -24);
-}
-double tiny_step(DType t) { return t == DType::kFloat16 ? std::ldexp(1.0, -24) : 0.0; }
-
-int64_t product(const Shape& s) {
-  int64_t n = 1;
-  for (int64_t x : s) n *= x;
-  return n;
-}
-Shape concat(Shape a, const Shape& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
-Shape contiguous_strides(const Shape& shape) {
-  Shape s(shape.size(), 1);
-  for (int d = static_cast<int>(shape.size()) - 2; d >= 0; --d) s[d] = s[d + 1] * shape[d + 1];
-  return s;
-}
+using test::AttentionLayout;
+using test::AttentionValues;
+using test::compute_roundoff;
+using test::concat;
+using test::cuda_check;
+using test::CudaTestAllocator;
+using test::dtype_tag;
+using test::expect_untouched_outside;
+using test::fill_extreme;
+using test::make_operand;
+using test::Operand;
+using test::read_view;
+using test::Role;
+using test::signed_tag;
+using test::Style;
+using test::style_for;
+using test::tiny_step;
+using test::unit_roundoff;
+using test::write_view;
 
 // ---------------------------------------------------------------------------------------
-// Host memory with views into it, and device copies of it.
-
-double load_element(const unsigned char* p, DType t) {
-  auto load = [p](auto v) {
-    std::memcpy(&v, p, sizeof(v));
-    return v;
-  };
-  switch (t) {
-    case DType::kFloat32: return load(float{});
-    case DType::kFloat64: return load(double{});
-    case DType::kBFloat16: return static_cast<float>(load(BFloat16{}));
-    case DType::kFloat16: return static_cast<float>(load(Float16{}));
-    default: ADD_FAILURE() << "unexpected dtype"; return 0;
-  }
-}
-void store_element(unsigned char* p, DType t, double v) {
-  auto store = [p](auto x) { std::memcpy(p, &x, sizeof(x)); };
-  switch (t) {
-    case DType::kFloat32: return store(static_cast<float>(v));
-    case DType::kFloat64: return store(v);
-    case DType::kBFloat16: return store(BFloat16(static_cast<float>(v)));
-    case DType::kFloat16: return store(Float16(static_cast<float>(v)));
-    default: ADD_FAILURE() << "unexpected dtype";
-  }
-}
-
-// A view and the host memory behind it (movable only: the view points into the buffer).
-struct Operand {
-  std::vector<unsigned char> bytes;
-  StridedView view;
-  Operand() = default;
-  Operand(Operand&&) = default;
-  Operand& operator=(Operand&&) = default;
-  Operand(const Operand&) = delete;
-
-  int64_t count() const { return static_cast<int64_t>(bytes.size() / dtype_size(view.dtype)); }
-  void fill_uniform(std::mt19937_64& rng) {
-    std::uniform_real_distribution<double> dist(-1, 1);
-    for (int64_t e = 0; e < count(); ++e) store_element(&bytes[e * dtype_size(view.dtype)], view.dtype, dist(rng));
-  }
-  void poison() { std::fill(bytes.begin(), bytes.end(), 0xff); }
-  // The same memory, a new buffer (same offsets and strides).
-  Operand clone() const {
-    Operand o;
-    o.bytes = bytes;
-    o.view = view;
-    if (view.data != nullptr) {
-      o.view.data = o.bytes.data() + (static_cast<const unsigned char*>(view.data) - bytes.data());
-    }
-    return o;
-  }
-};
-
-enum class Style { kPlain, kTransposed, kReversedRows, kBroadcastFirst, kEveryOther, kDilated };
-constexpr int64_t kDilation = 2, kDilationOffset = 1;
-
-Operand make_operand(DType dtype, const Shape& shape, Style style) {
-  const int n = static_cast<int>(shape.size());
-  Shape strides = contiguous_strides(shape);
-  int64_t offset = 0, count = product(shape);
-  switch (style) {
-    case Style::kPlain: break;
-    case Style::kTransposed:
-      if (n >= 2) {
-        Shape stored = shape;
-        std::swap(stored[n - 1], stored[n - 2]);
-        strides = contiguous_strides(stored);
-        std::swap(strides[n - 1], strides[n - 2]);
-      }
-      break;
-    case Style::kReversedRows:
-      if (shape[n - 2] > 0) {
-        offset = (shape[n - 2] - 1) * strides[n - 2];
-        strides[n - 2] = -strides[n - 2];
-      }
-      break;
-    case Style::kBroadcastFirst:
-      if (n > 2 && shape[0] > 1) {
-        const Shape rest(shape.begin() + 1, shape.end());
-        strides = concat({0}, contiguous_strides(rest));
-        count = product(rest);
-      }
-      break;
-    case Style::kEveryOther:
-      for (int64_t& s : strides) s *= 2;
-      offset = 1;
-      count = 2 * count + 1;
-      break;
-    case Style::kDilated: {
-      // [B, S, H, n, D] in a [B, N, H, D] buffer; [B, S, H, n] in a [B, H, N] buffer.
-      const int64_t b = shape[0], segments = shape[1], heads = shape[2], rows = shape[3];
-      const int64_t w = rows * kDilation, seq = segments * w;
-      if (n == 5) {
-        const int64_t d = shape[4];
-        strides = {seq * heads * d, w * heads * d, d, kDilation * heads * d, 1};
-        offset = kDilationOffset * heads * d;
-        count = b * seq * heads * d;
-      } else {
-        strides = {heads * seq, w, seq, kDilation};
-        offset = kDilationOffset;
-        count = b * heads * seq;
-      }
-      break;
-    }
-  }
-  Operand o;
-  o.bytes.assign(static_cast<size_t>(count) * dtype_size(dtype), 0);
-  o.view.data = count > 0 ? o.bytes.data() + offset * dtype_size(dtype) : nullptr;
-  o.view.dtype = dtype;
-  o.view.ndim = n;
-  for (int d = 0; d < n; ++d) {
-    o.view.shape[d] = shape[d];
-    o.view.strides[d] = strides[d];
-  }
-  return o;
-}
-
-template <class F>
-void for_each_element(const StridedView& v, const F& f) {
-  const int64_t n = v.numel();
-  std::vector<int64_t> index(v.ndim, 0);
-  int64_t offset = 0;
-  for (int64_t linear = 0; linear < n; ++linear) {
-    f(linear, offset);
-    for (int d = v.ndim - 1; d >= 0; --d) {
-      if (++index[d] < v.shape[d]) {
-        offset += v.strides[d];
-        break;
-      }
-      offset -= (v.shape[d] - 1) * v.strides[d];
-      index[d] = 0;
-    }
-  }
-}
-
-std::vector<double> read_view(const StridedView& v) {
-  std::vector<double> values(v.numel());
-  const auto size = static_cast<int64_t>(dtype_size(v.dtype));
-  for_each_element(v, [&](int64_t i, int64_t off) {
-    values[i] = load_element(static_cast<const unsigned char*>(v.data) + off * size, v.dtype);
-  });
-  return values;
-}
-
-void write_view(const StridedView& v, const std::vector<double>& values) {
-  const auto size = static_cast<int64_t>(dtype_size(v.dtype));
-  for_each_element(v, [&](int64_t i, int64_t off) {
-    store_element(static_cast<unsigned char*>(v.data) + off * size, v.dtype, values[i]);
-  });
-}
+// Device copies of host operands.
 
 // A device copy of an operand's whole buffer, and the view rebased onto it.
 class DeviceOperand {
  public:
-  explicit DeviceOperand(const Operand& host) : size_(host.bytes.size()), view_(host.view) {
+  explicit DeviceOperand(const Operand& host) : size_(host.buffer.size_bytes()), view_(host.view) {
     cuda_check(cudaMalloc(&base_, std::max<size_t>(size_, 1)), "cudaMalloc");
-    cuda_check(cudaMemcpy(base_, host.bytes.data(), size_, cudaMemcpyHostToDevice), "upload");
+    cuda_check(cudaMemcpy(base_, host.buffer.data(), size_, cudaMemcpyHostToDevice), "upload");
     if (host.view.data != nullptr) {
       view_.data = static_cast<unsigned char*>(base_) +
-                   (static_cast<const unsigned char*>(host.view.data) - host.bytes.data());
+                   (static_cast<const unsigned char*>(host.view.data) - host.buffer.data());
     }
   }
   ~DeviceOperand() { cudaFree(base_); }
@@ -258,7 +94,7 @@ class DeviceOperand {
   const StridedView& view() const { return view_; }
   // Copies the device buffer into `host` (same layout).
   void download(Operand& host) const {
-    cuda_check(cudaMemcpy(host.bytes.data(), base_, size_, cudaMemcpyDeviceToHost), "download");
+    cuda_check(cudaMemcpy(host.buffer.data(), base_, size_, cudaMemcpyDeviceToHost), "download");
   }
 
  private:
@@ -284,35 +120,6 @@ class DeviceIndices {
   void* data_ = nullptr;
 };
 
-// Scratch memory for the backward: plain cudaMalloc/cudaFree, counting live bytes.
-class CudaTestAllocator : public Allocator {
- public:
-  Device device() const override { return Device::cuda(0); }
-  void* allocate(size_t nbytes) override {
-    if (nbytes == 0) return nullptr;
-    void* p = nullptr;
-    cuda_check(cudaMalloc(&p, nbytes), "CudaTestAllocator::allocate");
-    sizes_.emplace_back(p, nbytes);
-    stats_.allocated_bytes += static_cast<int64_t>(nbytes);
-    return p;
-  }
-  void deallocate(void* ptr) override {
-    if (ptr == nullptr) return;
-    cuda_check(cudaFree(ptr), "CudaTestAllocator::deallocate");  // waits for the kernels
-    auto it = std::find_if(sizes_.begin(), sizes_.end(), [&](auto& e) { return e.first == ptr; });
-    if (it == sizes_.end()) throw std::runtime_error("deallocate of an unknown pointer");
-    stats_.allocated_bytes -= static_cast<int64_t>(it->second);
-    sizes_.erase(it);
-  }
-  MemoryStats stats() const override { return stats_; }
-  void reset_peak_stats() override {}
-  void empty_cache() override {}
-
- private:
-  std::vector<std::pair<void*, size_t>> sizes_;
-  MemoryStats stats_;
-};
-
 // ---------------------------------------------------------------------------------------
 // Comparison.
 
@@ -328,97 +135,32 @@ void expect_matches_cpu(const std::string& what, const Operand& gpu, const Opera
     if (!std::isinf(want[e])) scale = std::max(scale, std::fabs(want[e] - (start ? (*start)[e] : 0)));
   }
   const double u = unit_roundoff(stored), spread = 8.0 * (d + 16) * compute_roundoff(compute_dtype) * scale;
-  int64_t failures = 0, first = -1;
-  double first_tol = 0;
-  for (size_t e = 0; e < got.size(); ++e) {
-    bool ok;
-    double tol = 0;
-    if (std::isinf(want[e])) {
-      ok = got[e] == want[e];
-    } else {
-      tol = 4 * u * (std::fabs(want[e]) + (start ? std::fabs((*start)[e]) : 0)) + spread + tiny_step(stored);
-      ok = std::fabs(got[e] - want[e]) <= tol;  // false for NaN (an unwritten element)
-    }
-    if (!ok && failures++ == 0) {
-      first = static_cast<int64_t>(e);
-      first_tol = tol;
-    }
-  }
-  EXPECT_EQ(failures, 0) << what << ": " << failures << " of " << got.size()
-                         << " elements off; first at " << first << ": gpu "
-                         << (first >= 0 ? got[first] : 0) << ", cpu "
-                         << (first >= 0 ? want[first] : 0) << ", tolerance " << first_tol;
-  // Outside the view: the bytes the buffer had before.
-  const auto size = static_cast<int64_t>(dtype_size(stored));
-  std::vector<bool> inside(gpu.count(), false);
-  if (gpu.view.data != nullptr) {
-    const int64_t origin = (static_cast<const unsigned char*>(gpu.view.data) - gpu.bytes.data()) / size;
-    for_each_element(gpu.view, [&](int64_t, int64_t off) { inside[origin + off] = true; });
-  }
-  int64_t changed = 0;
-  for (int64_t e = 0; e < gpu.count(); ++e) {
-    if (!inside[e] && std::memcmp(&gpu.bytes[e * size], &before[e * size], size) != 0) ++changed;
-  }
-  EXPECT_EQ(changed, 0) << what << ": elements outside the view were written";
+  test::expect_elementwise_close(
+      what, got, want,
+      [&](size_t e) {
+        return 4 * u * (std::fabs(want[e]) + (start ? std::fabs((*start)[e]) : 0)) + spread +
+               tiny_step(stored);
+      },
+      "gpu", "cpu");
+  expect_untouched_outside(what, gpu, before);
 }
 
 // ---------------------------------------------------------------------------------------
 // Cases.
 
-enum class Layout { kContiguous, kStrided, kDilated };
-enum class Role { kQ, kK, kV, kOut, kLse, kGradOut, kGradLse, kGradQ, kGradK, kGradV };
-
-Style style_for(Layout layout, Role role) {
-  if (layout == Layout::kContiguous) return Style::kPlain;
-  if (layout == Layout::kDilated) return Style::kDilated;
-  switch (role) {
-    case Role::kQ:
-    case Role::kOut:
-    case Role::kGradQ: return Style::kTransposed;
-    case Role::kK:
-    case Role::kGradOut:
-    case Role::kGradK: return Style::kReversedRows;
-    case Role::kV: return Style::kBroadcastFirst;
-    case Role::kLse:
-    case Role::kGradLse:
-    case Role::kGradV: return Style::kEveryOther;
-  }
-  return Style::kPlain;
-}
-
-struct Case {
-  std::string name;
-  DType dtype = DType::kFloat32;
-  std::optional<DType> out_dtype = std::nullopt;
-  std::optional<DType> grad_dtype = std::nullopt;
-  Shape batch = {2};
-  int64_t lq = 37, lk = 45, d = 16;
-  std::optional<double> scale = std::nullopt;
-  bool causal = false;
-  int64_t causal_offset = 0;
-  double dropout = 0;
-  bool lse = true;
-  bool grad_lse = true;
-  Layout layout = Layout::kContiguous;
-  bool extreme = false;    // scores +-1e4 + small integers
-  bool key_order = false;  // visit the keys in a random order
-};
-
-void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
-
-std::string tag(DType t) { return std::string(dtype_name(t)); }
+// Larger sizes by default than the CPU test: several tiles of the GPU kernel.
+using Case = test::AttentionCase</*kDefaultLq=*/37, /*kDefaultLk=*/45>;
 
 std::vector<Case> all_cases() {
   std::vector<Case> cases;
   for (DType t : kFloatTypes) {
     for (int64_t d : {16, 64, 128, 256, 300}) {  // 300: two passes over the keys
-      cases.push_back({.name = tag(t) + "_d" + std::to_string(d), .dtype = t, .d = d});
+      cases.push_back({.name = dtype_tag(t) + "_d" + std::to_string(d), .dtype = t, .d = d});
     }
   }
   for (DType t : {DType::kFloat32, DType::kBFloat16}) {
     for (int64_t offset : {0, 5, -7}) {
-      cases.push_back({.name = tag(t) + "_causal_offset" +
-                               (offset < 0 ? "m" + std::to_string(-offset) : std::to_string(offset)),
+      cases.push_back({.name = dtype_tag(t) + "_causal_offset" + signed_tag(offset),
                        .dtype = t, .lq = 40, .lk = 70, .causal = true, .causal_offset = offset});
     }
   }
@@ -428,7 +170,7 @@ std::vector<Case> all_cases() {
   cases.push_back({.name = "no_batch", .batch = {}});
   cases.push_back({.name = "batch2x1x3", .batch = {2, 1, 3}});
   for (DType t : {DType::kFloat32, DType::kFloat64, DType::kFloat16}) {
-    cases.push_back({.name = tag(t) + "_dropout", .dtype = t, .dropout = 0.3});
+    cases.push_back({.name = dtype_tag(t) + "_dropout", .dtype = t, .dropout = 0.3});
   }
   cases.push_back({.name = "bf16_causal_dropout", .dtype = DType::kBFloat16, .lq = 50, .lk = 40,
                    .causal = true, .causal_offset = 3, .dropout = 0.5});
@@ -437,20 +179,23 @@ std::vector<Case> all_cases() {
   cases.push_back({.name = "f64_float32_grads", .dtype = DType::kFloat64, .grad_dtype = DType::kFloat32});
   cases.push_back({.name = "no_lse", .lse = false});
   cases.push_back({.name = "no_grad_lse", .dtype = DType::kFloat16, .grad_lse = false});
-  cases.push_back({.name = "strided_f32", .batch = {2, 3}, .layout = Layout::kStrided});
+  cases.push_back({.name = "strided_f32", .batch = {2, 3}, .layout = AttentionLayout::kStrided});
   cases.push_back({.name = "strided_bf16_causal_dropout", .dtype = DType::kBFloat16, .d = 64,
-                   .causal = true, .causal_offset = 2, .dropout = 0.2, .layout = Layout::kStrided});
+                   .causal = true, .causal_offset = 2, .dropout = 0.2,
+                   .layout = AttentionLayout::kStrided});
   for (DType t : {DType::kFloat32, DType::kFloat64, DType::kFloat16}) {
-    cases.push_back({.name = "dilated_" + tag(t), .dtype = t, .batch = {2, 3, 2}, .lq = 40,
-                     .lk = 40, .d = 32, .causal = t == DType::kFloat16, .layout = Layout::kDilated});
+    cases.push_back({.name = "dilated_" + dtype_tag(t), .dtype = t, .batch = {2, 3, 2}, .lq = 40,
+                     .lk = 40, .d = 32, .causal = t == DType::kFloat16,
+                     .layout = AttentionLayout::kDilated});
   }
   cases.push_back({.name = "larger_bf16", .dtype = DType::kBFloat16, .batch = {2, 3}, .lq = 200,
                    .lk = 300, .d = 64, .causal = true, .causal_offset = 100, .dropout = 0.1});
   for (DType t : {DType::kFloat32, DType::kBFloat16}) {
-    cases.push_back({.name = "extreme_" + tag(t), .dtype = t, .scale = 1.0, .extreme = true});
+    cases.push_back({.name = "extreme_" + dtype_tag(t), .dtype = t, .scale = 1.0,
+                     .values = AttentionValues::kExtreme});
   }
   for (DType t : kFloatTypes) {
-    cases.push_back({.name = "key_order_" + tag(t), .dtype = t, .key_order = true});
+    cases.push_back({.name = "key_order_" + dtype_tag(t), .dtype = t, .key_order = true});
   }
   cases.push_back({.name = "key_order_bf16_causal_dropout_d300", .dtype = DType::kBFloat16,
                    .lq = 60, .lk = 90, .d = 300, .causal = true, .causal_offset = -4,
@@ -458,33 +203,8 @@ std::vector<Case> all_cases() {
   return cases;
 }
 
-// q[b, i] = (+-100, c_i, 0, ...) (sign alternating by row), k[b, j] = (100, c_j, 0, ...).
-void fill_extreme(const StridedView& view, bool alternate_sign) {
-  const int64_t d = view.shape[view.ndim - 1], rows = view.shape[view.ndim - 2];
-  std::vector<double> values(view.numel(), 0);
-  for (int64_t r = 0; r < view.numel() / d; ++r) {
-    values[r * d] = alternate_sign && (r % rows) % 2 == 1 ? -100 : 100;
-    if (d > 1) values[r * d + 1] = static_cast<double>((r * 7 + 3) % 5) - 2;
-  }
-  write_view(view, values);
-}
-
-class CudaAttentionMathTest : public ::testing::TestWithParam<Case> {
- protected:
-  void SetUp() override {
-    if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-    cuda_check(cudaSetDevice(0), "cudaSetDevice");
-    cuda_check(cudaStreamCreate(&stream_), "cudaStreamCreate");
-  }
-  void TearDown() override {
-    if (stream_ != nullptr) cudaStreamDestroy(stream_);
-  }
-  void sync() {
-    cuda_check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
-    cuda_check(cudaGetLastError(), "cudaGetLastError");
-  }
-  cudaStream_t stream_ = nullptr;
-};
+class CudaAttentionMathTest : public test::CudaStreamTest,
+                              public ::testing::WithParamInterface<Case> {};
 
 TEST_P(CudaAttentionMathTest, MatchesTheCpuKernel) {
   const Case& c = GetParam();
@@ -514,10 +234,10 @@ TEST_P(CudaAttentionMathTest, MatchesTheCpuKernel) {
 
   Operand q = operand(Role::kQ, c.dtype, q_shape), k = operand(Role::kK, c.dtype, k_shape);
   Operand v = operand(Role::kV, c.dtype, k_shape);
-  q.fill_uniform(rng);
-  k.fill_uniform(rng);
-  v.fill_uniform(rng);
-  if (c.extreme) {
+  q.buffer.fill_uniform(rng);
+  k.buffer.fill_uniform(rng);
+  v.buffer.fill_uniform(rng);
+  if (c.values == AttentionValues::kExtreme) {
     fill_extreme(q.view, true);
     fill_extreme(k.view, false);
   }
@@ -536,9 +256,9 @@ TEST_P(CudaAttentionMathTest, MatchesTheCpuKernel) {
   cpu::attention_forward(args);
 
   Operand gpu_out = cpu_out.clone(), gpu_lse = cpu_lse.clone();
-  gpu_out.poison();
-  gpu_lse.poison();
-  const auto out_before = gpu_out.bytes, lse_before = gpu_lse.bytes;
+  gpu_out.buffer.poison();
+  gpu_lse.buffer.poison();
+  const auto out_before = gpu_out.buffer.bytes(), lse_before = gpu_lse.buffer.bytes();
   {
     const DeviceOperand d_out(gpu_out), d_lse(gpu_lse);
     AttentionForwardArgs dargs = args;
@@ -548,7 +268,7 @@ TEST_P(CudaAttentionMathTest, MatchesTheCpuKernel) {
     dargs.out = d_out.view();
     dargs.lse = c.lse ? d_lse.view() : StridedView{};
     dargs.params = device_params;
-    cuda::attention_math_forward(dargs, stream_);
+    cuda::attention_math_forward(dargs, stream());
     sync();
     d_out.download(gpu_out);
     d_lse.download(gpu_lse);
@@ -557,7 +277,7 @@ TEST_P(CudaAttentionMathTest, MatchesTheCpuKernel) {
   if (c.lse) {
     expect_matches_cpu("lse", gpu_lse, cpu_lse, lse_before, c.dtype, c.d);
   } else {
-    EXPECT_EQ(gpu_lse.bytes, lse_before) << "lse was written though its data is null";
+    EXPECT_EQ(gpu_lse.buffer.bytes(), lse_before) << "lse was written though its data is null";
   }
   if (!c.lse) {  // the backward needs the lse
     args.lse = cpu_lse.view;
@@ -570,11 +290,12 @@ TEST_P(CudaAttentionMathTest, MatchesTheCpuKernel) {
   Operand cpu_gq = operand(Role::kGradQ, grad_dtype, q_shape);
   Operand cpu_gk = operand(Role::kGradK, grad_dtype, k_shape);
   Operand cpu_gv = operand(Role::kGradV, grad_dtype, k_shape);
-  for (Operand* o : {&grad_out, &grad_lse, &cpu_gq, &cpu_gk, &cpu_gv}) o->fill_uniform(rng);
+  for (Operand* o : {&grad_out, &grad_lse, &cpu_gq, &cpu_gk, &cpu_gv}) o->buffer.fill_uniform(rng);
   Operand gpu_gq = cpu_gq.clone(), gpu_gk = cpu_gk.clone(), gpu_gv = cpu_gv.clone();
   const std::vector<double> start_q = read_view(cpu_gq.view), start_k = read_view(cpu_gk.view),
                             start_v = read_view(cpu_gv.view);
-  const auto gq_before = gpu_gq.bytes, gk_before = gpu_gk.bytes, gv_before = gpu_gv.bytes;
+  const auto gq_before = gpu_gq.buffer.bytes(), gk_before = gpu_gk.buffer.bytes(),
+             gv_before = gpu_gv.buffer.bytes();
   AttentionBackwardArgs bargs;
   bargs.q = q.view;
   bargs.k = k.view;
@@ -604,7 +325,7 @@ TEST_P(CudaAttentionMathTest, MatchesTheCpuKernel) {
     dargs.grad_v = d_gv.view();
     dargs.params = device_params;
     CudaTestAllocator scratch;
-    cuda::attention_math_backward(dargs, scratch, stream_);
+    cuda::attention_math_backward(dargs, scratch, stream());
     sync();
     EXPECT_EQ(scratch.stats().allocated_bytes, 0) << "scratch not returned";
     d_gq.download(gpu_gq);
@@ -622,17 +343,17 @@ INSTANTIATE_TEST_SUITE_P(Cases, CudaAttentionMathTest, ::testing::ValuesIn(all_c
 // With v the identity (Lk <= D), out[b, i, j] = p[i, j] * keep / (1 - dropout): the GPU
 // drops exactly the elements the CPU drops. Two GPU runs give the same bits.
 TEST(CudaAttentionMathDropoutTest, SameMaskAsTheCpuAndReproducible) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   constexpr int64_t kLq = 50, kLk = 40, kD = 48;
   std::mt19937_64 rng(17);
   const Shape q_shape = {3, kLq, kD}, k_shape = {3, kLk, kD};
   Operand q = make_operand(DType::kFloat32, q_shape, Style::kPlain);
   Operand k = make_operand(DType::kFloat32, k_shape, Style::kPlain);
   Operand v = make_operand(DType::kFloat32, k_shape, Style::kPlain);
-  q.fill_uniform(rng);
-  k.fill_uniform(rng);
-  std::vector<double> identity(v.count());
-  for (int64_t e = 0; e < v.count(); ++e) identity[e] = (e / kD) % kLk == e % kD ? 1.0 : 0.0;
+  q.buffer.fill_uniform(rng);
+  k.buffer.fill_uniform(rng);
+  std::vector<double> identity(v.buffer.count());
+  for (int64_t e = 0; e < v.buffer.count(); ++e) identity[e] = (e / kD) % kLk == e % kD ? 1.0 : 0.0;
   write_view(v.view, identity);
   Operand cpu_out = make_operand(DType::kFloat32, q_shape, Style::kPlain);
   AttentionForwardArgs args;
@@ -650,7 +371,7 @@ TEST(CudaAttentionMathDropoutTest, SameMaskAsTheCpuAndReproducible) {
   std::vector<std::vector<unsigned char>> runs;
   for (int run = 0; run < 2; ++run) {
     Operand gpu_out = cpu_out.clone();
-    gpu_out.poison();
+    gpu_out.buffer.poison();
     const DeviceOperand d_out(gpu_out);
     AttentionForwardArgs dargs = args;
     dargs.q = dq.view();
@@ -660,7 +381,7 @@ TEST(CudaAttentionMathDropoutTest, SameMaskAsTheCpuAndReproducible) {
     cuda::attention_math_forward(dargs, nullptr);
     cuda_check(cudaDeviceSynchronize(), "sync");
     d_out.download(gpu_out);
-    runs.push_back(gpu_out.bytes);
+    runs.push_back(gpu_out.buffer.bytes());
     const std::vector<double> got = read_view(gpu_out.view), want = read_view(cpu_out.view);
     int64_t mismatches = 0, dropped = 0;
     for (size_t e = 0; e < want.size(); ++e) {

@@ -19,8 +19,9 @@
 
 #include "ringdilated/kernels/backend.h"
 #include "ringdilated/kernels/error.h"
-#include "ringdilated/kernels/half.h"
 #include "ringdilated/tensor/device.h"
+#include "testing/dtype_precision.h"
+#include "testing/host_views.h"
 
 #if defined(RD_WITH_CUDA)
 #include <cuda_runtime.h>
@@ -40,73 +41,11 @@ TEST(CudaKernelsTest, NotBuilt) { GTEST_SKIP() << "this build has no CUDA backen
 
 // --- host and device buffers ---
 
-// Unit roundoff of a dtype's storage (0 for exact types).
-double unit_roundoff(DType t) {
-  switch (t) {
-    case DType::kFloat32: return std::ldexp(1.0, -24);
-    case DType::kFloat64: return std::ldexp(1.0, -53);
-    case DType::kBFloat16: return std::ldexp(1.0, -8);
-    case DType::kFloat16: return std::ldexp(1.0, -11);
-    default: return 0.0;
-  }
-}
+using test::HostBuffer;
+using test::unit_roundoff;
 
-template <class T>
-T load(const unsigned char* p) {
-  T v;
-  std::memcpy(&v, p, sizeof(T));
-  return v;
-}
-template <class T>
-void save(unsigned char* p, T v) {
-  std::memcpy(p, &v, sizeof(T));
-}
-
-// Host memory of any dtype, element access as double.
-class HostArray {
- public:
-  HostArray(DType dtype, int64_t count)
-      : dtype_(dtype), count_(count), bytes_(static_cast<size_t>(count) * dtype_size(dtype)) {}
-
-  DType dtype() const { return dtype_; }
-  int64_t count() const { return count_; }
-  size_t bytes() const { return bytes_.size(); }
-  unsigned char* data() { return bytes_.data(); }
-  const unsigned char* data() const { return bytes_.data(); }
-  const unsigned char* element(int64_t i) const { return data() + i * dtype_size(dtype_); }
-
-  double get(int64_t i) const {
-    const unsigned char* p = element(i);
-    switch (dtype_) {
-      case DType::kFloat32: return load<float>(p);
-      case DType::kFloat64: return load<double>(p);
-      case DType::kBFloat16: return static_cast<float>(load<BFloat16>(p));
-      case DType::kFloat16: return static_cast<float>(load<Float16>(p));
-      case DType::kInt32: return load<int32_t>(p);
-      case DType::kInt64: return static_cast<double>(load<int64_t>(p));
-      case DType::kBool: return *p;  // the raw byte: 0, 1 or poison
-    }
-    return 0;
-  }
-  void set(int64_t i, double v) {
-    unsigned char* p = data() + i * dtype_size(dtype_);
-    switch (dtype_) {
-      case DType::kFloat32: return save(p, static_cast<float>(v));
-      case DType::kFloat64: return save(p, v);
-      case DType::kBFloat16: return save(p, BFloat16(static_cast<float>(v)));
-      case DType::kFloat16: return save(p, Float16(static_cast<float>(v)));
-      case DType::kInt32: return save(p, static_cast<int32_t>(v));
-      case DType::kInt64: return save(p, static_cast<int64_t>(v));
-      case DType::kBool: return save(p, v != 0);
-    }
-  }
-  void poison() { std::memset(data(), 0x7f, bytes()); }
-
- private:
-  DType dtype_;
-  int64_t count_;
-  std::vector<unsigned char> bytes_;
-};
+// Every output buffer starts out filled with this byte, on the host and on the device.
+constexpr unsigned char kPoisonByte = 0x7f;
 
 // What random values an array gets.
 enum class Values {
@@ -116,9 +55,9 @@ enum class Values {
   kBits,       // 0 or 1
 };
 
-HostArray random_array(DType dtype, int64_t count, std::mt19937& rng,
+HostBuffer random_array(DType dtype, int64_t count, std::mt19937& rng,
                        Values values = Values::kSigned) {
-  HostArray a(dtype, count);
+  HostBuffer a(dtype, count);
   std::uniform_real_distribution<double> signed_real(-3.0, 3.0), positive_real(0.1, 3.0);
   std::uniform_int_distribution<int> signed_int(-9, 9), positive_int(1, 9), small(-4, 4),
       bit(0, 1);
@@ -140,9 +79,9 @@ HostArray random_array(DType dtype, int64_t count, std::mt19937& rng,
   return a;
 }
 
-HostArray poisoned_array(DType dtype, int64_t count) {
-  HostArray a(dtype, count);
-  a.poison();
+HostBuffer poisoned_array(DType dtype, int64_t count) {
+  HostBuffer a(dtype, count);
+  a.fill_bytes(kPoisonByte);
   return a;
 }
 
@@ -198,39 +137,31 @@ Layout contiguous(std::vector<int64_t> shape, const char* name = "contiguous") {
 }
 
 StridedView make_view(void* base, DType dtype, const Layout& layout) {
-  StridedView v;
-  v.data = static_cast<char*>(base) + layout.offset * static_cast<int64_t>(dtype_size(dtype));
-  v.dtype = dtype;
-  v.ndim = static_cast<int>(layout.shape.size());
-  for (int d = 0; d < v.ndim; ++d) {
-    v.shape[d] = layout.shape[d];
-    v.strides[d] = layout.strides[d];
-  }
-  return v;
+  return test::make_view(base, dtype, layout.shape, layout.strides, layout.offset);
 }
 
 // One buffer twice: the CPU backend's copy in host memory and the CUDA kernels' copy on the
 // device, starting from the same bytes.
 class Mirror {
  public:
-  explicit Mirror(const HostArray& init) : host_(init), device_(init.bytes()) {
-    EXPECT_EQ(cudaMemcpy(device_.data(), host_.data(), host_.bytes(), cudaMemcpyHostToDevice),
+  explicit Mirror(const HostBuffer& init) : host_(init), device_(init.size_bytes()) {
+    EXPECT_EQ(cudaMemcpy(device_.data(), host_.data(), host_.size_bytes(), cudaMemcpyHostToDevice),
               cudaSuccess);
   }
   StridedView cpu(const Layout& layout) { return make_view(host_.data(), host_.dtype(), layout); }
   StridedView gpu(const Layout& layout) {
     return make_view(device_.data(), host_.dtype(), layout);
   }
-  const HostArray& host() const { return host_; }
-  HostArray download() const {
-    HostArray out(host_.dtype(), host_.count());
-    EXPECT_EQ(cudaMemcpy(out.data(), device_.data(), out.bytes(), cudaMemcpyDeviceToHost),
+  const HostBuffer& host() const { return host_; }
+  HostBuffer download() const {
+    HostBuffer out(host_.dtype(), host_.count());
+    EXPECT_EQ(cudaMemcpy(out.data(), device_.data(), out.size_bytes(), cudaMemcpyDeviceToHost),
               cudaSuccess);
     return out;
   }
 
  private:
-  HostArray host_;
+  HostBuffer host_;
   DeviceMemory device_;
 };
 
@@ -245,7 +176,8 @@ double approx_tolerance(DType dtype, double expected) {
 }
 
 // Compares the whole buffers (view gaps included), reporting the first few mismatches.
-void expect_same(const HostArray& cpu, const HostArray& gpu, Match match, const std::string& what) {
+void expect_same(const HostBuffer& cpu, const HostBuffer& gpu, Match match,
+                 const std::string& what) {
   ASSERT_EQ(cpu.count(), gpu.count());
   const size_t size = dtype_size(cpu.dtype());
   int failures = 0;
@@ -375,7 +307,7 @@ TEST_F(CudaKernelsTest, CopyConvertsEveryDtypePairWithAnyStrides) {
     for (DType from : kAllDTypes) {
       for (const UnaryLayouts& l : layouts) {
         // Values in [-9, 9] with zeros: every conversion, bool included, is well defined.
-        HostArray init = random_array(from, l.in->extent(), rng_, Values::kSmallInts);
+        HostBuffer init = random_array(from, l.in->extent(), rng_, Values::kSmallInts);
         Mirror in(init);
         Mirror out(poisoned_array(to, l.out->extent()));
         cpu().copy(out.cpu(*l.out), in.cpu(*l.in));
@@ -555,7 +487,7 @@ TEST_F(CudaKernelsTest, BinaryArithmeticMatchesCpu) {
 
 TEST_F(CudaKernelsTest, BinaryMaxMinPropagateNan) {
   for (DType dtype : kFloatTypes) {
-    HostArray a = random_array(dtype, 315, rng_), b = random_array(dtype, 315, rng_);
+    HostBuffer a = random_array(dtype, 315, rng_), b = random_array(dtype, 315, rng_);
     for (int64_t i = 0; i < 315; i += 3) (i % 2 ? a : b).set(i, std::nan(""));
     Mirror ma(a), mb(b);
     for (BinaryOp op : {BinaryOp::kMaximum, BinaryOp::kMinimum}) {
@@ -653,8 +585,8 @@ TEST_F(CudaKernelsTest, RandomMatchesCpuBitForBit) {
 // --- indexing ---
 
 // An index array of `count` values in [0, limit), with duplicates.
-HostArray random_index(DType dtype, int64_t count, int64_t limit, std::mt19937& rng) {
-  HostArray index(dtype, count);
+HostBuffer random_index(DType dtype, int64_t count, int64_t limit, std::mt19937& rng) {
+  HostBuffer index(dtype, count);
   std::uniform_int_distribution<int64_t> pick(0, limit - 1);
   for (int64_t i = 0; i < count; ++i) index.set(i, static_cast<double>(pick(rng)));
   return index;
@@ -738,9 +670,9 @@ TEST_F(CudaKernelsTest, IndexAddMatchesCpuInLineAndElementModes) {
 }
 
 // A [length, columns] index whose every column holds distinct values in [0, limit).
-HostArray distinct_columns_index(int64_t length, int64_t columns, int64_t limit,
+HostBuffer distinct_columns_index(int64_t length, int64_t columns, int64_t limit,
                                  std::mt19937& rng) {
-  HostArray index(DType::kInt64, length * columns);
+  HostBuffer index(DType::kInt64, length * columns);
   std::vector<int64_t> perm(limit);
   for (int64_t c = 0; c < columns; ++c) {
     for (int64_t i = 0; i < limit; ++i) perm[i] = i;
@@ -812,7 +744,7 @@ TEST_F(CudaKernelsTest, ScatterMatchesCpu) {
 
 TEST_F(CudaKernelsTest, OutOfRangeIndicesThrowBeforeAnyWrite) {
   for (int64_t bad : {int64_t{6}, int64_t{-1}}) {
-    HostArray index_values = random_index(DType::kInt64, 11, 6, rng_);
+    HostBuffer index_values = random_index(DType::kInt64, 11, 6, rng_);
     index_values.set(4, static_cast<double>(bad));
     index_values.set(9, 100.0);  // a later bad value: the message names the first
     Mirror index(index_values);
@@ -879,7 +811,7 @@ TEST_F(CudaKernelsTest, GridStrideLoopsCoverMoreItemsThanThreads) {
   const Layout out_layout = contiguous({n}, "out");
   const Layout in_layout{"in_reversed_pairs", {n / 2, 2}, {1, n / 2}, 0};
   const Layout out_2d = contiguous({n / 2, 2}, "out");
-  HostArray init(DType::kFloat32, n);
+  HostBuffer init(DType::kFloat32, n);
   for (int64_t i = 0; i < n; ++i) init.set(i, static_cast<double>(i % 1000003));
   Mirror in(init);
   Mirror out(poisoned_array(DType::kBFloat16, out_layout.extent()));

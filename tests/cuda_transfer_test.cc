@@ -1,12 +1,9 @@
 // Tests of host<->device tensor copies (Tensor::to(Device), kernels::cuda::copy_bytes) and
 // of the pinned staging pool behind them. They need a CUDA device and skip without one.
-#include <atomic>
-#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <random>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -24,6 +21,7 @@
 #include "ringdilated/kernels/cuda/pinned_pool.h"
 #include "ringdilated/kernels/cuda/runtime.h"
 #include "ringdilated/kernels/cuda/transfer.h"
+#include "testing/cuda_test_streams.h"
 #endif
 
 namespace rd {
@@ -84,42 +82,8 @@ bool cuda_kernels_available() {
   }
 }
 
-class TestStream {
- public:
-  TestStream() { RD_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking)); }
-  ~TestStream() { static_cast<void>(cudaStreamDestroy(stream_)); }
-  TestStream(const TestStream&) = delete;
-  TestStream& operator=(const TestStream&) = delete;
-  cudaStream_t get() const { return stream_; }
-
- private:
-  cudaStream_t stream_ = nullptr;
-};
-
-// Holds `stream` at a host callback until open() (at the latest on destruction). While it
-// is closed the test must make no call that synchronizes the device.
-class StreamGate {
- public:
-  explicit StreamGate(cudaStream_t stream) : stream_(stream) {
-    RD_CUDA_CHECK(cudaLaunchHostFunc(stream_, &StreamGate::hold, this));
-  }
-  ~StreamGate() {
-    open();
-    static_cast<void>(cudaStreamSynchronize(stream_));
-  }
-  StreamGate(const StreamGate&) = delete;
-  StreamGate& operator=(const StreamGate&) = delete;
-  void open() { open_.store(true); }
-
- private:
-  static void CUDART_CB hold(void* self) {
-    while (!static_cast<StreamGate*>(self)->open_.load()) {
-      std::this_thread::sleep_for(std::chrono::microseconds(100));
-    }
-  }
-  cudaStream_t stream_;
-  std::atomic<bool> open_{false};
-};
+using test::StreamGate;
+using test::TestStream;
 
 class CudaTransferTest : public ::testing::Test {
  protected:

@@ -17,6 +17,8 @@
 #include "ringdilated/kernels/view_checks.h"
 #include "ringdilated/kernels/error.h"
 #include "ringdilated/kernels/half.h"
+#include "testing/dtype_precision.h"
+#include "testing/host_views.h"
 
 namespace rd::kernels {
 namespace {
@@ -26,16 +28,7 @@ KernelBackend& cpu() { return cpu_backend(); }
 const DType kFloatTypes[] = {DType::kFloat32, DType::kFloat64, DType::kBFloat16,
                              DType::kFloat16};
 
-// Relative precision of a dtype's storage (unit roundoff).
-double unit_roundoff(DType t) {
-  switch (t) {
-    case DType::kFloat32: return std::ldexp(1.0, -24);
-    case DType::kFloat64: return std::ldexp(1.0, -53);
-    case DType::kBFloat16: return std::ldexp(1.0, -8);
-    case DType::kFloat16: return std::ldexp(1.0, -11);
-    default: return 0.0;
-  }
-}
+using test::unit_roundoff;
 
 // The value v becomes when stored in dtype t (what a correct kernel must produce).
 double stored(DType t, double v) {
@@ -61,31 +54,8 @@ class Buffer {
   int64_t size() const { return count_; }
   void* data() { return storage_.data(); }
 
-  double get(int64_t i) const {
-    const char* p = reinterpret_cast<const char*>(storage_.data()) + i * dtype_size(dtype_);
-    switch (dtype_) {
-      case DType::kFloat32: return load<float>(p);
-      case DType::kFloat64: return load<double>(p);
-      case DType::kBFloat16: return static_cast<float>(load<BFloat16>(p));
-      case DType::kFloat16: return static_cast<float>(load<Float16>(p));
-      case DType::kInt32: return load<int32_t>(p);
-      case DType::kInt64: return static_cast<double>(load<int64_t>(p));
-      case DType::kBool: return load<bool>(p) ? 1.0 : 0.0;
-    }
-    return 0;
-  }
-  void set(int64_t i, double v) {
-    char* p = reinterpret_cast<char*>(storage_.data()) + i * dtype_size(dtype_);
-    switch (dtype_) {
-      case DType::kFloat32: return save(p, static_cast<float>(v));
-      case DType::kFloat64: return save(p, v);
-      case DType::kBFloat16: return save(p, BFloat16(static_cast<float>(v)));
-      case DType::kFloat16: return save(p, Float16(static_cast<float>(v)));
-      case DType::kInt32: return save(p, static_cast<int32_t>(v));
-      case DType::kInt64: return save(p, static_cast<int64_t>(v));
-      case DType::kBool: return save(p, v != 0);
-    }
-  }
+  double get(int64_t i) const { return test::load_element(element(i), dtype_); }
+  void set(int64_t i, double v) { test::store_element(element(i), dtype_, v); }
   // Random values: integers in [-9, 9] for int types, {0,1} for bool, nonzero floats in
   // [lo, hi] otherwise (rounded to the dtype).
   void randomize(std::mt19937& rng, double lo = -2.0, double hi = 2.0) {
@@ -104,31 +74,17 @@ class Buffer {
   }
 
   // A view with the given shape and element strides (row-major contiguous if empty).
-  StridedView view(std::vector<int64_t> shape, std::vector<int64_t> strides = {},
+  StridedView view(const std::vector<int64_t>& shape, const std::vector<int64_t>& strides = {},
                    int64_t offset = 0) {
-    StridedView v;
-    v.data = reinterpret_cast<char*>(storage_.data()) + offset * dtype_size(dtype_);
-    v.dtype = dtype_;
-    v.ndim = static_cast<int>(shape.size());
-    int64_t expected = 1;
-    for (int d = v.ndim - 1; d >= 0; --d) {
-      v.shape[d] = shape[d];
-      v.strides[d] = strides.empty() ? expected : strides[d];
-      expected *= shape[d];
-    }
-    return v;
+    return test::make_view(data(), dtype_, shape, strides, offset);
   }
 
  private:
-  template <class T>
-  static T load(const char* p) {
-    T v;
-    std::memcpy(&v, p, sizeof(T));
-    return v;
+  const unsigned char* element(int64_t i) const {
+    return reinterpret_cast<const unsigned char*>(storage_.data()) + i * dtype_size(dtype_);
   }
-  template <class T>
-  static void save(char* p, T v) {
-    std::memcpy(p, &v, sizeof(T));
+  unsigned char* element(int64_t i) {
+    return reinterpret_cast<unsigned char*>(storage_.data()) + i * dtype_size(dtype_);
   }
 
   DType dtype_;
