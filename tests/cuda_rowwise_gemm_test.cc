@@ -634,7 +634,11 @@ TEST_F(CudaRowwiseGemmTest, SoftmaxIsBitwiseReproducible) {
 }
 
 TEST_F(CudaRowwiseGemmTest, LayerAndRmsNormWithBackwardMatchCpu) {
-  const RowCase extra[] = {{3000, 40}, {5, 1000}, {2048, 3}};
+  // The last four give the fused backward's blocks several rows each (its grid is what the
+  // device holds at once): every chunks-a-thread variant, double-buffered and reloaded in
+  // place, and the column sums over many block partials.
+  const RowCase extra[] = {{3000, 40},  {5, 1000},    {2048, 3},
+                           {2700, 1024}, {600, 8192},  {300, 16384}, {150, 20000}};
   std::vector<RowCase> cases(std::begin(kRowCases), std::end(kRowCases));
   cases.insert(cases.end(), std::begin(extra), std::end(extra));
   for (DType t : kFloatTypes) {

@@ -422,20 +422,31 @@ __global__ void __launch_bounds__(kParamCols* kParamRowLanes)
   if (a.bias_partial != nullptr) static_cast<A*>(a.bias_partial)[at] = s.b;
 }
 
-// Adds each column's [blocks][cols] partials in block order into the float output: block
-// (x: kSumCols columns, y: kSumLanes lanes), lane y takes partials y, y + kSumLanes, ... (in
-// double), then a fixed tree in shared memory.
-constexpr int kSumCols = 32;
-constexpr int kSumLanes = 16;
+// Adds each column's [blocks][cols] partials in block order into the float output, for the
+// weight's partials (blockIdx.y 0) and the bias's (1) in one launch: block (x: kSumCols
+// columns, y: kSumLanes lanes), lane y takes partials y, y + kSumLanes, ... (in double),
+// then a fixed tree in shared memory. Few columns a block and many lanes: the sums of two
+// [blocks, 1024] partials still spread over 256 blocks (with many loads in flight), where
+// 32 columns a block (64 blocks) left most multiprocessors idle and took ~10 us a sum.
+constexpr int kSumCols = 8;    // 32-byte row segments: whole sectors
+constexpr int kSumLanes = 64;
+
+struct ColumnSums {
+  const void* partial[2];  // Compute<T> [blocks][cols]; null: that output is not wanted
+  float* out[2];
+};
 
 template <class A>
 __global__ void __launch_bounds__(kSumCols* kSumLanes)
-    column_partials_sum_kernel(const A* partial, int64_t blocks, int64_t cols, float* out) {
+    column_partials_sum_kernel(ColumnSums c, int64_t blocks, int64_t cols) {
   __shared__ double sums[kSumLanes][kSumCols];
+  const A* partial = static_cast<const A*>(c.partial[blockIdx.y]);
+  if (partial == nullptr) return;  // the whole block: no barrier is skipped by only some
   const int tx = static_cast<int>(threadIdx.x), ty = static_cast<int>(threadIdx.y);
   const int64_t col = static_cast<int64_t>(blockIdx.x) * kSumCols + tx;
   double s = 0;
   if (col < cols) {
+#pragma unroll 4
     for (int64_t b = ty; b < blocks; b += kSumLanes) {
       s += static_cast<double>(partial[b * cols + col]);
     }
@@ -446,23 +457,31 @@ __global__ void __launch_bounds__(kSumCols* kSumLanes)
     if (ty < half) sums[ty][tx] += sums[ty + half][tx];
     __syncthreads();
   }
-  if (ty == 0 && col < cols) out[col] = static_cast<float>(sums[0][tx]);
+  if (ty == 0 && col < cols) c.out[blockIdx.y][col] = static_cast<float>(sums[0][tx]);
 }
 
 // The fused path. A block owns whole rows, one at a time (rows blockIdx.x, + gridDim.x, ...):
-// thread t holds chunks k = 0..K-1 of each, at elements (k * blockDim.x + t) * W, and loads
-// its next row while it folds the current one (when two rows' chunks fit half its
-// registers). It adds grad_out * xhat and grad_out of its elements into column partials
-// that only it touches (shared memory: no barrier), and the block writes them as row
-// blockIdx.x of [gridDim.x, cols] partials.
+// thread t holds chunks k = 0..K-1 of each, at elements (k * blockDim.x + t) * W. It adds
+// grad_out * xhat and grad_out of its elements into column partials that only it touches
+// (shared memory: no barrier), and the block writes them as row blockIdx.x of
+// [gridDim.x, cols] partials.
 //
-// Threads a block: up to 1024 (64 registers each), but 16-bit chunks hold twice the
-// elements, whose float values do not fit that: their blocks stop at 512 threads (128
-// registers), and longer rows take more chunks a thread.
-template <class T>
-inline constexpr int kFusedMaxThreads = sizeof(T) == 2 ? 512 : 1024;
+// Every block has up to 1024 threads, so up to 64 registers each, for every type: with the
+// partials in shared memory (8 bytes a column, 128 KiB for 16K columns: one block a
+// multiprocessor), only blocks of 32 warps an SM hide the latency of a row's loads and
+// barrier. (16-bit rows on blocks of 512 threads with 128 registers each, 16 warps an SM,
+// reached 53-63% of the copy bandwidth on an H100; now 80-87%.)
+// The next row is read while the current one is folded, in one of two ways:
+// - double-buffered (K <= 2: two rows' chunks fit in registers): its chunks are loaded
+//   before the current row's first pass;
+// - in place (K = 4): pass 2 reloads each chunk with the next row's as soon as it is done
+//   with it, so the loads overlap the rest of pass 2 at no register cost.
+// 16-bit chunks stay packed in 32-bit words and are converted on each use (one instruction
+// an element), which keeps a row's share at 8 registers a chunk for every type, and the
+// instructions an element low: the kernel issued at 47-66% of the peak rate before (58
+// instructions an element for 16-bit rows), nearly instruction-bound.
+constexpr int kFusedMaxThreads = 1024;
 constexpr int kFusedMaxChunks = 4;
-constexpr int kRegisterFile = 65536;  // 32-bit registers of a multiprocessor
 
 struct FusedBackwardParams {
   const void* grad_out;
@@ -478,38 +497,102 @@ struct FusedBackwardParams {
   bool rms;
 };
 
-// A thread's K chunks of one row of the input and grad_out, with the row's statistics.
-template <class T, int K>
+// A thread's K 16-byte chunks of one row of the input and grad_out, as loaded, with the
+// row's statistics.
+template <int K>
 struct RowShare {
-  Chunk<T, kVecWidth<T>> x[K];
-  Chunk<T, kVecWidth<T>> g[K];
+  uint4 x[K];
+  uint4 g[K];
   float mean;
   float rstd;
 };
 
+__device__ __forceinline__ uint4 load16(const void* p) {
+  return *static_cast<const uint4*>(p);
+}
+
+// Element j of a 16-byte chunk of T, as Compute<T> (16-bit values through unpack_half: one
+// instruction, converted again on each use rather than kept as floats).
+template <class T>
+__device__ __forceinline__ Compute<T> chunk_value(const uint4& c, int j) {
+  uint32_t words[4];
+  memcpy(words, &c, sizeof(c));
+  if constexpr (kIsHalf<T>) {
+    return unpack_half<T>(words[j / 2], j % 2);
+  } else {
+    T v;
+    memcpy(&v, reinterpret_cast<const char*>(words) + j * sizeof(T), sizeof(T));
+    return v;
+  }
+}
+
+// Rounds v[0..n) to T into elements [j, j + n) of chunk c (j and n even for 16-bit types:
+// pairs convert in one instruction).
+template <class T, int n>
+__device__ __forceinline__ void chunk_set(uint4& c, int j, const Compute<T> (&v)[n]) {
+  uint32_t words[4];
+  memcpy(words, &c, sizeof(c));
+  if constexpr (kIsHalf<T>) {
+    static_assert(n % 2 == 0);
+#pragma unroll
+    for (int i = 0; i < n; i += 2) {
+      if constexpr (std::is_same_v<T, BFloat16>) {
+        const __nv_bfloat162 pair = __floats2bfloat162_rn(v[i], v[i + 1]);
+        memcpy(&words[(j + i) / 2], &pair, sizeof(pair));
+      } else {
+        const __half2 pair = __floats2half2_rn(v[i], v[i + 1]);
+        memcpy(&words[(j + i) / 2], &pair, sizeof(pair));
+      }
+    }
+  } else {
+    memcpy(reinterpret_cast<char*>(words) + j * sizeof(T), v, sizeof(v));
+  }
+  memcpy(&c, words, sizeof(c));
+}
+
 template <class T, int K>
-__device__ __forceinline__ RowShare<T, K> load_share(const FusedBackwardParams& p, int64_t row) {
+__device__ __forceinline__ void load_share(const FusedBackwardParams& p, int64_t row,
+                                           RowShare<K>& s) {
   constexpr int W = kVecWidth<T>;
-  RowShare<T, K> s{};
   const int64_t offset = row * p.cols;
 #pragma unroll
   for (int k = 0; k < K; ++k) {
     const int64_t e = (static_cast<int64_t>(k) * blockDim.x + threadIdx.x) * W;
     if (e < p.cols) {
-      s.x[k] = load_chunk<T, W>(static_cast<const T*>(p.in) + offset + e);
-      s.g[k] = load_chunk<T, W>(static_cast<const T*>(p.grad_out) + offset + e);
+      s.x[k] = load16(static_cast<const T*>(p.in) + offset + e);
+      s.g[k] = load16(static_cast<const T*>(p.grad_out) + offset + e);
     }
   }
   s.mean = p.rms ? 0.0f : p.mean[row];
   s.rstd = p.rstd[row];
-  return s;
+}
+
+// Sums v over the block: butterflies within each warp, then lane i of every warp takes warp
+// i's sum from shared memory and those are folded the same way over `width` lanes (a power
+// of two >= the warps; lanes past the last warp add 0) and broadcast from lane 0: a fixed
+// order, and every thread gets the same bits. `scratch` holds a sum per warp. The caller
+// alternates two scratch buffers between rows, so one barrier a row suffices: a buffer is
+// written again only after every thread has passed the barrier of the row in between, so
+// after every thread has read it.
+template <class A>
+__device__ __forceinline__ Pair<A> block_pair_sum(Pair<A> v, Pair<A>* scratch, int width) {
+  v = group_fold(v, kWarp, PairSumOp{});
+  const int warps = static_cast<int>(blockDim.x) / kWarp;
+  if (warps == 1) return v;
+  const int lane = static_cast<int>(threadIdx.x) % kWarp;
+  if (lane == 0) scratch[threadIdx.x / kWarp] = v;
+  __syncthreads();
+  v = lane < warps ? scratch[lane] : Pair<A>{0, 0};
+  v = group_fold(v, width, PairSumOp{});
+  return {__shfl_sync(kFullMask, v.a, 0), __shfl_sync(kFullMask, v.b, 0)};
 }
 
 template <class T, int K>
-__global__ void __launch_bounds__(kFusedMaxThreads<T>)
+__global__ void __launch_bounds__(kFusedMaxThreads)
     norm_backward_fused_kernel(FusedBackwardParams p) {
   using A = Compute<T>;
   constexpr int W = kVecWidth<T>;
+  constexpr bool kDoubleBuffer = K <= 2;  // two rows' chunks fit the 64 registers
   // Partials live in 16-byte units of A, laid out [which][k][unit][thread] so that a warp's
   // accesses are contiguous: which = 0 for the weight's, 1 for the bias's.
   constexpr int kPerUnit = static_cast<int>(16 / sizeof(A));
@@ -517,7 +600,7 @@ __global__ void __launch_bounds__(kFusedMaxThreads<T>)
   using Unit = Chunk<A, kPerUnit>;
   extern __shared__ __align__(16) unsigned char fused_smem[];  // one name for every <T, K>
   Unit* partials = reinterpret_cast<Unit*>(fused_smem);
-  __shared__ Pair<A> fold_scratch[kFusedMaxThreads<T> / kWarp];
+  __shared__ Pair<A> fold_scratch[2][kFusedMaxThreads / kWarp];
   const int threads = static_cast<int>(blockDim.x), t = static_cast<int>(threadIdx.x);
   auto unit = [&](int which, int k, int u) -> Unit& {
     return partials[((which * K + k) * kUnits + u) * threads + t];
@@ -535,20 +618,31 @@ __global__ void __launch_bounds__(kFusedMaxThreads<T>)
   }
   const T* weight = static_cast<const T*>(p.weight);
   const T* grad_sum = static_cast<const T*>(p.grad_sum);
-  const A count = static_cast<A>(p.cols);
-  auto element = [&](int k) { return (static_cast<int64_t>(k) * threads + t) * W; };
-  auto weight_chunk = [&](int64_t e) {
-    Chunk<T, W> w;
-    if (weight != nullptr) return load_chunk<T, W>(weight + e);
+  T* grad_in = static_cast<T*>(p.grad_in);
+  const bool want_grad_in = grad_in != nullptr;
+  // 1 / cols once: a multiply a row instead of two divisions.
+  const A inv_count = A(1) / static_cast<A>(p.cols);
+  int fold_width = 1;
+  while (fold_width < threads / kWarp) fold_width *= 2;
+  uint4 ones;  // the weight's chunk when there is none
+  {
+    A one[W];
 #pragma unroll
-    for (int j = 0; j < W; ++j) w.x[j] = from_compute<T>(A(1));
-    return w;
-  };
+    for (int j = 0; j < W; ++j) one[j] = A(1);
+    chunk_set<T>(ones, 0, one);
+  }
+  auto element = [&](int k) { return (static_cast<int64_t>(k) * threads + t) * W; };
+  auto weight_chunk = [&](int64_t e) { return weight != nullptr ? load16(weight + e) : ones; };
 
-  // One row: pass 1 takes its two sums, pass 2 writes grad_in and adds to the partials.
-  auto backward_row = [&](const RowShare<T, K>& s, int64_t row) {
+  // One row: pass 1 takes its two sums, pass 2 writes grad_in and adds to the partials. With
+  // reload >= 0, pass 2 refills `s` with row `reload`, chunk by chunk as it is done with it.
+  int parity = 0;
+  auto backward_row = [&](RowShare<K>& s, int64_t row, int64_t reload) {
     const A mu = static_cast<A>(s.mean), rstd = static_cast<A>(s.rstd);
-    const bool want_grad_in = p.grad_in != nullptr;
+    if (reload >= 0) {
+      s.mean = p.rms ? 0.0f : p.mean[reload];
+      s.rstd = p.rstd[reload];
+    }
     A c1 = 0, c2 = 0;  // mean(g * xhat), mean(g) with g = grad_out * weight
     if (want_grad_in) {
       Pair<A> sums{0, 0};
@@ -556,71 +650,83 @@ __global__ void __launch_bounds__(kFusedMaxThreads<T>)
       for (int k = 0; k < K; ++k) {
         const int64_t e = element(k);
         if (e >= p.cols) continue;
-        const Chunk<T, W> w = weight_chunk(e);
+        const uint4 w = weight_chunk(e);
 #pragma unroll
         for (int j = 0; j < W; ++j) {
-          const A g = to_compute(s.g[k].x[j]) * to_compute(w.x[j]);
-          sums.a += g * ((to_compute(s.x[k].x[j]) - mu) * rstd);
+          const A g = chunk_value<T>(s.g[k], j) * chunk_value<T>(w, j);
+          sums.a += g * ((chunk_value<T>(s.x[k], j) - mu) * rstd);
           sums.b += g;
         }
       }
-      sums = row_fold(sums, threads, fold_scratch, PairSumOp{}, Pair<A>{0, 0});
-      c1 = sums.a / count;
-      c2 = p.rms ? A(0) : sums.b / count;
+      sums = block_pair_sum(sums, fold_scratch[parity], fold_width);
+      parity ^= 1;
+      c1 = sums.a * inv_count;
+      c2 = p.rms ? A(0) : sums.b * inv_count;
     }
     const int64_t offset = row * p.cols;
 #pragma unroll
     for (int k = 0; k < K; ++k) {
       const int64_t e = element(k);
       if (e >= p.cols) continue;
-      A xhat[W], go[W];
-#pragma unroll
-      for (int j = 0; j < W; ++j) {
-        xhat[j] = (to_compute(s.x[k].x[j]) - mu) * rstd;
-        go[j] = to_compute(s.g[k].x[j]);
-      }
+      uint4 w, add, out;
       if (want_grad_in) {
-        const Chunk<T, W> w = weight_chunk(e);
-        Chunk<T, W> add, out;
-        if (grad_sum != nullptr) add = load_chunk<T, W>(grad_sum + offset + e);
-#pragma unroll
-        for (int j = 0; j < W; ++j) {
-          A gi = rstd * (go[j] * to_compute(w.x[j]) - c2 - xhat[j] * c1);
-          if (grad_sum != nullptr) gi += to_compute(add.x[j]);
-          out.x[j] = from_compute<T>(gi);
-        }
-        store_chunk<T, W>(static_cast<T*>(p.grad_in) + offset + e, out);
+        w = weight_chunk(e);
+        if (grad_sum != nullptr) add = load16(grad_sum + offset + e);
       }
-      if (!want_partials) continue;
+      // A unit (16 bytes of partials) at a time: few float temporaries live at once.
 #pragma unroll
       for (int u = 0; u < kUnits; ++u) {
-        Unit& dw = unit(0, k, u);
-        Unit& db = unit(1, k, u);
+        A xhat[kPerUnit], go[kPerUnit];
 #pragma unroll
         for (int i = 0; i < kPerUnit; ++i) {
-          dw.x[i] += go[u * kPerUnit + i] * xhat[u * kPerUnit + i];
-          db.x[i] += go[u * kPerUnit + i];
+          const int j = u * kPerUnit + i;
+          xhat[i] = (chunk_value<T>(s.x[k], j) - mu) * rstd;
+          go[i] = chunk_value<T>(s.g[k], j);
         }
+        if (want_grad_in) {
+          A gi[kPerUnit];
+#pragma unroll
+          for (int i = 0; i < kPerUnit; ++i) {
+            const int j = u * kPerUnit + i;
+            gi[i] = rstd * (go[i] * chunk_value<T>(w, j) - c2 - xhat[i] * c1);
+            if (grad_sum != nullptr) gi[i] += chunk_value<T>(add, j);
+          }
+          chunk_set<T>(out, u * kPerUnit, gi);
+        }
+        if (want_partials) {
+          // Both units are read before either is written: as references, every store
+          // would force the other's loads after it (the compiler cannot rule out aliasing).
+          Unit dw = unit(0, k, u), db = unit(1, k, u);
+#pragma unroll
+          for (int i = 0; i < kPerUnit; ++i) {
+            dw.x[i] += go[i] * xhat[i];
+            db.x[i] += go[i];
+          }
+          unit(0, k, u) = dw;
+          unit(1, k, u) = db;
+        }
+      }
+      if (want_grad_in) *reinterpret_cast<uint4*>(grad_in + offset + e) = out;
+      if (reload >= 0) {
+        s.x[k] = load16(static_cast<const T*>(p.in) + reload * p.cols + e);
+        s.g[k] = load16(static_cast<const T*>(p.grad_out) + reload * p.cols + e);
       }
     }
   };
 
-  // A row's share takes 8 registers a chunk (16 bytes of x and of grad_out).
-  constexpr bool kPrefetch = 2 * K * 8 <= kRegisterFile / kFusedMaxThreads<T> / 2;
   const int64_t step = gridDim.x;
   int64_t row = blockIdx.x;
-  RowShare<T, K> current{};
-  if (row < p.rows) current = load_share<T, K>(p, row);
+  RowShare<K> current{};
+  if (row < p.rows) load_share<T, K>(p, row, current);
   for (; row < p.rows; row += step) {
-    const bool more = row + step < p.rows;
-    if constexpr (kPrefetch) {
-      RowShare<T, K> next{};
-      if (more) next = load_share<T, K>(p, row + step);
-      backward_row(current, row);
-      current = next;
+    const int64_t next = row + step < p.rows ? row + step : -1;
+    if constexpr (kDoubleBuffer) {
+      RowShare<K> ahead{};
+      if (next >= 0) load_share<T, K>(p, next, ahead);
+      backward_row(current, row, -1);
+      current = ahead;
     } else {
-      backward_row(current, row);
-      if (more) current = load_share<T, K>(p, row + step);
+      backward_row(current, row, next);
     }
   }
   if (!want_partials) return;
@@ -644,12 +750,17 @@ __global__ void __launch_bounds__(kFusedMaxThreads<T>)
 // ---------------------------------------------------------------------------------------
 // Host side.
 
+// grad_weight and grad_bias (either may be null) from [blocks][cols] partials.
 template <class A>
-void sum_column_partials(const void* partial, int64_t blocks, int64_t cols, float* out,
+void sum_column_partials(const void* weight_partial, const void* bias_partial, int64_t blocks,
+                         int64_t cols, float* grad_weight, float* grad_bias,
                          cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>(ceil_div(cols, kSumCols)));
-  column_partials_sum_kernel<A><<<grid, dim3(kSumCols, kSumLanes), 0, stream>>>(
-      static_cast<const A*>(partial), blocks, cols, out);
+  const ColumnSums c{{grad_weight != nullptr ? weight_partial : nullptr,
+                      grad_bias != nullptr ? bias_partial : nullptr},
+                     {grad_weight, grad_bias}};
+  if (c.partial[0] == nullptr && c.partial[1] == nullptr) return;
+  const dim3 grid(static_cast<unsigned>(ceil_div(cols, kSumCols)), 2);
+  column_partials_sum_kernel<A><<<grid, dim3(kSumCols, kSumLanes), 0, stream>>>(c, blocks, cols);
   RD_CUDA_CHECK_LAUNCH();
 }
 
@@ -683,21 +794,16 @@ void norm_param_grads(float* grad_weight, float* grad_bias, const T* grad_out, c
   a.bias_partial = bias_partial.get();
   norm_param_grads_kernel<T><<<grid, block, 0, stream>>>(grad_out, in, a);
   RD_CUDA_CHECK_LAUNCH();
-  if (grad_weight != nullptr) {
-    sum_column_partials<A>(a.weight_partial, row_blocks, cols, grad_weight, stream);
-  }
-  if (grad_bias != nullptr) {
-    sum_column_partials<A>(a.bias_partial, row_blocks, cols, grad_bias, stream);
-  }
+  sum_column_partials<A>(a.weight_partial, a.bias_partial, row_blocks, cols, grad_weight,
+                         grad_bias, stream);
 }
 
 // Runs the fused backward when the rows suit it: 16-byte aligned, at most
 // kFusedMaxThreads * kFusedMaxChunks chunks long, and the device has room for a block.
 // Returns false, having done nothing, otherwise. Chunks a thread: 1 for short rows (blocks
-// of <= 512 threads, or 256 for 16-bit data, leave room for several a multiprocessor), then
-// 2, then 4, each as long as the block stays within kFusedMaxThreads. The grid is the number
-// of blocks the device holds at once, so the partial sums (and their order) are fixed for a
-// given device.
+// of <= 512 threads leave room for several a multiprocessor), then 2, then 4, each as long
+// as the block stays within kFusedMaxThreads. The grid is the number of blocks the device
+// holds at once, so the partial sums (and their order) are fixed for a given device.
 template <class T>
 bool norm_backward_fused(void* grad_in, float* grad_weight, float* grad_bias,
                          const void* grad_out, const void* grad_sum, const void* in,
@@ -710,7 +816,7 @@ bool norm_backward_fused(void* grad_in, float* grad_weight, float* grad_bias,
     if (ptr != nullptr && reinterpret_cast<uintptr_t>(ptr) % 16 != 0) aligned = false;
   }
   const int64_t chunks = cols / W;
-  const int64_t max_threads = kFusedMaxThreads<T>;
+  const int64_t max_threads = kFusedMaxThreads;
   if (!aligned || chunks > max_threads * kFusedMaxChunks) return false;
   const int per_thread = chunks <= max_threads / 2 ? 1 : chunks <= 2 * max_threads ? 2 : 4;
   const int threads = static_cast<int>(ceil_div(ceil_div(chunks, per_thread), kWarp) * kWarp);
@@ -736,12 +842,8 @@ bool norm_backward_fused(void* grad_in, float* grad_weight, float* grad_bias,
                                 weight_partial.get(), bias_partial.get(), rows, cols, rms};
     kernel<<<static_cast<unsigned>(blocks), threads, smem, stream>>>(p);
     RD_CUDA_CHECK_LAUNCH();
-    if (grad_weight != nullptr) {
-      sum_column_partials<A>(weight_partial.get(), blocks, cols, grad_weight, stream);
-    }
-    if (grad_bias != nullptr) {
-      sum_column_partials<A>(bias_partial.get(), blocks, cols, grad_bias, stream);
-    }
+    sum_column_partials<A>(weight_partial.get(), bias_partial.get(), blocks, cols, grad_weight,
+                           grad_bias, stream);
     launched = true;
   };
   switch (per_thread) {
