@@ -18,9 +18,10 @@
 // Ceilings are measured once per process, on first use (class Ceilings, owned by main()).
 //
 // Run (one H100, ~4 minutes): build/<dir>/bench/cuda_ops_bench --benchmark_min_time=0.3
-//   --benchmark_repetitions=3 --benchmark_display_aggregates_only=true
 //   --benchmark_out=cuda_ops.json --benchmark_out_format=json
-// then: python3 bench/report.py cuda_ops.json > tables.md (medians of the repetitions).
+// then: python3 bench/report.py cuda_ops.json > tables.md. One repetition: each repetition
+// sizes its own batches, and Google Benchmark 1.7 aborts when repetitions of a row end with
+// different iteration counts (statistics.cc ComputeStats check).
 // Rows are named group/op/dtype/shape; --benchmark_filter=<regex> picks some, e.g. '^rowwise/'.
 // Without CUDA in the build no row is registered; without a device each row is skipped.
 #include <benchmark/benchmark.h>
