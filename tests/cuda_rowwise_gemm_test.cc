@@ -12,22 +12,23 @@
 #include <functional>
 #include <limits>
 #include <numbers>
-#include <numeric>
 #include <random>
-#include <stdexcept>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "ringdilated/kernels/backend.h"
 #include "ringdilated/kernels/error.h"
-#include "ringdilated/kernels/half.h"
-#include "ringdilated/tensor/device.h"
+#include "testing/dtype_precision.h"
+#include "testing/host_views.h"
 
 #if defined(RD_WITH_CUDA)
 #include <cuda_runtime.h>
 
 #include "ringdilated/kernels/allocator.h"
 #include "ringdilated/kernels/cuda/kernels.h"
+#include "testing/cuda_scratch_allocator.h"
+#include "testing/cuda_test_streams.h"
 #endif
 
 namespace rd::kernels {
@@ -41,86 +42,30 @@ TEST(CudaRowwiseGemmTest, NeedsACudaBuild) { GTEST_SKIP() << "built without CUDA
 
 namespace gpu = ::rd::kernels::cuda;
 
-void cuda_check(cudaError_t status, const char* what) {
-  if (status != cudaSuccess) {
-    throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(status));
-  }
-}
+using test::compute_roundoff;
+using test::contiguous_strides;
+using test::cuda_check;
+using test::CudaTestAllocator;
+using test::HostBuffer;
+using test::make_view;
+using test::product;
+using test::tiny_step;
+using test::unit_roundoff;
 
 // ---------------------------------------------------------------------------------------
-// Test plumbing: dtype precision, host and device buffers, a cudaMalloc Allocator.
-
-// Unit roundoff of a dtype's storage.
-double storage_eps(DType t) {
-  switch (t) {
-    case DType::kFloat32: return std::ldexp(1.0, -24);
-    case DType::kFloat64: return std::ldexp(1.0, -53);
-    case DType::kBFloat16: return std::ldexp(1.0, -8);
-    case DType::kFloat16: return std::ldexp(1.0, -11);
-    default: return 0.0;
-  }
-}
-// Unit roundoff of the type kernels compute in (float32, float64 for float64).
-double compute_eps(DType t) {
-  return t == DType::kFloat64 ? std::ldexp(1.0, -53) : std::ldexp(1.0, -24);
-}
-// Absolute rounding step of the smallest (subnormal) values that outputs may reach.
-double tiny_step(DType t) { return t == DType::kFloat16 ? std::ldexp(1.0, -24) : 0.0; }
+// Test plumbing: device buffers, the scratch allocators, the fixture.
 
 const DType kFloatTypes[] = {DType::kFloat32, DType::kFloat64, DType::kBFloat16, DType::kFloat16};
 
-class HostBuffer {
- public:
-  HostBuffer(DType dtype, int64_t count)
-      : dtype_(dtype), count_(count), bytes_(static_cast<size_t>(count) * dtype_size(dtype)) {}
-  DType dtype() const { return dtype_; }
-  int64_t count() const { return count_; }
-  size_t bytes() const { return bytes_.size(); }
-  void* data() { return bytes_.data(); }
-  const void* data() const { return bytes_.data(); }
-
-  double get(int64_t i) const {
-    const unsigned char* p = bytes_.data() + i * dtype_size(dtype_);
-    switch (dtype_) {
-      case DType::kFloat32: return load<float>(p);
-      case DType::kFloat64: return load<double>(p);
-      case DType::kBFloat16: return static_cast<float>(load<BFloat16>(p));
-      case DType::kFloat16: return static_cast<float>(load<Float16>(p));
-      case DType::kInt32: return load<int32_t>(p);
-      case DType::kInt64: return static_cast<double>(load<int64_t>(p));
-      case DType::kBool: return load<bool>(p) ? 1.0 : 0.0;
-    }
-    return 0;
-  }
-  void set(int64_t i, double v) {
-    unsigned char* p = bytes_.data() + i * dtype_size(dtype_);
-    switch (dtype_) {
-      case DType::kFloat32: return save(p, static_cast<float>(v));
-      case DType::kFloat64: return save(p, v);
-      case DType::kBFloat16: return save(p, BFloat16(static_cast<float>(v)));
-      case DType::kFloat16: return save(p, Float16(static_cast<float>(v)));
-      case DType::kInt32: return save(p, static_cast<int32_t>(v));
-      case DType::kInt64: return save(p, static_cast<int64_t>(v));
-      case DType::kBool: return save(p, v != 0);
-    }
-  }
-
- private:
-  template <class T>
-  static T load(const unsigned char* p) {
-    T v;
-    std::memcpy(&v, p, sizeof(T));
-    return v;
-  }
-  template <class T>
-  static void save(unsigned char* p, T v) {
-    std::memcpy(p, &v, sizeof(T));
-  }
-
-  DType dtype_;
-  int64_t count_;
-  std::vector<unsigned char> bytes_;
-};
+// The elements of a host buffer as T, for the kernels' typed pointers (T matches its dtype).
+template <class T>
+T* elements(HostBuffer& h) {
+  return reinterpret_cast<T*>(h.data());
+}
+template <class T>
+const T* elements(const HostBuffer& h) {
+  return reinterpret_cast<const T*>(h.data());
+}
 
 // Device memory with a 256-byte aligned base; element `offset` is where the data starts
 // (offsets misalign the data on purpose).
@@ -137,11 +82,11 @@ class DeviceBuffer {
 
   void* get() const { return static_cast<char*>(base_) + offset_ * dtype_size(dtype_); }
   void upload(const HostBuffer& h) {
-    cuda_check(cudaMemcpy(get(), h.data(), h.bytes(), cudaMemcpyHostToDevice), "upload");
+    cuda_check(cudaMemcpy(get(), h.data(), h.size_bytes(), cudaMemcpyHostToDevice), "upload");
   }
   HostBuffer download() const {
     HostBuffer h(dtype_, count_);
-    cuda_check(cudaMemcpy(h.data(), get(), h.bytes(), cudaMemcpyDeviceToHost), "download");
+    cuda_check(cudaMemcpy(h.data(), get(), h.size_bytes(), cudaMemcpyDeviceToHost), "download");
     return h;
   }
   // NaN bytes for floats (0xff), a large sentinel for integers.
@@ -157,41 +102,9 @@ class DeviceBuffer {
   void* base_ = nullptr;
 };
 
-// The scratch allocator the kernels get: plain cudaMalloc/cudaFree (the caching allocator
+// The scratch allocators the kernels get: plain cudaMalloc/cudaFree (the caching allocator
 // is tested on its own), counting live bytes so tests can check scratch is returned.
-class CudaTestAllocator : public Allocator {
- public:
-  Device device() const override { return Device::cuda(0); }
-  void* allocate(size_t nbytes) override {
-    if (nbytes == 0) return nullptr;
-    void* p = nullptr;
-    cuda_check(cudaMalloc(&p, nbytes), "CudaTestAllocator::allocate");
-    sizes_.emplace_back(p, nbytes);
-    stats_.allocated_bytes += static_cast<int64_t>(nbytes);
-    stats_.peak_allocated_bytes = std::max(stats_.peak_allocated_bytes, stats_.allocated_bytes);
-    ++stats_.system_allocs;
-    return p;
-  }
-  void deallocate(void* ptr) override {
-    if (ptr == nullptr) return;
-    // cudaFree waits for the device, so kernels still using the memory finish first.
-    cuda_check(cudaFree(ptr), "CudaTestAllocator::deallocate");
-    auto it = std::find_if(sizes_.begin(), sizes_.end(), [&](auto& e) { return e.first == ptr; });
-    if (it == sizes_.end()) throw std::runtime_error("deallocate of an unknown pointer");
-    stats_.allocated_bytes -= static_cast<int64_t>(it->second);
-    sizes_.erase(it);
-    ++stats_.system_frees;
-  }
-  MemoryStats stats() const override { return stats_; }
-  void reset_peak_stats() override { stats_.peak_allocated_bytes = stats_.allocated_bytes; }
-  void empty_cache() override {}
-
- private:
-  std::vector<std::pair<void*, size_t>> sizes_;
-  MemoryStats stats_;
-};
-
-// Process-lifetime allocators: the GEMM keeps its workspace for the whole process.
+// Process-lifetime: the GEMM keeps its workspace for the whole process.
 CudaTestAllocator& scratch_allocator() {
   static CudaTestAllocator* const allocator = new CudaTestAllocator();
   return *allocator;
@@ -201,45 +114,12 @@ CudaTestAllocator& gemm_allocator() {
   return *allocator;
 }
 
-class CudaRowwiseGemmTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
-    cuda_check(cudaSetDevice(0), "cudaSetDevice");
-    cuda_check(cudaStreamCreate(&stream_), "cudaStreamCreate");
-  }
-  void TearDown() override {
-    if (stream_ != nullptr) cudaStreamDestroy(stream_);
-  }
-  void sync() {
-    cuda_check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
-    cuda_check(cudaGetLastError(), "cudaGetLastError");
-  }
-  cudaStream_t stream_ = nullptr;
-};
-
-StridedView make_view(void* data, DType dtype, const std::vector<int64_t>& shape,
-                      const std::vector<int64_t>& strides) {
-  StridedView v;
-  v.data = data;
-  v.dtype = dtype;
-  v.ndim = static_cast<int>(shape.size());
-  for (int d = 0; d < v.ndim; ++d) {
-    v.shape[d] = shape[d];
-    v.strides[d] = strides[d];
-  }
-  return v;
+void expect_scratch_returned() {
+  EXPECT_EQ(scratch_allocator().stats().allocated_bytes, 0) << "scratch not returned";
 }
 
-std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& shape) {
-  std::vector<int64_t> s(shape.size(), 1);
-  for (int d = static_cast<int>(shape.size()) - 2; d >= 0; --d) s[d] = s[d + 1] * shape[d + 1];
-  return s;
-}
-
-int64_t product(const std::vector<int64_t>& shape) {
-  return std::accumulate(shape.begin(), shape.end(), int64_t{1}, std::multiplies<>());
-}
+// Skips without a device; launches on its own stream (stream()).
+class CudaRowwiseGemmTest : public test::CudaStreamTest {};
 
 bool same_or_within(double got, double want, double tol) {
   if (std::isnan(want)) return std::isnan(got);
@@ -305,19 +185,17 @@ class CudaReduceTest : public CudaRowwiseGemmTest {
     const std::vector<int64_t> out_strides =
         c.out_strides.empty() ? contiguous_strides(out_shape) : c.out_strides;
     const int64_t outputs = product(out_shape);
-    const size_t in_element = dtype_size(dtype);
 
     // CPU result, plus the per-output error scales sum|x| and max|x|.
     HostBuffer host_in = storage;
-    const StridedView cpu_in = make_view(static_cast<char*>(host_in.data()) + c.offset * in_element,
-                                         dtype, c.shape, c.strides);
+    const StridedView cpu_in = make_view(host_in.data(), dtype, c.shape, c.strides, c.offset);
     HostBuffer want(out_dtype, outputs);
     cpu_backend().reduce(op, make_view(want.data(), out_dtype, out_shape, out_strides), cpu_in,
                          mask);
     HostBuffer abs_storage(DType::kFloat64, c.storage);
     for (int64_t i = 0; i < c.storage; ++i) abs_storage.set(i, std::fabs(storage.get(i)));
-    const StridedView abs_in = make_view(static_cast<double*>(abs_storage.data()) + c.offset,
-                                         DType::kFloat64, c.shape, c.strides);
+    const StridedView abs_in =
+        make_view(abs_storage.data(), DType::kFloat64, c.shape, c.strides, c.offset);
     HostBuffer abs_sum(DType::kFloat64, outputs), abs_max(DType::kFloat64, outputs);
     const bool empty = product(c.shape) == 0;
     if (!empty) {
@@ -333,12 +211,11 @@ class CudaReduceTest : public CudaRowwiseGemmTest {
     dev_in.upload(storage);
     DeviceBuffer dev_out(out_dtype, outputs);
     dev_out.poison();
-    const StridedView gpu_in = make_view(static_cast<char*>(dev_in.get()) + c.offset * in_element,
-                                         dtype, c.shape, c.strides);
+    const StridedView gpu_in = make_view(dev_in.get(), dtype, c.shape, c.strides, c.offset);
     gpu::reduce(op, make_view(dev_out.get(), out_dtype, out_shape, out_strides), gpu_in, mask,
-                scratch_allocator(), stream_);
+                scratch_allocator(), stream());
     sync();
-    EXPECT_EQ(scratch_allocator().stats().allocated_bytes, 0) << "scratch not returned";
+    expect_scratch_returned();
     const HostBuffer got = dev_out.download();
 
     int64_t reduced = 1;
@@ -352,8 +229,8 @@ class CudaReduceTest : public CudaRowwiseGemmTest {
       const double g = got.get(i), w = want.get(i);
       double tol = 0;
       if (!exact) {
-        const double scale_out = 2 * storage_eps(out_dtype) * std::fabs(w);
-        const double acc = 64 * compute_eps(dtype);
+        const double scale_out = 2 * unit_roundoff(out_dtype) * std::fabs(w);
+        const double acc = 64 * compute_roundoff(dtype);
         if (op == ReduceOp::kSum) tol = scale_out + acc * abs_sum.get(i);
         if (op == ReduceOp::kMean) {
           tol = scale_out + acc * abs_sum.get(i) / std::max<int64_t>(reduced, 1);
@@ -452,12 +329,12 @@ TEST_F(CudaReduceTest, LogSumExpOfAllMinusInfinityRowsIsMinusInfinity) {
     in.upload(h);
     out.poison();
     gpu::reduce(ReduceOp::kLogSumExp, make_view(out.get(), t, {4, 1}, {1, 1}),
-                make_view(in.get(), t, {4, 100}, {100, 1}), 2u, scratch_allocator(), stream_);
+                make_view(in.get(), t, {4, 100}, {100, 1}), 2u, scratch_allocator(), stream());
     sync();
     const HostBuffer got = out.download();
     EXPECT_EQ(got.get(0), -std::numeric_limits<double>::infinity());
     EXPECT_EQ(got.get(1), -std::numeric_limits<double>::infinity());
-    EXPECT_NEAR(got.get(2), 0.5 + std::log(100.0), 4 * storage_eps(t) * 5);
+    EXPECT_NEAR(got.get(2), 0.5 + std::log(100.0), 4 * unit_roundoff(t) * 5);
   }
 }
 
@@ -499,7 +376,7 @@ TEST_F(CudaReduceTest, FullReductionsOfTenMillionElementsAreAccurateAndDetermini
     for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMean, ReduceOp::kMax, ReduceOp::kLogSumExp}) {
       const HostBuffer a = check(flat, op, 1u, t, Data::kSpread, t);
       const HostBuffer b = check(flat, op, 1u, t, Data::kSpread, t);
-      EXPECT_EQ(std::memcmp(a.data(), b.data(), a.bytes()), 0) << "not deterministic";
+      EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size_bytes()), 0) << "not deterministic";
       check(padded, op, 3u, t, Data::kSpread, t);
     }
   }
@@ -511,9 +388,9 @@ TEST_F(CudaReduceTest, RejectsBadArgumentsLikeTheCpu) {
   DeviceBuffer in(DType::kInt32, 12), out(DType::kInt32, 3);
   const StridedView v = make_view(in.get(), DType::kInt32, {3, 4}, {4, 1});
   const StridedView o = make_view(out.get(), DType::kInt32, {3, 1}, {1, 1});
-  EXPECT_THROW(gpu::reduce(ReduceOp::kMean, o, v, 2u, scratch_allocator(), stream_), Error);
-  EXPECT_THROW(gpu::reduce(ReduceOp::kArgMax, o, v, 2u, scratch_allocator(), stream_), Error);
-  EXPECT_THROW(gpu::reduce(ReduceOp::kSum, o, v, 1u, scratch_allocator(), stream_), Error);
+  EXPECT_THROW(gpu::reduce(ReduceOp::kMean, o, v, 2u, scratch_allocator(), stream()), Error);
+  EXPECT_THROW(gpu::reduce(ReduceOp::kArgMax, o, v, 2u, scratch_allocator(), stream()), Error);
+  EXPECT_THROW(gpu::reduce(ReduceOp::kSum, o, v, 1u, scratch_allocator(), stream()), Error);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -540,9 +417,8 @@ std::string row_case_str(const RowCase& c, DType t) {
 
 HostBuffer random_buffer(DType t, int64_t count, double lo, double hi, uint64_t seed) {
   std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<double> dist(lo, hi);
   HostBuffer h(t, count);
-  for (int64_t i = 0; i < count; ++i) h.set(i, dist(rng));
+  h.fill_uniform(rng, lo, hi);
   return h;
 }
 
@@ -576,9 +452,9 @@ TEST_F(CudaRowwiseGemmTest, SoftmaxAndLogSoftmaxWithBackwardMatchCpu) {
             dgi(t, n, c.offset);
         dx.upload(x);
         dy.poison();
-        gpu::softmax(dy.get(), dx.get(), t, c.rows, c.cols, log, stream_);
+        gpu::softmax(dy.get(), dx.get(), t, c.rows, c.cols, log, stream());
         sync();
-        const double out_eps = 2 * storage_eps(t), acc = 64 * compute_eps(t);
+        const double out_eps = 2 * unit_roundoff(t), acc = 64 * compute_roundoff(t);
         std::vector<double> row_max_abs(c.rows, 0);
         for (int64_t i = 0; i < n; ++i) {
           row_max_abs[i / c.cols] = std::max(row_max_abs[i / c.cols], std::fabs(x.get(i)));
@@ -596,7 +472,7 @@ TEST_F(CudaRowwiseGemmTest, SoftmaxAndLogSoftmaxWithBackwardMatchCpu) {
         dy.upload(y);
         dg.upload(g);
         dgi.poison();
-        gpu::softmax_backward(dgi.get(), dg.get(), dy.get(), t, c.rows, c.cols, log, stream_);
+        gpu::softmax_backward(dgi.get(), dg.get(), dy.get(), t, c.rows, c.cols, log, stream());
         sync();
         // Error scale: sum|g * y| (softmax) or sum|g| (log-softmax) per row.
         std::vector<double> row_scale(c.rows, 0);
@@ -623,14 +499,156 @@ TEST_F(CudaRowwiseGemmTest, SoftmaxIsBitwiseReproducible) {
   const HostBuffer x = random_buffer(t, rows * cols, -3, 3, 5);
   DeviceBuffer dx(t, rows * cols), dy(t, rows * cols);
   dx.upload(x);
-  gpu::softmax(dy.get(), dx.get(), t, rows, cols, false, stream_);
+  gpu::softmax(dy.get(), dx.get(), t, rows, cols, false, stream());
   sync();
   const HostBuffer a = dy.download();
   dy.poison();
-  gpu::softmax(dy.get(), dx.get(), t, rows, cols, false, stream_);
+  gpu::softmax(dy.get(), dx.get(), t, rows, cols, false, stream());
   sync();
   const HostBuffer b = dy.download();
-  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.bytes()), 0);
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size_bytes()), 0);
+}
+
+// The host inputs of one norm case. Without a residual the norm normalizes x; with one,
+// x + residual, and the backward also gets grad_sum (the gradient reaching that sum).
+struct NormInputs {
+  const HostBuffer& x;
+  const HostBuffer* residual;
+  const HostBuffer& grad_out;
+  const HostBuffer* grad_sum;
+  const HostBuffer& weight;  // read when affine
+  const HostBuffer& bias;    // read when affine and not rms
+};
+
+// The CPU backend's norm forward and backward of one case (layer or RMS norm, with or
+// without the affine parameters), and the checks of the GPU's results against them, with
+// tolerances from the normalized values and the CPU's statistics.
+class NormReference {
+ public:
+  NormReference(const RowCase& c, DType t, bool rms, bool affine, double eps, const NormInputs& in)
+      : sum(t, in.residual != nullptr ? c.rows * c.cols : 0),
+        y(t, c.rows * c.cols),
+        mean(DType::kFloat32, c.rows),
+        rstd(DType::kFloat32, c.rows),
+        grad_in(t, c.rows * c.cols),
+        grad_weight(DType::kFloat32, c.cols),
+        grad_bias(DType::kFloat32, c.cols),
+        c_(c),
+        t_(t),
+        rms_(rms),
+        affine_(affine),
+        in_(in),
+        out_eps_(2 * unit_roundoff(t)),
+        acc_(64 * compute_roundoff(t)),
+        mean_abs_(c.rows, 0) {
+    const bool residual = in.residual != nullptr;
+    const void* const wp = affine ? in.weight.data() : nullptr;
+    const void* const bp = affine && !rms ? in.bias.data() : nullptr;
+    cpu_backend().norm(y.data(), elements<float>(mean), elements<float>(rstd), in.x.data(),
+                       residual ? in.residual->data() : nullptr, residual ? sum.data() : nullptr,
+                       wp, bp, t, c.rows, c.cols, eps, rms);
+    cpu_backend().norm_backward(grad_in.data(), elements<float>(grad_weight),
+                                elements<float>(grad_bias), in.grad_out.data(),
+                                in.grad_sum != nullptr ? in.grad_sum->data() : nullptr,
+                                normalized().data(), elements<float>(mean), elements<float>(rstd),
+                                wp, t, c.rows, c.cols, rms);
+    for (int64_t i = 0; i < c.rows * c.cols; ++i) {
+      mean_abs_[i / c.cols] += std::fabs(normalized().get(i)) / c.cols;
+    }
+  }
+
+  // The GPU's forward output, mean (layer norm only) and rstd against the CPU's.
+  void expect_forward(const HostBuffer& got_y, const DeviceBuffer& got_mean,
+                      const DeviceBuffer& got_rstd) const {
+    expect_close(
+        got_y, y,
+        [&](int64_t i) {
+          const int64_t r = i / c_.cols;
+          const double bias = affine_ && !rms_ ? std::fabs(in_.bias.get(i % c_.cols)) : 0.0;
+          return out_eps_ * std::fabs(y.get(i)) + tiny_step(t_) +
+                 acc_ *
+                     ((std::fabs(xhat(i)) + rstd.get(r) * mean_abs_[r] + 1) * std::fabs(weight(i)) +
+                      bias);
+        },
+        "forward");
+    if (!rms_) {
+      expect_close(
+          got_mean.download(), mean, [&](int64_t r) { return acc_ * mean_abs_[r]; }, "mean");
+    }
+    expect_close(
+        got_rstd.download(), rstd, [&](int64_t r) { return acc_ * (rstd.get(r) + 1e-30); }, "rstd");
+  }
+
+  // The GPU's grad_in, grad_weight and grad_bias against the CPU's.
+  void expect_backward(const DeviceBuffer& got_grad_in, const DeviceBuffer& got_grad_weight,
+                       const DeviceBuffer& got_grad_bias) const {
+    const HostBuffer& go = in_.grad_out;
+    const int64_t n = c_.rows * c_.cols;
+    std::vector<double> mean_g(c_.rows, 0), mean_gx(c_.rows, 0);
+    for (int64_t i = 0; i < n; ++i) {
+      const double gv = go.get(i) * weight(i);
+      mean_g[i / c_.cols] += std::fabs(gv) / c_.cols;
+      mean_gx[i / c_.cols] += std::fabs(gv * xhat(i)) / c_.cols;
+    }
+    expect_close(
+        got_grad_in.download(), grad_in,
+        [&](int64_t i) {
+          const int64_t r = i / c_.cols;
+          const double gv = std::fabs(go.get(i) * weight(i));
+          const double xh = std::fabs(xhat(i)) + rstd.get(r) * mean_abs_[r] + 1;
+          double tol = out_eps_ * std::fabs(grad_in.get(i)) + tiny_step(t_);
+          // grad_sum is added into grad_in: one more rounding on its scale.
+          if (in_.grad_sum != nullptr) tol += acc_ * std::fabs(in_.grad_sum->get(i));
+          return tol + acc_ * rstd.get(r) * (gv + mean_g[r] + xh * (mean_gx[r] + gv));
+        },
+        "grad_in");
+    std::vector<double> col_gx(c_.cols, 0), col_g(c_.cols, 0);
+    for (int64_t i = 0; i < n; ++i) {
+      col_gx[i % c_.cols] += std::fabs(go.get(i) * xhat(i));
+      col_g[i % c_.cols] += std::fabs(go.get(i));
+    }
+    expect_close(
+        got_grad_weight.download(), grad_weight, [&](int64_t j) { return acc_ * col_gx[j]; },
+        "grad_weight");
+    expect_close(
+        got_grad_bias.download(), grad_bias, [&](int64_t j) { return acc_ * col_g[j]; },
+        "grad_bias");
+  }
+
+  HostBuffer sum;  // x + residual (with a residual only)
+  HostBuffer y, mean, rstd;
+  HostBuffer grad_in, grad_weight, grad_bias;
+
+ private:
+  // What the norm normalizes: x, or the residual sum.
+  const HostBuffer& normalized() const { return in_.residual != nullptr ? sum : in_.x; }
+  double xhat(int64_t i) const {
+    const int64_t r = i / c_.cols;
+    return (normalized().get(i) - (rms_ ? 0.0 : mean.get(r))) * rstd.get(r);
+  }
+  double weight(int64_t i) const { return affine_ ? in_.weight.get(i % c_.cols) : 1.0; }
+
+  RowCase c_;
+  DType t_;
+  bool rms_, affine_;
+  NormInputs in_;
+  double out_eps_, acc_;          // tolerance units: output rounding, compute rounding
+  std::vector<double> mean_abs_;  // per row: mean |normalized value|
+};
+
+// Calls run(c, t, rms, affine) for every float dtype, case and norm variant (layer or RMS
+// norm, with or without the affine parameters), under a trace that names them.
+template <class Run>
+void for_each_norm_variant(std::span<const RowCase> cases, const Run& run) {
+  for (DType t : kFloatTypes) {
+    for (const RowCase& c : cases) {
+      for (int variant = 0; variant < 4; ++variant) {
+        const bool rms = variant & 1, affine = variant & 2;
+        SCOPED_TRACE(row_case_str(c, t) + (rms ? " rms" : " layer") + (affine ? " affine" : ""));
+        run(c, t, rms, affine);
+      }
+    }
+  }
 }
 
 TEST_F(CudaRowwiseGemmTest, LayerAndRmsNormWithBackwardMatchCpu) {
@@ -641,111 +659,46 @@ TEST_F(CudaRowwiseGemmTest, LayerAndRmsNormWithBackwardMatchCpu) {
                            {2700, 1024}, {600, 8192},  {300, 16384}, {150, 20000}};
   std::vector<RowCase> cases(std::begin(kRowCases), std::end(kRowCases));
   cases.insert(cases.end(), std::begin(extra), std::end(extra));
-  for (DType t : kFloatTypes) {
-    for (const RowCase& c : cases) {
-      for (int variant = 0; variant < 4; ++variant) {
-        const bool rms = variant & 1, affine = variant & 2;
-        SCOPED_TRACE(row_case_str(c, t) + (rms ? " rms" : " layer") + (affine ? " affine" : ""));
-        const int64_t n = c.rows * c.cols;
-        const double eps = 1e-5;
-        const HostBuffer x = random_buffer(t, n, -2, 3, 21 + n);
-        const HostBuffer go = random_buffer(t, n, -1, 1, 22 + n);
-        const HostBuffer w = random_buffer(t, c.cols, 0.5, 1.5, 23);
-        const HostBuffer b = random_buffer(t, c.cols, -0.5, 0.5, 24);
-        const void* wp = affine ? w.data() : nullptr;
-        const void* bp = affine && !rms ? b.data() : nullptr;
-        HostBuffer y(t, n), mean(DType::kFloat32, c.rows), rstd(DType::kFloat32, c.rows);
-        cpu_backend().norm(y.data(), static_cast<float*>(mean.data()),
-                           static_cast<float*>(rstd.data()), x.data(), nullptr, nullptr, wp, bp, t,
-                           c.rows, c.cols, eps, rms);
-        HostBuffer gi(t, n), gw(DType::kFloat32, c.cols), gb(DType::kFloat32, c.cols);
-        cpu_backend().norm_backward(
-            gi.data(), static_cast<float*>(gw.data()), static_cast<float*>(gb.data()), go.data(),
-            nullptr, x.data(), static_cast<const float*>(mean.data()),
-            static_cast<const float*>(rstd.data()), wp, t, c.rows, c.cols, rms);
+  for_each_norm_variant(cases, [&](const RowCase& c, DType t, bool rms, bool affine) {
+    const int64_t n = c.rows * c.cols;
+    const double eps = 1e-5;
+    const HostBuffer x = random_buffer(t, n, -2, 3, 21 + n);
+    const HostBuffer go = random_buffer(t, n, -1, 1, 22 + n);
+    const HostBuffer w = random_buffer(t, c.cols, 0.5, 1.5, 23);
+    const HostBuffer b = random_buffer(t, c.cols, -0.5, 0.5, 24);
+    const NormReference ref(c, t, rms, affine, eps, {x, nullptr, go, nullptr, w, b});
 
-        DeviceBuffer dx(t, n, c.offset), dy(t, n, c.offset), dw(t, c.cols, c.offset),
-            db(t, c.cols, c.offset), dmean(DType::kFloat32, c.rows), drstd(DType::kFloat32, c.rows);
-        dx.upload(x);
-        dw.upload(w);
-        db.upload(b);
-        dy.poison();
-        dmean.poison();
-        drstd.poison();
-        gpu::norm(dy.get(), static_cast<float*>(dmean.get()), static_cast<float*>(drstd.get()),
-                  dx.get(), nullptr, nullptr, affine ? dw.get() : nullptr,
-                  affine && !rms ? db.get() : nullptr, t, c.rows, c.cols, eps, rms, stream_);
-        sync();
-        const double out_eps = 2 * storage_eps(t), acc = 64 * compute_eps(t);
-        std::vector<double> mean_abs(c.rows, 0);
-        for (int64_t i = 0; i < n; ++i) mean_abs[i / c.cols] += std::fabs(x.get(i)) / c.cols;
-        auto xhat = [&](int64_t i) {
-          const int64_t r = i / c.cols;
-          return (x.get(i) - (rms ? 0.0 : mean.get(r))) * rstd.get(r);
-        };
-        auto weight = [&](int64_t i) { return affine ? w.get(i % c.cols) : 1.0; };
-        expect_close(
-            dy.download(), y,
-            [&](int64_t i) {
-              const int64_t r = i / c.cols;
-              const double bias = affine && !rms ? std::fabs(b.get(i % c.cols)) : 0.0;
-              return out_eps * std::fabs(y.get(i)) + tiny_step(t) +
-                     acc * ((std::fabs(xhat(i)) + rstd.get(r) * mean_abs[r] + 1) *
-                                std::fabs(weight(i)) +
-                            bias);
-            },
-            "forward");
-        if (!rms) {
-          expect_close(
-              dmean.download(), mean, [&](int64_t r) { return acc * mean_abs[r]; }, "mean");
-        }
-        expect_close(
-            drstd.download(), rstd, [&](int64_t r) { return acc * (rstd.get(r) + 1e-30); }, "rstd");
+    DeviceBuffer dx(t, n, c.offset), dy(t, n, c.offset), dw(t, c.cols, c.offset),
+        db(t, c.cols, c.offset), dmean(DType::kFloat32, c.rows), drstd(DType::kFloat32, c.rows);
+    dx.upload(x);
+    dw.upload(w);
+    db.upload(b);
+    dy.poison();
+    dmean.poison();
+    drstd.poison();
+    gpu::norm(dy.get(), static_cast<float*>(dmean.get()), static_cast<float*>(drstd.get()),
+              dx.get(), nullptr, nullptr, affine ? dw.get() : nullptr,
+              affine && !rms ? db.get() : nullptr, t, c.rows, c.cols, eps, rms, stream());
+    sync();
+    ref.expect_forward(dy.download(), dmean, drstd);
 
-        // Backward with the CPU's statistics, so both sides see the same mean and rstd.
-        DeviceBuffer dgo(t, n, c.offset), dgi(t, n, c.offset), dgw(DType::kFloat32, c.cols),
-            dgb(DType::kFloat32, c.cols);
-        dmean.upload(mean);
-        drstd.upload(rstd);
-        dgo.upload(go);
-        dgi.poison();
-        dgw.poison();
-        dgb.poison();
-        gpu::norm_backward(dgi.get(), static_cast<float*>(dgw.get()),
-                           static_cast<float*>(dgb.get()), dgo.get(), nullptr, dx.get(),
-                           static_cast<const float*>(dmean.get()),
-                           static_cast<const float*>(drstd.get()), affine ? dw.get() : nullptr, t,
-                           c.rows, c.cols, rms, scratch_allocator(), stream_);
-        sync();
-        EXPECT_EQ(scratch_allocator().stats().allocated_bytes, 0) << "scratch not returned";
-        std::vector<double> mean_g(c.rows, 0), mean_gx(c.rows, 0);
-        for (int64_t i = 0; i < n; ++i) {
-          const double gv = go.get(i) * weight(i);
-          mean_g[i / c.cols] += std::fabs(gv) / c.cols;
-          mean_gx[i / c.cols] += std::fabs(gv * xhat(i)) / c.cols;
-        }
-        expect_close(
-            dgi.download(), gi,
-            [&](int64_t i) {
-              const int64_t r = i / c.cols;
-              const double gv = std::fabs(go.get(i) * weight(i));
-              const double xh = std::fabs(xhat(i)) + rstd.get(r) * mean_abs[r] + 1;
-              return out_eps * std::fabs(gi.get(i)) + tiny_step(t) +
-                     acc * rstd.get(r) * (gv + mean_g[r] + xh * (mean_gx[r] + gv));
-            },
-            "grad_in");
-        std::vector<double> col_gx(c.cols, 0), col_g(c.cols, 0);
-        for (int64_t i = 0; i < n; ++i) {
-          col_gx[i % c.cols] += std::fabs(go.get(i) * xhat(i));
-          col_g[i % c.cols] += std::fabs(go.get(i));
-        }
-        expect_close(
-            dgw.download(), gw, [&](int64_t j) { return acc * col_gx[j]; }, "grad_weight");
-        expect_close(
-            dgb.download(), gb, [&](int64_t j) { return acc * col_g[j]; }, "grad_bias");
-      }
-    }
-  }
+    // Backward with the CPU's statistics, so both sides see the same mean and rstd.
+    DeviceBuffer dgo(t, n, c.offset), dgi(t, n, c.offset), dgw(DType::kFloat32, c.cols),
+        dgb(DType::kFloat32, c.cols);
+    dmean.upload(ref.mean);
+    drstd.upload(ref.rstd);
+    dgo.upload(go);
+    dgi.poison();
+    dgw.poison();
+    dgb.poison();
+    gpu::norm_backward(dgi.get(), static_cast<float*>(dgw.get()), static_cast<float*>(dgb.get()),
+                       dgo.get(), nullptr, dx.get(), static_cast<const float*>(dmean.get()),
+                       static_cast<const float*>(drstd.get()), affine ? dw.get() : nullptr, t,
+                       c.rows, c.cols, rms, scratch_allocator(), stream());
+    sync();
+    expect_scratch_returned();
+    ref.expect_backward(dgi, dgw, dgb);
+  });
 }
 
 TEST_F(CudaRowwiseGemmTest, NormBackwardOverNoRowsZeroesTheParameterGradients) {
@@ -755,7 +708,7 @@ TEST_F(CudaRowwiseGemmTest, NormBackwardOverNoRowsZeroesTheParameterGradients) {
   gpu::norm_backward(nullptr, static_cast<float*>(dgw.get()), static_cast<float*>(dgb.get()),
                      dummy.get(), nullptr, dummy.get(), static_cast<const float*>(dummy.get()),
                      static_cast<const float*>(dummy.get()), nullptr, DType::kFloat32, 0, 10, false,
-                     scratch_allocator(), stream_);
+                     scratch_allocator(), stream());
   sync();
   for (const DeviceBuffer* b : {&dgw, &dgb}) {
     const HostBuffer h = b->download();
@@ -844,7 +797,7 @@ class CudaGemmTest : public CudaRowwiseGemmTest {
     g.bias = c.bias ? dbias.get() : nullptr;
     g.gelu = c.gelu;
     g.allow_tf32 = tf32;
-    gpu::gemm(g, gemm_allocator(), stream_);
+    gpu::gemm(g, gemm_allocator(), stream());
     sync();
     const HostBuffer got = dc.download();
 
@@ -885,9 +838,9 @@ class CudaGemmTest : public CudaRowwiseGemmTest {
           }
           if (c.gelu) want = gelu_tanh_ref(want);  // |gelu'| <= 1.13: same error scale
           const double epilogue_rounding =
-              c.bias || c.gelu ? 2 * storage_eps(t) * std::fabs(pre_epilogue) : 0.0;
-          const double tol = 2 * storage_eps(t) * std::fabs(want) + epilogue_rounding +
-                             (4 * input_eps + 2 * (c.k + 16) * compute_eps(t)) * magnitude +
+              c.bias || c.gelu ? 2 * unit_roundoff(t) * std::fabs(pre_epilogue) : 0.0;
+          const double tol = 2 * unit_roundoff(t) * std::fabs(want) + epilogue_rounding +
+                             (4 * input_eps + 2 * (c.k + 16) * compute_roundoff(t)) * magnitude +
                              tiny_step(t);
           if (!same_or_within(got.get(at), want, tol) && failures++ < 10) {
             ADD_FAILURE() << "C[" << e << "][" << i << "][" << j << "]: got " << got.get(at)
@@ -952,15 +905,15 @@ TEST_F(CudaGemmTest, RejectsBadLeadingDimsAndOverlappingBatchOutputs) {
   g.c = c.get();
   g.lda = 3;  // < k
   g.ldb = g.ldc = 4;
-  EXPECT_THROW(gpu::gemm(g, gemm_allocator(), stream_), Error);
+  EXPECT_THROW(gpu::gemm(g, gemm_allocator(), stream()), Error);
   g.lda = 4;
   g.batch = 2;
   g.stride_a = g.stride_b = 16;
   g.stride_c = 0;
-  EXPECT_THROW(gpu::gemm(g, gemm_allocator(), stream_), Error);
+  EXPECT_THROW(gpu::gemm(g, gemm_allocator(), stream()), Error);
   g.dtype = DType::kInt32;
   g.batch = 1;
-  EXPECT_THROW(gpu::gemm(g, gemm_allocator(), stream_), Error);
+  EXPECT_THROW(gpu::gemm(g, gemm_allocator(), stream()), Error);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -973,141 +926,75 @@ const RowCase kResidualNormCases[] = {{7, 1},     {5, 3},      {33, 31},     {30
                                       {2, 16385}, {1, 50000},  {1, 200000}, {1, 50000, 3}};
 
 TEST_F(CudaRowwiseGemmTest, NormWithResidualAndGradSumMatchCpu) {
-  for (DType t : kFloatTypes) {
-    for (const RowCase& c : kResidualNormCases) {
-      for (int variant = 0; variant < 4; ++variant) {
-        const bool rms = variant & 1, affine = variant & 2;
-        SCOPED_TRACE(row_case_str(c, t) + (rms ? " rms" : " layer") + (affine ? " affine" : ""));
-        const int64_t n = c.rows * c.cols;
-        const double eps = 1e-5;
-        const HostBuffer x = random_buffer(t, n, -2, 3, 31 + n);
-        const HostBuffer res = random_buffer(t, n, -1.5, 1, 32 + n);
-        const HostBuffer go = random_buffer(t, n, -1, 1, 33 + n);
-        const HostBuffer gs = random_buffer(t, n, -1, 1, 34 + n);
-        const HostBuffer w = random_buffer(t, c.cols, 0.5, 1.5, 35);
-        const HostBuffer b = random_buffer(t, c.cols, -0.5, 0.5, 36);
-        const void* wp = affine ? w.data() : nullptr;
-        const void* bp = affine && !rms ? b.data() : nullptr;
-        HostBuffer y(t, n), sum(t, n), mean(DType::kFloat32, c.rows), rstd(DType::kFloat32, c.rows);
-        cpu_backend().norm(y.data(), static_cast<float*>(mean.data()),
-                           static_cast<float*>(rstd.data()), x.data(), res.data(), sum.data(), wp,
-                           bp, t, c.rows, c.cols, eps, rms);
-        HostBuffer gi(t, n), gw(DType::kFloat32, c.cols), gb(DType::kFloat32, c.cols);
-        cpu_backend().norm_backward(
-            gi.data(), static_cast<float*>(gw.data()), static_cast<float*>(gb.data()), go.data(),
-            gs.data(), sum.data(), static_cast<const float*>(mean.data()),
-            static_cast<const float*>(rstd.data()), wp, t, c.rows, c.cols, rms);
+  for_each_norm_variant(kResidualNormCases, [&](const RowCase& c, DType t, bool rms, bool affine) {
+    const int64_t n = c.rows * c.cols;
+    const double eps = 1e-5;
+    const HostBuffer x = random_buffer(t, n, -2, 3, 31 + n);
+    const HostBuffer res = random_buffer(t, n, -1.5, 1, 32 + n);
+    const HostBuffer go = random_buffer(t, n, -1, 1, 33 + n);
+    const HostBuffer gs = random_buffer(t, n, -1, 1, 34 + n);
+    const HostBuffer w = random_buffer(t, c.cols, 0.5, 1.5, 35);
+    const HostBuffer b = random_buffer(t, c.cols, -0.5, 0.5, 36);
+    const NormReference ref(c, t, rms, affine, eps, {x, &res, go, &gs, w, b});
 
-        DeviceBuffer dx(t, n, c.offset), dres(t, n, c.offset), dsum(t, n, c.offset),
-            dy(t, n, c.offset), dw(t, c.cols, c.offset), db(t, c.cols, c.offset),
-            dmean(DType::kFloat32, c.rows), drstd(DType::kFloat32, c.rows);
-        dx.upload(x);
-        dres.upload(res);
-        dw.upload(w);
-        db.upload(b);
-        for (DeviceBuffer* p : {&dsum, &dy, &dmean, &drstd}) p->poison();
-        void* const dwp = affine ? dw.get() : nullptr;
-        void* const dbp = affine && !rms ? db.get() : nullptr;
-        gpu::norm(dy.get(), static_cast<float*>(dmean.get()), static_cast<float*>(drstd.get()),
-                  dx.get(), dres.get(), dsum.get(), dwp, dbp, t, c.rows, c.cols, eps, rms,
-                  stream_);
-        sync();
-        // Both sides add in the compute type and round once to t: the sums are identical.
-        expect_close(
-            dsum.download(), sum, [](int64_t) { return 0.0; }, "sum");
-        const double out_eps = 2 * storage_eps(t), acc = 64 * compute_eps(t);
-        std::vector<double> mean_abs(c.rows, 0);
-        for (int64_t i = 0; i < n; ++i) mean_abs[i / c.cols] += std::fabs(sum.get(i)) / c.cols;
-        auto xhat = [&](int64_t i) {
-          const int64_t r = i / c.cols;
-          return (sum.get(i) - (rms ? 0.0 : mean.get(r))) * rstd.get(r);
-        };
-        auto weight = [&](int64_t i) { return affine ? w.get(i % c.cols) : 1.0; };
-        const HostBuffer got_y = dy.download();
-        expect_close(
-            got_y, y,
-            [&](int64_t i) {
-              const int64_t r = i / c.cols;
-              const double bias = affine && !rms ? std::fabs(b.get(i % c.cols)) : 0.0;
-              return out_eps * std::fabs(y.get(i)) + tiny_step(t) +
-                     acc * ((std::fabs(xhat(i)) + rstd.get(r) * mean_abs[r] + 1) *
-                                std::fabs(weight(i)) +
-                            bias);
-            },
-            "forward");
-        if (!rms) {
-          expect_close(
-              dmean.download(), mean, [&](int64_t r) { return acc * mean_abs[r]; }, "mean");
-        }
-        expect_close(
-            drstd.download(), rstd, [&](int64_t r) { return acc * (rstd.get(r) + 1e-30); }, "rstd");
+    DeviceBuffer dx(t, n, c.offset), dres(t, n, c.offset), dsum(t, n, c.offset), dy(t, n, c.offset),
+        dw(t, c.cols, c.offset), db(t, c.cols, c.offset), dmean(DType::kFloat32, c.rows),
+        drstd(DType::kFloat32, c.rows);
+    dx.upload(x);
+    dres.upload(res);
+    dw.upload(w);
+    db.upload(b);
+    for (DeviceBuffer* p : {&dsum, &dy, &dmean, &drstd}) p->poison();
+    void* const dwp = affine ? dw.get() : nullptr;
+    void* const dbp = affine && !rms ? db.get() : nullptr;
+    gpu::norm(dy.get(), static_cast<float*>(dmean.get()), static_cast<float*>(drstd.get()),
+              dx.get(), dres.get(), dsum.get(), dwp, dbp, t, c.rows, c.cols, eps, rms, stream());
+    sync();
+    // Both sides add in the compute type and round once to t: the sums are identical.
+    expect_close(
+        dsum.download(), ref.sum, [](int64_t) { return 0.0; }, "sum");
+    const HostBuffer got_y = dy.download();
+    ref.expect_forward(got_y, dmean, drstd);
 
-        // The sum written over the residual (an in-place residual stream): same results.
-        DeviceBuffer dstream(t, n, c.offset), dy2(t, n, c.offset);
-        dstream.upload(res);
-        dy2.poison();
-        gpu::norm(dy2.get(), nullptr, nullptr, dx.get(), dstream.get(), dstream.get(), dwp, dbp, t,
-                  c.rows, c.cols, eps, rms, stream_);
-        sync();
-        expect_close(
-            dstream.download(), sum, [](int64_t) { return 0.0; }, "in-place sum");
-        expect_close(
-            dy2.download(), got_y, [](int64_t) { return 0.0; }, "in-place forward");
+    // The sum written over the residual (an in-place residual stream): same results.
+    DeviceBuffer dstream(t, n, c.offset), dy2(t, n, c.offset);
+    dstream.upload(res);
+    dy2.poison();
+    gpu::norm(dy2.get(), nullptr, nullptr, dx.get(), dstream.get(), dstream.get(), dwp, dbp, t,
+              c.rows, c.cols, eps, rms, stream());
+    sync();
+    expect_close(
+        dstream.download(), ref.sum, [](int64_t) { return 0.0; }, "in-place sum");
+    expect_close(
+        dy2.download(), got_y, [](int64_t) { return 0.0; }, "in-place forward");
 
-        // Backward from the CPU's sum and statistics, so both sides see the same inputs.
-        DeviceBuffer dgo(t, n, c.offset), dgs(t, n, c.offset), dgi(t, n, c.offset),
-            dgw(DType::kFloat32, c.cols), dgb(DType::kFloat32, c.cols);
-        dsum.upload(sum);
-        dmean.upload(mean);
-        drstd.upload(rstd);
-        dgo.upload(go);
-        dgs.upload(gs);
-        for (DeviceBuffer* p : {&dgi, &dgw, &dgb}) p->poison();
-        gpu::norm_backward(dgi.get(), static_cast<float*>(dgw.get()),
-                           static_cast<float*>(dgb.get()), dgo.get(), dgs.get(), dsum.get(),
-                           static_cast<const float*>(dmean.get()),
-                           static_cast<const float*>(drstd.get()), dwp, t, c.rows, c.cols, rms,
-                           scratch_allocator(), stream_);
-        sync();
-        EXPECT_EQ(scratch_allocator().stats().allocated_bytes, 0) << "scratch not returned";
-        std::vector<double> mean_g(c.rows, 0), mean_gx(c.rows, 0);
-        for (int64_t i = 0; i < n; ++i) {
-          const double gv = go.get(i) * weight(i);
-          mean_g[i / c.cols] += std::fabs(gv) / c.cols;
-          mean_gx[i / c.cols] += std::fabs(gv * xhat(i)) / c.cols;
-        }
-        expect_close(
-            dgi.download(), gi,
-            [&](int64_t i) {
-              const int64_t r = i / c.cols;
-              const double gv = std::fabs(go.get(i) * weight(i));
-              const double xh = std::fabs(xhat(i)) + rstd.get(r) * mean_abs[r] + 1;
-              return out_eps * std::fabs(gi.get(i)) + tiny_step(t) + acc * std::fabs(gs.get(i)) +
-                     acc * rstd.get(r) * (gv + mean_g[r] + xh * (mean_gx[r] + gv));
-            },
-            "grad_in");
-        std::vector<double> col_gx(c.cols, 0), col_g(c.cols, 0);
-        for (int64_t i = 0; i < n; ++i) {
-          col_gx[i % c.cols] += std::fabs(go.get(i) * xhat(i));
-          col_g[i % c.cols] += std::fabs(go.get(i));
-        }
-        expect_close(
-            dgw.download(), gw, [&](int64_t j) { return acc * col_gx[j]; }, "grad_weight");
-        expect_close(
-            dgb.download(), gb, [&](int64_t j) { return acc * col_g[j]; }, "grad_bias");
-      }
-    }
-  }
+    // Backward from the CPU's sum and statistics, so both sides see the same inputs.
+    DeviceBuffer dgo(t, n, c.offset), dgs(t, n, c.offset), dgi(t, n, c.offset),
+        dgw(DType::kFloat32, c.cols), dgb(DType::kFloat32, c.cols);
+    dsum.upload(ref.sum);
+    dmean.upload(ref.mean);
+    drstd.upload(ref.rstd);
+    dgo.upload(go);
+    dgs.upload(gs);
+    for (DeviceBuffer* p : {&dgi, &dgw, &dgb}) p->poison();
+    gpu::norm_backward(dgi.get(), static_cast<float*>(dgw.get()), static_cast<float*>(dgb.get()),
+                       dgo.get(), dgs.get(), dsum.get(), static_cast<const float*>(dmean.get()),
+                       static_cast<const float*>(drstd.get()), dwp, t, c.rows, c.cols, rms,
+                       scratch_allocator(), stream());
+    sync();
+    expect_scratch_returned();
+    ref.expect_backward(dgi, dgw, dgb);
+  });
 }
 
 TEST_F(CudaRowwiseGemmTest, NormNeedsResidualAndSumTogether) {
   DeviceBuffer x(DType::kFloat32, 8), y(DType::kFloat32, 8), stats(DType::kFloat32, 2);
   float* const s = static_cast<float*>(stats.get());
   EXPECT_THROW(gpu::norm(y.get(), s, s, x.get(), x.get(), nullptr, nullptr, nullptr,
-                         DType::kFloat32, 2, 4, 1e-5, false, stream_),
+                         DType::kFloat32, 2, 4, 1e-5, false, stream()),
                Error);
   EXPECT_THROW(gpu::norm(y.get(), s, s, x.get(), nullptr, y.get(), nullptr, nullptr,
-                         DType::kFloat32, 2, 4, 1e-5, false, stream_),
+                         DType::kFloat32, 2, 4, 1e-5, false, stream()),
                Error);
 }
 
@@ -1155,7 +1042,7 @@ TEST_F(CudaRowwiseGemmTest, CrossEntropyForwardAndBackwardMatchCpu) {
       const int64_t n = c.rows * c.cols;
       const DType acc_t = accumulation_dtype(t);
       const CrossEntropyInputs in = cross_entropy_inputs(t, c, 41 + n);
-      const auto* targets = static_cast<const int64_t*>(in.targets.data());
+      const auto* targets = elements<int64_t>(in.targets);
       HostBuffer loss(acc_t, c.rows), lse(acc_t, c.rows);
       cpu_backend().cross_entropy(loss.data(), lse.data(), in.logits.data(), targets, t, c.rows,
                                   c.cols, c.ignore_index);
@@ -1168,9 +1055,9 @@ TEST_F(CudaRowwiseGemmTest, CrossEntropyForwardAndBackwardMatchCpu) {
       dlse.poison();
       const auto* dtp = static_cast<const int64_t*>(dtargets.get());
       gpu::cross_entropy(dloss.get(), dlse.get(), dx.get(), dtp, t, c.rows, c.cols,
-                         c.ignore_index, stream_);
+                         c.ignore_index, stream());
       sync();
-      const double out_eps = 2 * storage_eps(t), acc = 64 * compute_eps(t);
+      const double out_eps = 2 * unit_roundoff(t), acc = 64 * compute_roundoff(t);
       // Error scale of a logsumexp: the largest |logit| and the length of the sum.
       std::vector<double> scale(c.rows, 0);
       for (int64_t i = 0; i < n; ++i) {
@@ -1197,7 +1084,7 @@ TEST_F(CudaRowwiseGemmTest, CrossEntropyForwardAndBackwardMatchCpu) {
                                              c.cols, c.ignore_index);
         dgx.poison();
         gpu::cross_entropy_backward(dgx.get(), dgrad_loss.get(), stride, dx.get(), dlse.get(),
-                                    dtp, t, c.rows, c.cols, c.ignore_index, stream_);
+                                    dtp, t, c.rows, c.cols, c.ignore_index, stream());
         sync();
         expect_close(
             dgx.download(), gx,
@@ -1238,9 +1125,9 @@ TEST_F(CudaRowwiseGemmTest, CrossEntropyOutOfRangeTargetsGiveNaNRows) {
   dlse.poison();
   dgx.poison();
   const auto* dtp = static_cast<const int64_t*>(dtargets.get());
-  gpu::cross_entropy(dloss.get(), dlse.get(), dx.get(), dtp, t, rows, cols, -100, stream_);
+  gpu::cross_entropy(dloss.get(), dlse.get(), dx.get(), dtp, t, rows, cols, -100, stream());
   gpu::cross_entropy_backward(dgx.get(), dg.get(), 0, dx.get(), dlse.get(), dtp, t, rows, cols,
-                              -100, stream_);
+                              -100, stream());
   sync();
   const HostBuffer loss = dloss.download(), lse = dlse.download(), gx = dgx.download();
   for (int64_t r = 0; r < rows; ++r) {
@@ -1259,16 +1146,16 @@ TEST_F(CudaRowwiseGemmTest, CrossEntropyRejectsBadArguments) {
   DeviceBuffer x(DType::kFloat32, 6), loss(DType::kFloat32, 2), targets(DType::kInt64, 2);
   const auto* tp = static_cast<const int64_t*>(targets.get());
   EXPECT_THROW(gpu::cross_entropy(loss.get(), loss.get(), x.get(), tp, DType::kInt32, 2, 3, -100,
-                                  stream_),
+                                  stream()),
                Error);
   EXPECT_THROW(gpu::cross_entropy(loss.get(), nullptr, x.get(), tp, DType::kFloat32, 2, 3, -100,
-                                  stream_),
+                                  stream()),
                Error);
   EXPECT_THROW(gpu::cross_entropy(loss.get(), loss.get(), x.get(), tp, DType::kFloat32, -1, 3,
-                                  -100, stream_),
+                                  -100, stream()),
                Error);
   EXPECT_THROW(gpu::cross_entropy_backward(x.get(), loss.get(), -1, x.get(), loss.get(), tp,
-                                           DType::kFloat32, 2, 3, -100, stream_),
+                                           DType::kFloat32, 2, 3, -100, stream()),
                Error);
 }
 
