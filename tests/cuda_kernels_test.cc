@@ -397,6 +397,29 @@ TEST_F(CudaKernelsTest, UnaryFloatOpsMatchCpu) {
   }
 }
 
+// The 16-bit GELUs take their own cheaper forms on the GPU (polynomial erf, sigmoid tanh with
+// the hardware's 2^t and reciprocal): check them on every 16-bit value, so tails, overflow of
+// the exponential, subnormals, infinities and NaNs are all covered, not just [-3, 3].
+TEST_F(CudaKernelsTest, GelusOfEvery16BitValueMatchCpu) {
+  constexpr int64_t kPatterns = int64_t{1} << 16;
+  const Layout all = contiguous({kPatterns}, "every bit pattern");
+  for (DType dtype : {DType::kBFloat16, DType::kFloat16}) {
+    HostBuffer patterns(dtype, kPatterns);
+    for (int64_t i = 0; i < kPatterns; ++i) {
+      const auto bits = static_cast<uint16_t>(i);
+      std::memcpy(patterns.element(i), &bits, sizeof(bits));
+    }
+    for (UnaryOp op : {UnaryOp::kGeluTanh, UnaryOp::kGeluErf}) {
+      Mirror in(patterns);
+      Mirror out(poisoned_array(dtype, kPatterns));
+      cpu().unary(op, out.cpu(all), in.cpu(all), {});
+      run_gpu([&] { cuda::unary(op, out.gpu(all), in.gpu(all), {}, nullptr); });
+      expect_same(out, Match::kApprox,
+                  describe(op == UnaryOp::kGeluTanh ? "gelu_tanh" : "gelu_erf", dtype, {&all}));
+    }
+  }
+}
+
 TEST_F(CudaKernelsTest, UnaryIntegerOpsMatchCpu) {
   const UnaryCase cases[] = {
       {UnaryOp::kNeg, "neg", Match::kExact, Values::kSigned, {}},
