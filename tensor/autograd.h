@@ -71,7 +71,8 @@ class NoGradGuard : public GradModeGuard {
 
 // Runs the backward pass from `roots` seeded with `grads` (undefined means ones for a
 // scalar). Iterative: graph depth is bounded only by memory. Without retain_graph, each
-// node it runs is released right after it ran, so saved tensors go as early as they can.
+// node it runs is released right after it ran, so saved tensors go as early as they can;
+// a backward that throws part way leaves the nodes it ran released.
 void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads = {},
               bool retain_graph = false);
 

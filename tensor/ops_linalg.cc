@@ -155,15 +155,16 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   Shape out_shape = x.shape();
   out_shape.back() = out;
   const int64_t rows = x.numel() / in;
-  const Tensor x_rows = x.reshape({1, rows, in});
-  const Tensor result =
-      bmm_forward(x_rows, weight.t().unsqueeze(0), bias.defined() ? bias.contiguous() : bias)
-          .view(out_shape);
+  // Detached: the reshapes feed the kernel only, so they record no throwaway nodes.
+  const Tensor x_rows = x.detach().reshape({1, rows, in});
+  const Tensor result = bmm_forward(x_rows, weight.detach().t().unsqueeze(0),
+                                    bias.defined() ? bias.detach().contiguous() : Tensor())
+                            .view(out_shape);
   if (autograd::needs_grad({&x, &weight, &bias})) {
     const bool need_x = x.requires_grad(), need_weight = weight.requires_grad();
     const bool need_bias = bias.defined() && bias.requires_grad();
     // The input gradient reads the weight, the weight gradient the input: save only those.
-    Tensor saved_x = need_weight ? x_rows.detach().squeeze(0) : Tensor();
+    Tensor saved_x = need_weight ? x_rows.squeeze(0) : Tensor();
     Tensor saved_weight = need_x ? weight.detach() : Tensor();
     Shape x_shape = x.shape();
     autograd::record(

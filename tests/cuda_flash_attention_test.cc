@@ -36,6 +36,8 @@
 
 #include "ringdilated/kernels/allocator.h"
 #include "ringdilated/kernels/cuda/flash_attention.h"
+#include "testing/cuda_scratch_allocator.h"
+#include "testing/cuda_test_streams.h"
 #endif
 
 namespace rd::kernels {
@@ -49,16 +51,7 @@ TEST(CudaFlashAttentionTest, NeedsACudaBuild) { GTEST_SKIP() << "built without C
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-void cuda_ok(cudaError_t status, const char* what) {
-  if (status != cudaSuccess) {
-    throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(status));
-  }
-}
-
-bool have_gpu() {
-  int count = 0;
-  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
-}
+using test::cuda_check;
 
 // ---------------------------------------------------------------------------------------
 // Precision of the dtypes.
@@ -88,7 +81,7 @@ double round_to(DType t, double v) {
 class Buffer {
  public:
   Buffer(DType dtype, int64_t count) : dtype_(dtype), host_(static_cast<size_t>(count), 0.0) {
-    cuda_ok(cudaMalloc(&device_, std::max<size_t>(16, bytes())), "cudaMalloc");
+    cuda_check(cudaMalloc(&device_, std::max<size_t>(16, bytes())), "cudaMalloc");
   }
   ~Buffer() { cudaFree(device_); }
   Buffer(const Buffer&) = delete;
@@ -112,17 +105,17 @@ class Buffer {
   void upload() {
     std::vector<unsigned char> raw(bytes());
     for (size_t i = 0; i < host_.size(); ++i) encode(raw.data() + i * dtype_size(dtype_), host_[i]);
-    cuda_ok(cudaMemcpy(device_, raw.data(), raw.size(), cudaMemcpyHostToDevice), "upload");
+    cuda_check(cudaMemcpy(device_, raw.data(), raw.size(), cudaMemcpyHostToDevice), "upload");
   }
   void download() {
     std::vector<unsigned char> raw(bytes());
-    cuda_ok(cudaMemcpy(raw.data(), device_, raw.size(), cudaMemcpyDeviceToHost), "download");
+    cuda_check(cudaMemcpy(raw.data(), device_, raw.size(), cudaMemcpyDeviceToHost), "download");
     for (size_t i = 0; i < host_.size(); ++i)
       host_[i] = decode(raw.data() + i * dtype_size(dtype_));
   }
   // NaN bytes (0xff) in every element: a NaN in every float dtype.
   void poison() {
-    cuda_ok(cudaMemset(device_, 0xff, bytes()), "poison");
+    cuda_check(cudaMemset(device_, 0xff, bytes()), "poison");
     std::fill(host_.begin(), host_.end(), std::numeric_limits<double>::quiet_NaN());
   }
 
@@ -425,46 +418,12 @@ class Mismatches {
 };
 
 // ---------------------------------------------------------------------------------------
-// The scratch allocator the backward gets: plain cudaMalloc/cudaFree, counting live blocks.
-
-class CudaMallocAllocator : public Allocator {
- public:
-  Device device() const override { return Device::cuda(0); }
-  void* allocate(size_t nbytes) override {
-    if (nbytes == 0) return nullptr;
-    void* p = nullptr;
-    cuda_ok(cudaMalloc(&p, nbytes), "CudaMallocAllocator::allocate");
-    ++live_;
-    return p;
-  }
-  void deallocate(void* ptr) override {
-    if (ptr == nullptr) return;
-    cuda_ok(cudaFree(ptr), "CudaMallocAllocator::deallocate");  // waits for the kernels
-    --live_;
-  }
-  MemoryStats stats() const override { return {}; }
-  void reset_peak_stats() override {}
-  void empty_cache() override {}
-  int live() const { return live_; }
-
- private:
-  int live_ = 0;
-};
-
-// ---------------------------------------------------------------------------------------
 // Fixture and runners.
 
-class CudaFlashAttentionTest : public ::testing::Test {
+// The backward's scratch comes from a plain cudaMalloc/cudaFree allocator with exact stats,
+// so a test sees that every block was returned.
+class CudaFlashAttentionTest : public test::CudaStreamTest {
  protected:
-  void SetUp() override {
-    if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-    cuda_ok(cudaSetDevice(0), "cudaSetDevice");
-    cuda_ok(cudaStreamCreate(&stream_), "cudaStreamCreate");
-  }
-  void TearDown() override {
-    if (stream_ != nullptr) cudaStreamDestroy(stream_);
-  }
-  void sync() { cuda_ok(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"); }
 
   // Random q/k/v of one dtype, contiguous [batch..., L, d], default scale 1/sqrt(d).
   Inputs make_inputs(Arena& arena, DType dtype, const std::vector<int64_t>& batch, int64_t lq,
@@ -494,7 +453,7 @@ class CudaFlashAttentionTest : public ::testing::Test {
     args.params = in.params;
     std::string why_not;
     ASSERT_TRUE(cuda::flash_attention_supports(args, &why_not)) << name << ": " << why_not;
-    cuda::flash_attention_forward(args, stream_);
+    cuda::flash_attention_forward(args, stream());
     sync();
     out.buf->download();
     if (lse.buf != nullptr) lse.buf->download();
@@ -622,9 +581,9 @@ class CudaFlashAttentionTest : public ::testing::Test {
     args.params = in.params;
     std::string why_not;
     ASSERT_TRUE(cuda::flash_attention_supports_backward(args, &why_not)) << why_not;
-    cuda::flash_attention_backward(args, scratch_, stream_);
+    cuda::flash_attention_backward(args, scratch_, stream());
     sync();
-    EXPECT_EQ(scratch_.live(), 0) << "scratch memory was not returned";
+    EXPECT_EQ(scratch_.stats().allocated_bytes, 0) << "scratch memory was not returned";
   }
 
   // Gradient views shaped like q, k, v in `dtype`, holding random initial values.
@@ -659,8 +618,7 @@ class CudaFlashAttentionTest : public ::testing::Test {
   }
 
   std::mt19937_64 rng_{20240917};
-  cudaStream_t stream_ = nullptr;
-  CudaMallocAllocator scratch_;
+  test::CudaTestAllocator scratch_;
 };
 
 std::string case_name(DType dtype, int64_t d, const char* what) {
@@ -1053,7 +1011,7 @@ TEST_F(CudaFlashAttentionTest, RefusesWithReasons) {
   EXPECT_FALSE(cuda::flash_attention_supports(args, &why_not));
   EXPECT_NE(why_not.find("300"), std::string::npos) << why_not;
   try {
-    cuda::flash_attention_forward(args, stream_);
+    cuda::flash_attention_forward(args, stream());
     ADD_FAILURE() << "D = 300 ran";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kUnimplemented);

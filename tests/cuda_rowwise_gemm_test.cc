@@ -652,11 +652,13 @@ void for_each_norm_variant(std::span<const RowCase> cases, const Run& run) {
 }
 
 TEST_F(CudaRowwiseGemmTest, LayerAndRmsNormWithBackwardMatchCpu) {
-  // The last four give the fused backward's blocks several rows each (its grid is what the
-  // device holds at once): every chunks-a-thread variant, double-buffered and reloaded in
-  // place, and the column sums over many block partials.
-  const RowCase extra[] = {{3000, 40},  {5, 1000},    {2048, 3},
-                           {2700, 1024}, {600, 8192},  {300, 16384}, {150, 20000}};
+  // {2700, 1024} .. {150, 20000} give the fused backward's blocks several rows each (its grid
+  // is what the device holds at once): every chunks-a-thread variant, double-buffered and
+  // reloaded in place, and the column sums over many block partials. {3, 30000} and
+  // {2, 32768}: 16-bit rows whose partials exceed a block's shared memory, which must fall
+  // back to the unfused path instead of failing to launch.
+  const RowCase extra[] = {{3000, 40},   {5, 1000},   {2048, 3},    {2700, 1024}, {600, 8192},
+                           {300, 16384}, {150, 20000}, {3, 30000}, {2, 32768}};
   std::vector<RowCase> cases(std::begin(kRowCases), std::end(kRowCases));
   cases.insert(cases.end(), std::begin(extra), std::end(extra));
   for_each_norm_variant(cases, [&](const RowCase& c, DType t, bool rms, bool affine) {

@@ -668,7 +668,7 @@ __global__ void __launch_bounds__(kFusedMaxThreads)
     for (int k = 0; k < K; ++k) {
       const int64_t e = element(k);
       if (e >= p.cols) continue;
-      uint4 w, add, out;
+      uint4 w{}, add{}, out{};
       if (want_grad_in) {
         w = weight_chunk(e);
         if (grad_sum != nullptr) add = load16(grad_sum + offset + e);
@@ -799,7 +799,8 @@ void norm_param_grads(float* grad_weight, float* grad_bias, const T* grad_out, c
 }
 
 // Runs the fused backward when the rows suit it: 16-byte aligned, at most
-// kFusedMaxThreads * kFusedMaxChunks chunks long, and the device has room for a block.
+// kFusedMaxThreads * kFusedMaxChunks chunks long, and the device has room for a block (its
+// partials fit the shared memory a block may opt in to).
 // Returns false, having done nothing, otherwise. Chunks a thread: 1 for short rows (blocks
 // of <= 512 threads leave room for several a multiprocessor), then 2, then 4, each as long
 // as the block stays within kFusedMaxThreads. The grid is the number of blocks the device
@@ -827,12 +828,19 @@ bool norm_backward_fused(void* grad_in, float* grad_weight, float* grad_bias,
   auto launch = [&](auto chunks_per_thread) {
     constexpr int K = decltype(chunks_per_thread)::value;
     auto* kernel = norm_backward_fused_kernel<T, K>;
-    RD_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       static_cast<int>(smem)));
-    int per_sm = 0, device = 0, sms = 0;
-    RD_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
+    int per_sm = 0, device = 0, sms = 0, smem_optin = 0;
     RD_CUDA_CHECK(cudaGetDevice(&device));
     RD_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    RD_CUDA_CHECK(
+        cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    cudaFuncAttributes attributes{};
+    RD_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
+    // 16-bit rows near 32K columns want more partials than a block may hold (256 KiB at 1024
+    // threads): they take the unfused path rather than fail to launch.
+    if (smem + attributes.sharedSizeBytes > static_cast<size_t>(smem_optin)) return;
+    RD_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(smem)));
+    RD_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
     if (per_sm == 0) return;
     const int64_t blocks = std::min<int64_t>(rows, int64_t{per_sm} * sms);
     const size_t partial_bytes = static_cast<size_t>(blocks * cols) * sizeof(A);
