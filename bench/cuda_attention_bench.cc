@@ -49,7 +49,6 @@ namespace {
 using rd::DType;
 using rd::kernels::StridedView;
 namespace gpu = rd::kernels::cuda;
-using rd::bench::CudaEvent;
 using rd::bench::DeviceBuffer;
 using rd::bench::have_cuda_device;
 
@@ -206,15 +205,8 @@ void run_row(benchmark::State& state, const Shape& shape, bool backward) {
       if (backward) gpu::flash_attention_backward(bwd, scratch(), stream());
     };
     for (int i = 0; i < kWarmupCalls; ++i) op();
-    CudaEvent start, stop;
     auto time_calls = [&](int64_t calls) {
-      RD_CUDA_CHECK(cudaEventRecord(start.get(), stream()));
-      for (int64_t i = 0; i < calls; ++i) op();
-      RD_CUDA_CHECK(cudaEventRecord(stop.get(), stream()));
-      RD_CUDA_CHECK(cudaEventSynchronize(stop.get()));
-      float ms = 0.0f;
-      RD_CUDA_CHECK(cudaEventElapsedTime(&ms, start.get(), stop.get()));
-      return static_cast<double>(ms) * 1e-3;
+      return rd::bench::gpu_seconds_of_calls(op, calls, stream());
     };
     const double estimate = time_calls(1);
     const int64_t calls = std::clamp<int64_t>(

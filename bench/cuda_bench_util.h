@@ -1,5 +1,5 @@
-// CUDA resources the GPU benches share: device detection, an owned event, and raw device
-// memory for ceilings that must not depend on the library's allocator.
+// CUDA resources the GPU benches share: device detection, an owned event, raw device memory
+// for ceilings that must not depend on the library's allocator, and event timing of calls.
 #pragma once
 
 #if defined(RD_WITH_CUDA)
@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 
 #include "ringdilated/kernels/cuda/runtime.h"
 
@@ -42,6 +43,20 @@ class DeviceBuffer {
  private:
   void* data_ = nullptr;
 };
+
+// GPU seconds of `calls` back-to-back calls of `op`, between two events on `stream` (host
+// gaps between queued kernels count: they are part of a call's cost).
+template <class Op>
+double gpu_seconds_of_calls(const Op& op, int64_t calls, cudaStream_t stream) {
+  CudaEvent start, stop;
+  RD_CUDA_CHECK(cudaEventRecord(start.get(), stream));
+  for (int64_t i = 0; i < calls; ++i) op();
+  RD_CUDA_CHECK(cudaEventRecord(stop.get(), stream));
+  RD_CUDA_CHECK(cudaEventSynchronize(stop.get()));
+  float milliseconds = 0.0f;
+  RD_CUDA_CHECK(cudaEventElapsedTime(&milliseconds, start.get(), stop.get()));
+  return static_cast<double>(milliseconds) * 1e-3;
+}
 
 }  // namespace rd::bench
 

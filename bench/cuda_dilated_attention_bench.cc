@@ -97,7 +97,6 @@ namespace {
 
 using rd::DType;
 using rd::Tensor;
-using rd::bench::CudaEvent;
 using rd::bench::have_cuda_device;
 using rd::nn::AttentionPath;
 using rd::nn::DilationVariant;
@@ -152,17 +151,9 @@ void release_memory() {
   pool().empty_cache();
 }
 
-// GPU seconds of `calls` back-to-back calls of `op`, between two events on the current
-// stream (host gaps between queued kernels count: they are part of a call's cost).
+// GPU seconds of `calls` back-to-back calls of `op` on the current stream.
 double time_calls(const std::function<void()>& op, int64_t calls) {
-  CudaEvent start, stop;
-  RD_CUDA_CHECK(cudaEventRecord(start.get(), stream()));
-  for (int64_t i = 0; i < calls; ++i) op();
-  RD_CUDA_CHECK(cudaEventRecord(stop.get(), stream()));
-  RD_CUDA_CHECK(cudaEventSynchronize(stop.get()));
-  float ms = 0.0f;
-  RD_CUDA_CHECK(cudaEventElapsedTime(&ms, start.get(), stop.get()));
-  return static_cast<double>(ms) * 1e-3;
+  return rd::bench::gpu_seconds_of_calls(op, calls, stream());
 }
 
 struct Timing {
