@@ -59,7 +59,6 @@ namespace {
 
 using rd::DType;
 using rd::Tensor;
-using rd::bench::CudaEvent;
 using rd::bench::DeviceBuffer;
 
 constexpr int kDeviceIndex = 0;
@@ -163,13 +162,7 @@ class GpuTimer {
   template <class Op>
   double seconds_per_call(int64_t calls, Op& op) {
     op();
-    RD_CUDA_CHECK(cudaEventRecord(start_.get(), stream_));
-    for (int64_t i = 0; i < calls; ++i) op();
-    RD_CUDA_CHECK(cudaEventRecord(stop_.get(), stream_));
-    RD_CUDA_CHECK(cudaEventSynchronize(stop_.get()));
-    float milliseconds = 0.0f;
-    RD_CUDA_CHECK(cudaEventElapsedTime(&milliseconds, start_.get(), stop_.get()));
-    return static_cast<double>(milliseconds) * 1e-3 / static_cast<double>(calls);
+    return rd::bench::gpu_seconds_of_calls(op, calls, stream_) / static_cast<double>(calls);
   }
 
   // Runs the warm-up calls, then returns how many calls make a batch of about kBatchSeconds.
@@ -184,8 +177,6 @@ class GpuTimer {
 
  private:
   cudaStream_t stream_;
-  CudaEvent start_;
-  CudaEvent stop_;
 };
 
 // Median GPU seconds per call of `op`, over batches of about kBatchSeconds, for at least
