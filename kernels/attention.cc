@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "ringdilated/kernels/attention.h"
+#include "ringdilated/kernels/attention_merge.h"
 #include "ringdilated/kernels/error.h"
 #include "ringdilated/kernels/view_checks.h"
 
@@ -113,6 +114,31 @@ void check_attention_backward_args(const AttentionBackwardArgs& args) {
   check_distinct(kOp, "grad_k", args.grad_k);
   check_distinct(kOp, "grad_v", args.grad_v);
   check_params(kOp, args.params);
+}
+
+void check_attention_merge_args(const StridedView& acc_out, const StridedView& acc_lse,
+                                const StridedView& part_out, const StridedView& part_lse) {
+  constexpr const char* kOp = "attention_merge";
+  RD_CHECK(acc_out.ndim >= 1 && acc_out.ndim <= kMaxDims, kShapeMismatch, kOp,
+           ": argument 'acc_out' must be [rows..., D], got shape ", shape_of(acc_out));
+  RD_CHECK(acc_out.dtype == DType::kFloat32 || acc_out.dtype == DType::kFloat64, kDTypeMismatch,
+           kOp, ": argument 'acc_out' must be float32 or float64, got ",
+           dtype_name(acc_out.dtype));
+  check_dtype(kOp, "acc_lse", acc_lse, acc_out.dtype);
+  check_dtype(kOp, "part_out", part_out, acc_out.dtype);
+  check_dtype(kOp, "part_lse", part_lse, acc_out.dtype);
+  check_same_shape(kOp, "acc_out", acc_out, "part_out", part_out);
+  check_same_shape(kOp, "acc_lse", acc_lse, "part_lse", part_lse);
+  const bool rows_match = acc_lse.ndim == acc_out.ndim - 1 && same_dims(acc_lse, acc_out, acc_lse.ndim);
+  RD_CHECK(rows_match, kShapeMismatch, kOp, ": argument 'acc_lse' has shape ", shape_of(acc_lse),
+           " but 'acc_out' has shape ", shape_of(acc_out), ", which needs [rows...]");
+  for (const auto& [name, view] : {std::pair{"acc_out", &acc_out}, std::pair{"acc_lse", &acc_lse},
+                                   std::pair{"part_out", &part_out},
+                                   std::pair{"part_lse", &part_lse}}) {
+    check_data(kOp, name, *view);
+  }
+  check_distinct(kOp, "acc_out", acc_out);
+  check_distinct(kOp, "acc_lse", acc_lse);
 }
 
 }  // namespace rd::kernels

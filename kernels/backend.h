@@ -269,12 +269,22 @@ class KernelBackend {
   // --- attention (the primitive of kernels/attention.h) ---
   // Whether `kernel` can run this call on this device; when not, *why_not says why (for the
   // fallback log). `backward` is null for a forward call. The math kernel runs every valid
-  // call; the CPU has no other.
+  // call; the CPU has no other. A kernel that finds it cannot serve a call only while
+  // running throws kUnimplemented, and only before it queued any work: callers fall back to
+  // another kernel on that code alone (a backward may already have accumulated otherwise).
   virtual bool attention_supports(AttentionKernel kernel, const AttentionForwardArgs& forward,
                                   const AttentionBackwardArgs* backward,
                                   std::string* why_not) = 0;
   virtual void attention_forward(AttentionKernel kernel, const AttentionForwardArgs& args) = 0;
   virtual void attention_backward(AttentionKernel kernel, const AttentionBackwardArgs& args) = 0;
+  // Merges a partial attention result into a running one, in place, in one pass per
+  // element, computed in acc_out's dtype (float32, or float64 for float64 data):
+  //   m = logaddexp(acc_lse, part_lse)   (-inf when both are -inf: never NaN)
+  //   acc_out = exp(acc_lse - m) * acc_out + exp(part_lse - m) * part_out;  acc_lse = m
+  // Views and dtypes as check_attention_merge_args (kernels/attention_merge.h) says; the
+  // value rule is merged_value / merged_lse there, so every backend rounds alike.
+  virtual void attention_merge(const StridedView& acc_out, const StridedView& acc_lse,
+                               const StridedView& part_out, const StridedView& part_lse) = 0;
 
   // --- optimizers ---
   // One AdamW step over many tensors in a single pass (one launch on CUDA); see AdamWStep.

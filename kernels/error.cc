@@ -15,6 +15,8 @@ std::string_view error_code_name(ErrorCode code) {
     case ErrorCode::kCorruptFile: return "CorruptFile";
     case ErrorCode::kAutograd: return "Autograd";
     case ErrorCode::kUnimplemented: return "Unimplemented";
+    case ErrorCode::kTimeout: return "Timeout";
+    case ErrorCode::kAborted: return "Aborted";
     case ErrorCode::kInternal: return "Internal";
   }
   return "Unknown";

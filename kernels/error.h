@@ -23,6 +23,8 @@ enum class ErrorCode : uint8_t {
   kCorruptFile,      // a file's contents break its format
   kAutograd,         // misuse of the autograd graph (second backward, no grad_fn, ...)
   kUnimplemented,    // a valid request this build cannot serve
+  kTimeout,          // a wait (rendezvous, collective, receive) passed its deadline
+  kAborted,          // a communicator was aborted, e.g. because another rank failed
   kInternal,         // a bug in the library
 };
 

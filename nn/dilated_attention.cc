@@ -17,6 +17,8 @@
 
 #include "ringdilated/kernels/attention.h"
 #include "ringdilated/kernels/error.h"
+#include "ringdilated/nn/attention_path.h"
+#include "ringdilated/nn/dilated_plan.h"
 #include "ringdilated/nn/hilbert.h"
 #include "ringdilated/nn/pattern_cache.h"
 #include "ringdilated/tensor/autograd.h"
@@ -35,195 +37,12 @@ using kernels::AttentionParams;
 constexpr const char* kOp = "dilated_attention";
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 
-// ---------------------------------------------------------------------------------------
-// Planning: which heads and positions each attention call covers.
-
-// One attention call's share of a [B, N, H, D] tensor: heads h0 + hs * t (t < hc) and, in
-// each of `segments` segments, positions p0 + s * ss + r * u (u < n). Queries and keys use
-// the same selection, so the causal mask is the kernel's plain j <= i.
-struct Selection {
-  int64_t h0 = 0, hs = 1, hc = 0;
-  int64_t p0 = 0, ss = 0, segments = 0, r = 1, n = 0;
-  bool empty() const { return hc == 0 || segments == 0 || n == 0; }
-};
-
-// A set of heads: h0, h0 + hs, ... (hc of them).
-struct Heads {
-  int64_t h0, hs, hc;
-};
-
-// Contiguous head groups of sizes H / G, the extra H % G heads going to the first groups
-// (head mixing of the fixed variant) or the last ones (the original variant).
-std::vector<Heads> head_groups(int64_t num_heads, int64_t groups, bool extra_to_first) {
-  std::vector<Heads> result;
-  const int64_t base = num_heads / groups, extra = num_heads % groups;
-  int64_t start = 0;
-  for (int64_t g = 0; g < groups; ++g) {
-    const bool gets_extra = extra_to_first ? g < extra : g >= groups - extra;
-    const int64_t count = base + (gets_extra ? 1 : 0);
-    result.push_back({start, 1, count});
-    start += count;
-  }
-  return result;
-}
-
-// Selected positions of the segment starting at `start` with `length` positions, offset o.
-int64_t selected_count(int64_t length, int64_t o, int64_t r) {
-  return length > o ? (length - o + r - 1) / r : 0;
-}
-
-// The selections of one pair (w, r) for the given heads and base offset o, fixed variant:
-// full segments in as few calls as the offset rule allows, then the short last segment.
-std::vector<Selection> fixed_selections(int64_t seq_len, int64_t w, int64_t r, const Heads& h,
-                                        int64_t o, OffsetRule rule) {
-  std::vector<Selection> out;
-  const int64_t full = seq_len / w;
-  auto add = [&](int64_t p0, int64_t ss, int64_t segments, int64_t n) {
-    Selection s{h.h0, h.hs, h.hc, p0, ss, segments, r, n};
-    if (!s.empty()) out.push_back(s);
-  };
-  if (rule == OffsetRule::kConstant) {
-    add(o, w, full, w / r);
-  } else {
-    // Segment s uses (o + s) mod r: the segments c, c + r, c + 2r, ... share one offset.
-    for (int64_t c = 0; c < std::min(r, full); ++c) {
-      add(c * w + (o + c) % r, r * w, (full - c + r - 1) / r, w / r);
-    }
-  }
-  if (seq_len % w != 0) {
-    const int64_t start = full * w;
-    const int64_t o_last = rule == OffsetRule::kConstant ? o : (o + full) % r;
-    add(start + o_last, w, 1, selected_count(seq_len - start, o_last, r));
-  }
-  return out;
-}
-
-// Every head h runs pair (w, r) with offset h mod r: heads o, o + r, o + 2r, ... share one.
-std::vector<Heads> heads_by_offset(int64_t num_heads, int64_t r) {
-  std::vector<Heads> result;
-  for (int64_t o = 0; o < std::min(r, num_heads); ++o) {
-    result.push_back({o, r, (num_heads - o + r - 1) / r});
-  }
-  return result;
-}
-
-// ---------------------------------------------------------------------------------------
-// Views.
-
-// [B, S, hc, n, D] view of a [B, N, H, D] tensor.
-Tensor select_bnhd(const Tensor& t, const Selection& s) {
-  const Shape& st = t.strides();
-  return t.as_strided({t.size(0), s.segments, s.hc, s.n, t.size(3)},
-                      {st[0], s.ss * st[1], s.hs * st[2], s.r * st[1], st[3]},
-                      t.offset() + s.h0 * st[2] + s.p0 * st[1]);
-}
-
-// [B, S, hc, n] view of a [B, H, N] tensor.
-Tensor select_bhn(const Tensor& t, const Selection& s) {
-  const Shape& st = t.strides();
-  return t.as_strided({t.size(0), s.segments, s.hc, s.n},
-                      {st[0], s.ss * st[2], s.hs * st[1], s.r * st[2]},
-                      t.offset() + s.h0 * st[1] + s.p0 * st[2]);
-}
-
 kernels::StridedView view_of(const Tensor& t) { return kernel_view(t, kOp); }
 
 kernels::StridedView null_view() { return kernels::StridedView{}; }
 
 // ---------------------------------------------------------------------------------------
-// Paths.
-
-AttentionPath path_of(AttentionKernel kernel) {
-  switch (kernel) {
-    case AttentionKernel::kCudnn: return AttentionPath::kCudnn;
-    case AttentionKernel::kFlash: return AttentionPath::kFlash;
-    case AttentionKernel::kMath: return AttentionPath::kMath;
-  }
-  return AttentionPath::kMath;
-}
-
-// The slower of two kernels (math > flash > cudnn): what a call reports as its path.
-AttentionKernel slower(AttentionKernel a, AttentionKernel b) {
-  return static_cast<int>(path_of(a)) >= static_cast<int>(path_of(b)) ? a : b;
-}
-
-// The requested path: RD_ATTENTION_PATH overrides kAuto (read per call: no hidden state).
-AttentionPath requested_path(AttentionPath option) {
-  if (option != AttentionPath::kAuto) return option;
-  const char* env = std::getenv("RD_ATTENTION_PATH");
-  if (env == nullptr) return option;
-  const std::string value(env);
-  if (value == "cudnn") return AttentionPath::kCudnn;
-  if (value == "flash") return AttentionPath::kFlash;
-  if (value == "math") return AttentionPath::kMath;
-  RD_CHECK(value == "auto" || value.empty(), kInvalidArgument, kOp,
-           ": environment variable RD_ATTENTION_PATH is '", value,
-           "', expected auto, cudnn, flash or math");
-  return option;
-}
-
-// Kernels to try, in order: the requested one, then the slower fallbacks. kAuto starts from
-// the fastest the device may have.
-std::vector<AttentionKernel> candidates(AttentionPath requested, Device device) {
-  if (device.is_cpu()) return {AttentionKernel::kMath};
-  switch (requested) {
-    case AttentionPath::kMath: return {AttentionKernel::kMath};
-    case AttentionPath::kFlash: return {AttentionKernel::kFlash, AttentionKernel::kMath};
-    default: return {AttentionKernel::kCudnn, AttentionKernel::kFlash, AttentionKernel::kMath};
-  }
-}
-
-// Writes each distinct fallback message to stderr once per process: a long run would
-// otherwise repeat it for every layer and step.
-void log_once(const std::string& message) {
-  static std::mutex mutex;
-  static std::set<std::string>* const seen = new std::set<std::string>();
-  std::lock_guard<std::mutex> lock(mutex);
-  if (seen->insert(message).second) std::fprintf(stderr, "[ringdilated] %s\n", message.c_str());
-}
-
-// Runs `run(kernel)` with the first candidate that supports `args` (and `backward`, for a
-// backward call) and does not fail;
-// returns the kernel used. A forced path that cannot run falls back, saying why once.
-template <class Run>
-AttentionKernel run_with_fallback(kernels::KernelBackend& backend,
-                                  const std::vector<AttentionKernel>& kernels,
-                                  const AttentionForwardArgs& args,
-                                  const AttentionBackwardArgs* backward, bool forced, Run&& run) {
-  std::string reasons;
-  for (AttentionKernel kernel : kernels) {
-    std::string why;
-    if (!backend.attention_supports(kernel, args, backward, &why)) {
-      reasons += str_cat(kernels::kernel_name(kernel), ": ", why, "; ");
-      continue;
-    }
-    try {
-      run(kernel);
-      if (forced && kernel != kernels.front()) {
-        log_once(str_cat(kOp, ": the ", kernels::kernel_name(kernels.front()),
-                         " path cannot run this call (", reasons, "); using ",
-                         kernels::kernel_name(kernel)));
-      }
-      return kernel;
-    } catch (const Error& e) {
-      if (kernel == AttentionKernel::kMath) throw;  // nothing left to fall back to
-      log_once(str_cat(kOp, ": the ", kernels::kernel_name(kernel), " path failed (", e.what(),
-                       "); falling back"));
-      reasons += str_cat(kernels::kernel_name(kernel), ": failed; ");
-    }
-  }
-  RD_FAIL(kUnimplemented, kOp, ": no attention path can run this call: ", reasons);
-}
-
-// ---------------------------------------------------------------------------------------
 // Execution.
-
-// The Hilbert order of n keys (nn/hilbert.h) as an int64 tensor on `device`: cached per key.
-Tensor hilbert_indices(PatternCache& cache, int64_t n, Device device) {
-  return cache.get(str_cat("hilbert/n=", n, "/", device.str()), [&] {
-    return from_vector<int64_t>(hilbert_order(n), {n}).to(device);
-  });
-}
 
 // One planned call: its selection, the Philox counters of its dropout mask and, with
 // use_hilbert, the order its queries visit the selection's keys in.
@@ -247,14 +66,7 @@ Plan plan_fixed(const DilatedAttentionOptions& o, int64_t seq_len, int64_t num_h
   plan.merged = o.mixing == HeadMixing::kAllHeads;
   for (int i = 0; i < plan.num_pairs; ++i) {
     const int64_t w = o.segment_lengths[i], r = o.dilation_rates[i];
-    std::vector<std::pair<Heads, int64_t>> head_sets;  // heads and their base offset
-    if (plan.merged) {
-      for (const Heads& h : heads_by_offset(num_heads, r)) head_sets.push_back({h, h.h0});
-    } else {
-      const Heads h = head_groups(num_heads, plan.num_pairs, /*extra_to_first=*/true)[i];
-      head_sets.push_back({h, i % r});
-    }
-    for (const auto& [heads, offset] : head_sets) {
+    for (const auto& [heads, offset] : fixed_pair_heads(o, num_heads, i)) {
       for (const Selection& s : fixed_selections(seq_len, w, r, heads, offset, o.offset_rule)) {
         plan.calls.push_back(
             {s, 0, i, o.use_hilbert ? hilbert_indices(cache, s.n, device) : Tensor()});
@@ -311,18 +123,6 @@ AttentionBackwardArgs backward_args(const AttentionForwardArgs& fwd, const Tenso
   return b;
 }
 
-// Merges one pair's float32 partial (out_i, lse_i) into the running (acc_out, acc_lse) with
-// softmax-denominator weights; positions where both LSEs are -inf stay 0 / -inf.
-void merge_partial(Tensor& acc_out, Tensor& acc_lse, const Tensor& out_i, const Tensor& lse_i) {
-  const Tensor new_lse = logsumexp(stack({acc_lse, lse_i}), {0});
-  const Tensor live = ne(new_lse, kNegInf);
-  auto weight = [&](const Tensor& lse) {  // [B, H, N] -> [B, N, H, 1]
-    return where(live, exp(lse - where(live, new_lse, 0.0)), 0.0).permute({0, 2, 1}).unsqueeze(3);
-  };
-  acc_out = acc_out * weight(acc_lse) + out_i * weight(lse_i);
-  acc_lse = new_lse;
-}
-
 // The forward pass of the fixed variant. Returns out (q's dtype) and lse.
 std::pair<Tensor, Tensor> fixed_forward(const Inputs& in, Plan& plan, Generator* generator,
                                         AttentionPath* path_used) {
@@ -341,7 +141,7 @@ std::pair<Tensor, Tensor> fixed_forward(const Inputs& in, Plan& plan, Generator*
     }
     const AttentionForwardArgs args = forward_args(in, call, out, lse);
     const AttentionKernel used =
-        run_with_fallback(backend, in.kernels, args, /*backward=*/nullptr, in.forced,
+        run_with_fallback(backend, in.kernels, args, /*backward=*/nullptr, in.forced, kOp,
                           [&](AttentionKernel k) { backend.attention_forward(k, args); });
     slowest = slower(slowest, used);
   };
@@ -362,7 +162,7 @@ std::pair<Tensor, Tensor> fixed_forward(const Inputs& in, Plan& plan, Generator*
       for (PlannedCall& call : plan.calls) {
         if (call.pair == pair) run_call(call, out_i, lse_i);
       }
-      merge_partial(acc_out, acc_lse, out_i, lse_i);
+      attention_merge_(acc_out, acc_lse, out_i, lse_i);
     }
     out = acc_out.to(q.dtype()).contiguous();
     lse = acc_lse.contiguous();
@@ -449,7 +249,7 @@ void fixed_backward(const Inputs& in, const Plan& plan, const Tensor& out, const
         {select_bnhd(grads.qkv[0], s), select_bnhd(grads.qkv[1], s),
          select_bnhd(grads.qkv[2], s)});
     b.grads_start_at_zero = !plan.merged;  // head groups: disjoint selections of zeros
-    run_with_fallback(backend, in.kernels, fwd, &b, in.forced,
+    run_with_fallback(backend, in.kernels, fwd, &b, in.forced, kOp,
                       [&](AttentionKernel k) { backend.attention_backward(k, b); });
   }
 }
@@ -511,16 +311,6 @@ AttentionForwardArgs global_args(const Inputs& in, const GlobalGroup& g, const T
 
 }  // namespace
 
-const char* path_name(AttentionPath path) {
-  switch (path) {
-    case AttentionPath::kAuto: return "auto";
-    case AttentionPath::kCudnn: return "cudnn";
-    case AttentionPath::kFlash: return "flash";
-    case AttentionPath::kMath: return "math";
-  }
-  return "?";
-}
-
 void validate_options(const DilatedAttentionOptions& o, int64_t num_heads) {
   const size_t pairs = o.segment_lengths.size();
   RD_CHECK(pairs > 0 && pairs == o.dilation_rates.size(), kInvalidArgument, kOp,
@@ -579,8 +369,8 @@ DilatedAttentionResult attend(const Tensor& q, const Tensor& k, const Tensor& v,
   in.params.causal = options.causal;
   in.params.dropout = dropout ? options.dropout : 0.0;
   if (dropout) in.params.seed = context.generator->seed();
-  const AttentionPath requested = requested_path(options.path);
-  in.kernels = candidates(requested, q.device());
+  const AttentionPath requested = requested_path(options.path, kOp);
+  in.kernels = candidate_kernels(requested, q.device());
   in.forced = requested != AttentionPath::kAuto;
   in.backward_piece_elements = context.backward_piece_elements;
   PatternCache& patterns =
@@ -633,7 +423,7 @@ DilatedAttentionResult attend(const Tensor& q, const Tensor& k, const Tensor& v,
     }
     offsets.push_back(args.params.offset);
     const AttentionKernel used =
-        run_with_fallback(backend, in.kernels, args, /*backward=*/nullptr, in.forced,
+        run_with_fallback(backend, in.kernels, args, /*backward=*/nullptr, in.forced, kOp,
                           [&](AttentionKernel kk) { backend.attention_forward(kk, args); });
     slowest = slower(slowest, used);
   }
@@ -667,7 +457,7 @@ DilatedAttentionResult attend(const Tensor& q, const Tensor& k, const Tensor& v,
                 grad_lse.defined() ? grad_lse.narrow(1, g.heads.h0, g.heads.hc) : Tensor(),
                 {gathered_grads[0], gathered_grads[1], gathered_grads[2]});
             b.grads_start_at_zero = true;  // fresh zeros, one call per group
-            run_with_fallback(be, in.kernels, fwd, &b, in.forced,
+            run_with_fallback(be, in.kernels, fwd, &b, in.forced, kOp,
                               [&](AttentionKernel kk) { be.attention_backward(kk, b); });
             // Row m of a gathered copy came from position P[m]: add it back there.
             for (int t = 0; t < 3; ++t) {

@@ -7,6 +7,7 @@
 #if defined(RD_WITH_CUDA)
 #include "ringdilated/kernels/cuda/backend.h"
 #include "ringdilated/kernels/cuda/device_info.h"
+#include "ringdilated/kernels/cuda/runtime.h"
 #endif
 
 namespace rd {
@@ -28,6 +29,17 @@ int cuda_compute_capability(Device device) {
   (void)device;
 #endif
   return 0;
+}
+
+void synchronize(Device device) {
+  if (device.is_cpu()) return;
+#if defined(RD_WITH_CUDA)
+  kernels::cuda::DeviceGuard guard(device.index);
+  RD_CUDA_CHECK(cudaStreamSynchronize(kernels::cuda::current_stream(device.index)));
+#else
+  RD_FAIL(kDeviceMismatch, "synchronize: this build has no CUDA backend (asked for ",
+          device.str(), ")");
+#endif
 }
 
 kernels::KernelBackend& backend_for(Device device) {

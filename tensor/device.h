@@ -12,4 +12,8 @@ bool cuda_available();
 // CPU and in builds without CUDA.
 int cuda_compute_capability(Device device);
 
+// Blocks the calling thread until the work it queued on `device` (on its current stream) has
+// finished. Nothing to wait for on the CPU.
+void synchronize(Device device);
+
 }  // namespace rd

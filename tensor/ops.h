@@ -116,6 +116,13 @@ AddNormResult add_rms_norm(const Tensor& x, const Tensor& residual, const Shape&
 Tensor embedding(const Tensor& weight, const Tensor& indices);
 // Zeroes each element with probability p and scales survivors by 1/(1-p), when training.
 Tensor dropout(const Tensor& x, double p, bool training, Generator& gen);
+
+// Merges an attention partial into a running result in place, through the log-sum-exp, in
+// one fused pass (KernelBackend::attention_merge): acc_out and part_out are [B, N, H, D],
+// acc_lse and part_lse [B, H, N], all float32 (float64 for float64 data) on one device.
+// Rows whose LSEs are both -inf keep 0 and -inf. Not differentiable (no autograd node).
+void attention_merge_(const Tensor& acc_out, const Tensor& acc_lse, const Tensor& part_out,
+                      const Tensor& part_lse);
 enum class Reduction { kNone, kMean, kSum };
 // logits [N, C] (or [C]), integer targets [N] (or []). Targets equal to ignore_index add
 // nothing; kMean divides by the number of targets not ignored (0/0 gives NaN, as PyTorch).

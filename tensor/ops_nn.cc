@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ringdilated/kernels/backend.h"
@@ -317,6 +318,24 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
   out_shape.push_back(weight.size(1));
   // index_select supplies the gradient (index_add of the rows into zeros).
   return index_select(weight, 0, index.reshape({index.numel()})).view(out_shape);
+}
+
+void attention_merge_(const Tensor& acc_out, const Tensor& acc_lse, const Tensor& part_out,
+                      const Tensor& part_lse) {
+  constexpr const char* kOp = "attention_merge_";
+  for (const auto& [t, name] : {std::pair{&acc_out, "acc_out"}, std::pair{&part_out, "part_out"}}) {
+    RD_CHECK(t->defined() && t->dim() == 4, kShapeMismatch, kOp, ": argument '", name,
+             "' must be [B, N, H, D], got ", t->defined() ? shape_str(t->shape()) : "undefined");
+  }
+  for (const auto& [t, name] : {std::pair{&acc_lse, "acc_lse"}, std::pair{&part_lse, "part_lse"}}) {
+    RD_CHECK(t->defined() && t->dim() == 3, kShapeMismatch, kOp, ": argument '", name,
+             "' must be [B, H, N], got ", t->defined() ? shape_str(t->shape()) : "undefined");
+  }
+  check_same_device({&acc_out, &acc_lse, &part_out, &part_lse}, kOp);
+  // The kernel checks the rest (dtypes, matching shapes) against [B, N, H] row views.
+  backend_for(acc_out.device())
+      .attention_merge(kernel_view(acc_out, kOp), kernel_view(acc_lse.permute({0, 2, 1}), kOp),
+                       kernel_view(part_out, kOp), kernel_view(part_lse.permute({0, 2, 1}), kOp));
 }
 
 Tensor dropout(const Tensor& x, double p, bool training, Generator& gen) {

@@ -7,37 +7,12 @@
 #include "gtest/gtest.h"
 #include "ringdilated/tensor/ops.h"
 #include "ringdilated/tensor/tensor.h"
+#include "testing/raises.h"
 
 namespace rd {
 namespace {
 
-// Runs f, which must throw rd::Error with one of `codes` and a message containing every
-// fragment of `fragments`.
-template <class F>
-::testing::AssertionResult raises(F&& f, std::initializer_list<ErrorCode> codes,
-                                  std::initializer_list<std::string> fragments) {
-  try {
-    f();
-  } catch (const Error& e) {
-    bool code_ok = false;
-    for (ErrorCode c : codes) code_ok |= e.code() == c;
-    std::string message = e.what();
-    auto failure = [&] {
-      return ::testing::AssertionFailure()
-             << "code " << error_code_name(e.code()) << ", message \"" << message << "\"";
-    };
-    if (!code_ok) return failure() << ": unexpected code";
-    for (const std::string& fragment : fragments) {
-      if (message.find(fragment) == std::string::npos) {
-        return failure() << ": missing \"" << fragment << "\"";
-      }
-    }
-    return ::testing::AssertionSuccess();
-  } catch (const std::exception& e) {
-    return ::testing::AssertionFailure() << "threw a non-rd::Error: " << e.what();
-  }
-  return ::testing::AssertionFailure() << "did not throw";
-}
+using test::raises;
 
 Tensor floats(Shape shape) { return ones(std::move(shape), DType::kFloat32); }
 Tensor indices(std::vector<int64_t> values) {

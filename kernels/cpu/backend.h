@@ -63,6 +63,9 @@ class CpuBackend final : public KernelBackend {
                           const AttentionBackwardArgs* backward, std::string* why_not) override;
   void attention_forward(AttentionKernel kernel, const AttentionForwardArgs& args) override;
   void attention_backward(AttentionKernel kernel, const AttentionBackwardArgs& args) override;
+  // attention_merge.cc
+  void attention_merge(const StridedView& acc_out, const StridedView& acc_lse,
+                       const StridedView& part_out, const StridedView& part_lse) override;
 
   // adamw.cc
   void adamw(std::span<const AdamWTensor> tensors, DType dtype, const AdamWStep& step) override;

@@ -120,6 +120,11 @@ class CudaBackend final : public KernelBackend {
     Scope s(device_);
     cuda::attention_backward(kernel, args, scratch(), s.stream);
   }
+  void attention_merge(const StridedView& acc_out, const StridedView& acc_lse,
+                       const StridedView& part_out, const StridedView& part_lse) override {
+    Scope s(device_);
+    cuda::attention_merge(acc_out, acc_lse, part_out, part_lse, s.stream);
+  }
   void adamw(std::span<const AdamWTensor> tensors, DType dtype, const AdamWStep& step) override {
     Scope s(device_);
     cuda::adamw(tensors, dtype, step, s.stream);

@@ -78,6 +78,11 @@ void attention_forward(AttentionKernel kernel, const AttentionForwardArgs& args,
 void attention_backward(AttentionKernel kernel, const AttentionBackwardArgs& args,
                         Allocator& scratch, cudaStream_t stream);
 
+// attention_merge.cu (kernels/attention_merge.h's value rule)
+void attention_merge(const StridedView& acc_out, const StridedView& acc_lse,
+                     const StridedView& part_out, const StridedView& part_lse,
+                     cudaStream_t stream);
+
 // gemm.cc (cuBLASLt)
 void gemm(const GemmArgs& args, Allocator& scratch, cudaStream_t stream);
 

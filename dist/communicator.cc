@@ -1,0 +1,69 @@
+// Communicator helpers shared by every backend: argument checks and the paired send/receive.
+#include "ringdilated/dist/communicator.h"
+
+#include <vector>
+
+#include "ringdilated/kernels/error.h"
+
+namespace rd::dist {
+
+const char* reduce_op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return "sum";
+    case ReduceOp::kMax: return "max";
+    case ReduceOp::kMin: return "min";
+  }
+  return "?";
+}
+
+void send_recv(Communicator& comm, const Tensor& send, int to, const Tensor& recv, int from) {
+  std::unique_ptr<Request> receiving = comm.irecv(recv, from);
+  std::unique_ptr<Request> sending = comm.isend(send, to);
+  receiving->wait();
+  sending->wait();
+}
+
+void check_peer(const Communicator& comm, const char* op, int peer) {
+  RD_CHECK(peer >= 0 && peer < comm.size(), kOutOfRange, op, ": peer rank ", peer,
+           " is outside the group of ", comm.size(), " ranks (this is rank ", comm.rank(), ")");
+}
+
+void check_comm_tensor(const Communicator& comm, const char* op, const char* name,
+                       const Tensor& t) {
+  RD_CHECK(t.defined(), kInvalidArgument, op, ": argument '", name, "' is undefined");
+  RD_CHECK(t.is_contiguous(), kInvalidArgument, op, ": argument '", name,
+           "' must be contiguous, got shape ", shape_str(t.shape()), " with strides ",
+           shape_str(t.strides()));
+  RD_CHECK(t.device() == comm.device(), kDeviceMismatch, op, ": argument '", name, "' is on ",
+           t.device().str(), " but the communicator (", comm.backend_name(), ") moves data on ",
+           comm.device().str());
+}
+
+namespace {
+
+// [size, inner...] against inner: the shape a gathered or scattered buffer must have.
+void check_stacked(const Communicator& comm, const char* op, const char* stacked_name,
+                   const Tensor& stacked, const char* inner_name, const Tensor& inner) {
+  check_comm_tensor(comm, op, stacked_name, stacked);
+  check_comm_tensor(comm, op, inner_name, inner);
+  Shape expected{comm.size()};
+  for (int64_t d : inner.shape()) expected.push_back(d);
+  RD_CHECK(stacked.shape() == expected, kShapeMismatch, op, ": argument '", stacked_name,
+           "' must be [size, ", inner_name, ".shape...] = ", shape_str(expected), ", got ",
+           shape_str(stacked.shape()));
+  RD_CHECK(stacked.dtype() == inner.dtype(), kDTypeMismatch, op, ": arguments '", stacked_name,
+           "' (", dtype_name(stacked.dtype()), ") and '", inner_name, "' (",
+           dtype_name(inner.dtype()), ") must have one dtype");
+}
+
+}  // namespace
+
+void check_all_gather_args(const Communicator& comm, const Tensor& out, const Tensor& in) {
+  check_stacked(comm, "all_gather", "out", out, "in", in);
+}
+
+void check_reduce_scatter_args(const Communicator& comm, const Tensor& out, const Tensor& in) {
+  check_stacked(comm, "reduce_scatter", "in", in, "out", out);
+}
+
+}  // namespace rd::dist

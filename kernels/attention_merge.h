@@ -1,0 +1,39 @@
+// Merging attention partials through the log-sum-exp: the value rule every backend's fused,
+// in-place merge uses (host+device, so CPU and CUDA round alike) and its argument check.
+#pragma once
+
+#include <cmath>
+
+#include "ringdilated/kernels/half.h"  // RD_HOST_DEVICE
+#include "ringdilated/kernels/strided.h"
+
+namespace rd::kernels {
+
+// logaddexp(a, b) that is -inf when both are -inf (never NaN) and exact when one is.
+template <class T>
+RD_HOST_DEVICE inline T merged_lse(T a, T b) {
+  if (a == -INFINITY) return b;
+  if (b == -INFINITY) return a;
+  const T hi = a > b ? a : b, lo = a > b ? b : a;
+  return hi + log1p(exp(lo - hi));
+}
+
+// One element of the merged output: acc and part weighted by their softmax denominators,
+// exp(lse - merged). A side whose weight is 0 (its lse is -inf) contributes exactly 0, even if
+// its value is not finite; a row with no key on either side keeps acc.
+template <class T>
+RD_HOST_DEVICE inline T merged_value(T acc, T part, T acc_lse, T part_lse) {
+  const T m = merged_lse(acc_lse, part_lse);
+  if (m == -INFINITY) return acc;
+  const T wa = exp(acc_lse - m), wp = exp(part_lse - m);
+  return (wa != T(0) ? wa * acc : T(0)) + (wp != T(0) ? wp * part : T(0));
+}
+
+// The merge's arguments: acc_out and part_out [rows..., D], acc_lse and part_lse [rows...]
+// (the same leading dims; any strides, e.g. a [B, H, N] lse permuted to [B, N, H] beside a
+// [B, N, H, D] output), all of one dtype, float32 or float64; the acc views must not overlap
+// themselves. A violation is an rd::Error naming "attention_merge", the argument and shapes.
+void check_attention_merge_args(const StridedView& acc_out, const StridedView& acc_lse,
+                                const StridedView& part_out, const StridedView& part_lse);
+
+}  // namespace rd::kernels

@@ -1,0 +1,62 @@
+// The CPU's fused, in-place merge of attention partials (KernelBackend::attention_merge):
+// one pass over the outputs that reads both LSEs, then one pass over the LSEs.
+#include <array>
+
+#include "ringdilated/kernels/attention_merge.h"
+#include "ringdilated/kernels/cpu/backend.h"
+#include "ringdilated/kernels/cpu/strided_iter.h"
+#include "ringdilated/kernels/dtype_dispatch.h"
+
+namespace rd::kernels::cpu {
+namespace {
+
+// [rows...] viewed as [rows..., D] with stride 0 along D: each output element reads its
+// row's LSE.
+StridedView broadcast_rows(const StridedView& lse, const StridedView& out) {
+  StridedView v = lse;
+  v.ndim = out.ndim;
+  v.shape[out.ndim - 1] = out.shape[out.ndim - 1];
+  v.strides[out.ndim - 1] = 0;
+  return v;
+}
+
+template <class T>
+void merge(const StridedView& acc_out, const StridedView& acc_lse, const StridedView& part_out,
+           const StridedView& part_lse) {
+  // Outputs first, while both LSEs still hold their inputs.
+  const StridedView acc_row_lse = broadcast_rows(acc_lse, acc_out);
+  const StridedView part_row_lse = broadcast_rows(part_lse, acc_out);
+  for_each_run<4>(make_iter<4>({&acc_out, &part_out, &acc_row_lse, &part_row_lse}),
+                  [](const StridedIter<4>::Ptrs& p, int64_t n, const StridedIter<4>::Strides& s,
+                     int64_t) {
+                    for (int64_t k = 0; k < n; ++k) {
+                      T& acc = *reinterpret_cast<T*>(p[0] + k * s[0]);
+                      const T part = *reinterpret_cast<const T*>(p[1] + k * s[1]);
+                      const T la = *reinterpret_cast<const T*>(p[2] + k * s[2]);
+                      const T lp = *reinterpret_cast<const T*>(p[3] + k * s[3]);
+                      acc = merged_value(acc, part, la, lp);
+                    }
+                  });
+  for_each_run<2>(make_iter<2>({&acc_lse, &part_lse}),
+                  [](const StridedIter<2>::Ptrs& p, int64_t n, const StridedIter<2>::Strides& s,
+                     int64_t) {
+                    for (int64_t k = 0; k < n; ++k) {
+                      T& acc = *reinterpret_cast<T*>(p[0] + k * s[0]);
+                      acc = merged_lse(acc, *reinterpret_cast<const T*>(p[1] + k * s[1]));
+                    }
+                  });
+}
+
+}  // namespace
+
+void CpuBackend::attention_merge(const StridedView& acc_out, const StridedView& acc_lse,
+                                 const StridedView& part_out, const StridedView& part_lse) {
+  check_attention_merge_args(acc_out, acc_lse, part_out, part_lse);
+  if (acc_out.dtype == DType::kFloat64) {
+    merge<double>(acc_out, acc_lse, part_out, part_lse);
+  } else {
+    merge<float>(acc_out, acc_lse, part_out, part_lse);
+  }
+}
+
+}  // namespace rd::kernels::cpu

@@ -1,0 +1,80 @@
+// The CUDA fused, in-place merge of attention partials (KernelBackend::attention_merge): one
+// grid-stride pass over the outputs that reads both LSEs, then one over the LSEs. The value
+// rule is kernels/attention_merge.h's, shared with the CPU.
+#include <cuda_runtime.h>
+
+#include "ringdilated/kernels/attention_merge.h"
+#include "ringdilated/kernels/cuda/kernels.h"
+#include "ringdilated/kernels/cuda/strided_index.cuh"
+
+namespace rd::kernels::cuda {
+namespace {
+
+// acc_out = merged_value(acc_out, part_out, acc_lse, part_lse), element by element; the
+// LSE operands are broadcast along D.
+template <class T>
+struct MergeOutBody {
+  T* acc;
+  const T* part;
+  const T* acc_lse;
+  const T* part_lse;
+  OffsetCalculator<4> calc;
+  RD_HOST_DEVICE void operator()(int64_t i) const {
+    const Offsets<4> o = calc.get(i);
+    acc[o.v[0]] = merged_value(acc[o.v[0]], part[o.v[1]], acc_lse[o.v[2]], part_lse[o.v[3]]);
+  }
+};
+
+template <class T>
+struct MergeLseBody {
+  T* acc_lse;
+  const T* part_lse;
+  OffsetCalculator<2> calc;
+  RD_HOST_DEVICE void operator()(int64_t i) const {
+    const Offsets<2> o = calc.get(i);
+    acc_lse[o.v[0]] = merged_lse(acc_lse[o.v[0]], part_lse[o.v[1]]);
+  }
+};
+
+StridedView broadcast_rows(const StridedView& lse, const StridedView& out) {
+  StridedView v = lse;
+  v.ndim = out.ndim;
+  v.shape[out.ndim - 1] = out.shape[out.ndim - 1];
+  v.strides[out.ndim - 1] = 0;
+  return v;
+}
+
+template <class T>
+void merge(const StridedView& acc_out, const StridedView& acc_lse, const StridedView& part_out,
+           const StridedView& part_lse, cudaStream_t stream) {
+  const StridedView acc_row_lse = broadcast_rows(acc_lse, acc_out);
+  const StridedView part_row_lse = broadcast_rows(part_lse, acc_out);
+  launch_grid_stride(
+      acc_out.numel(),
+      MergeOutBody<T>{static_cast<T*>(acc_out.data), static_cast<const T*>(part_out.data),
+                      static_cast<const T*>(acc_lse.data), static_cast<const T*>(part_lse.data),
+                      make_offset_calculator<4>({&acc_out, &part_out, &acc_row_lse,
+                                                 &part_row_lse})},
+      stream);
+  // Stream order makes the LSE pass wait for the output pass, which still reads them.
+  launch_grid_stride(acc_lse.numel(),
+                     MergeLseBody<T>{static_cast<T*>(acc_lse.data),
+                                     static_cast<const T*>(part_lse.data),
+                                     make_offset_calculator<2>({&acc_lse, &part_lse})},
+                     stream);
+}
+
+}  // namespace
+
+void attention_merge(const StridedView& acc_out, const StridedView& acc_lse,
+                     const StridedView& part_out, const StridedView& part_lse,
+                     cudaStream_t stream) {
+  check_attention_merge_args(acc_out, acc_lse, part_out, part_lse);
+  if (acc_out.dtype == DType::kFloat64) {
+    merge<double>(acc_out, acc_lse, part_out, part_lse, stream);
+  } else {
+    merge<float>(acc_out, acc_lse, part_out, part_lse, stream);
+  }
+}
+
+}  // namespace rd::kernels::cuda

@@ -1,0 +1,109 @@
+// Attention path policy (see attention_path.h).
+#include "ringdilated/nn/attention_path.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+#include <set>
+#include <string>
+
+#include "ringdilated/kernels/error.h"
+
+namespace rd::nn {
+
+using kernels::AttentionKernel;
+
+const char* path_name(AttentionPath path) {
+  switch (path) {
+    case AttentionPath::kAuto: return "auto";
+    case AttentionPath::kCudnn: return "cudnn";
+    case AttentionPath::kFlash: return "flash";
+    case AttentionPath::kMath: return "math";
+  }
+  return "?";
+}
+
+AttentionPath path_of(AttentionKernel kernel) {
+  switch (kernel) {
+    case AttentionKernel::kCudnn: return AttentionPath::kCudnn;
+    case AttentionKernel::kFlash: return AttentionPath::kFlash;
+    case AttentionKernel::kMath: return AttentionPath::kMath;
+  }
+  return AttentionPath::kMath;
+}
+
+AttentionKernel slower(AttentionKernel a, AttentionKernel b) {
+  return static_cast<int>(path_of(a)) >= static_cast<int>(path_of(b)) ? a : b;
+}
+
+AttentionPath requested_path(AttentionPath option, const char* op) {
+  if (option != AttentionPath::kAuto) return option;
+  const char* env = std::getenv("RD_ATTENTION_PATH");
+  if (env == nullptr) return option;
+  const std::string value(env);
+  if (value == "cudnn") return AttentionPath::kCudnn;
+  if (value == "flash") return AttentionPath::kFlash;
+  if (value == "math") return AttentionPath::kMath;
+  RD_CHECK(value == "auto" || value.empty(), kInvalidArgument, op,
+           ": environment variable RD_ATTENTION_PATH is '", value,
+           "', expected auto, cudnn, flash or math");
+  return option;
+}
+
+std::vector<AttentionKernel> candidate_kernels(AttentionPath requested, Device device) {
+  if (device.is_cpu()) return {AttentionKernel::kMath};
+  switch (requested) {
+    case AttentionPath::kMath: return {AttentionKernel::kMath};
+    case AttentionPath::kFlash: return {AttentionKernel::kFlash, AttentionKernel::kMath};
+    default: return {AttentionKernel::kCudnn, AttentionKernel::kFlash, AttentionKernel::kMath};
+  }
+}
+
+namespace {
+
+// Writes each distinct fallback message to stderr once per process: a long run would
+// otherwise repeat it for every layer and step.
+void log_once(const std::string& message) {
+  static std::mutex mutex;
+  static std::set<std::string>* const seen = new std::set<std::string>();
+  std::lock_guard<std::mutex> lock(mutex);
+  if (seen->insert(message).second) std::fprintf(stderr, "[ringdilated] %s\n", message.c_str());
+}
+
+}  // namespace
+
+AttentionKernel run_with_fallback(kernels::KernelBackend& backend,
+                                  const std::vector<AttentionKernel>& kernels,
+                                  const kernels::AttentionForwardArgs& args,
+                                  const kernels::AttentionBackwardArgs* backward, bool forced,
+                                  const char* op,
+                                  const std::function<void(AttentionKernel)>& run) {
+  std::string reasons;
+  for (AttentionKernel kernel : kernels) {
+    std::string why;
+    if (!backend.attention_supports(kernel, args, backward, &why)) {
+      reasons += str_cat(kernels::kernel_name(kernel), ": ", why, "; ");
+      continue;
+    }
+    try {
+      run(kernel);
+    } catch (const Error& e) {
+      // Only "this kernel cannot serve this call", which kernels raise before queueing
+      // work, is safe to retry elsewhere.
+      if (e.code() != ErrorCode::kUnimplemented || kernel == AttentionKernel::kMath) throw;
+      log_once(str_cat(op, ": the ", kernels::kernel_name(kernel), " path cannot run this call (",
+                       e.what(), "); falling back"));
+      reasons += str_cat(kernels::kernel_name(kernel), ": ", e.what(), "; ");
+      continue;
+    }
+    if (forced && kernel != kernels.front()) {
+      log_once(str_cat(op, ": the ", kernels::kernel_name(kernels.front()),
+                       " path cannot run this call (", reasons, "); using ",
+                       kernels::kernel_name(kernel)));
+    }
+    return kernel;
+  }
+  RD_FAIL(kUnimplemented, op, ": no attention path can run this call: ", reasons);
+}
+
+}  // namespace rd::nn

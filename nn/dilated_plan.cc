@@ -1,0 +1,195 @@
+// The dilated-attention planner (see dilated_plan.h): head sets, whole-sequence selections
+// and the calls between two blocks of a split sequence.
+#include "ringdilated/nn/dilated_plan.h"
+
+#include <algorithm>
+
+#include "ringdilated/kernels/error.h"
+#include "ringdilated/nn/hilbert.h"
+
+namespace rd::nn {
+
+Tensor select_bnhd(const Tensor& t, const Selection& s) {
+  const Shape& st = t.strides();
+  return t.as_strided({t.size(0), s.segments, s.hc, s.n, t.size(3)},
+                      {st[0], s.ss * st[1], s.hs * st[2], s.r * st[1], st[3]},
+                      t.offset() + s.h0 * st[2] + s.p0 * st[1]);
+}
+
+Tensor select_bhn(const Tensor& t, const Selection& s) {
+  const Shape& st = t.strides();
+  return t.as_strided({t.size(0), s.segments, s.hc, s.n},
+                      {st[0], s.ss * st[2], s.hs * st[1], s.r * st[2]},
+                      t.offset() + s.h0 * st[1] + s.p0 * st[2]);
+}
+
+Tensor hilbert_indices(PatternCache& cache, int64_t n, Device device) {
+  return cache.get(str_cat("hilbert/n=", n, "/", device.str()), [&] {
+    return from_vector<int64_t>(hilbert_order(n), {n}).to(device);
+  });
+}
+
+std::vector<Heads> head_groups(int64_t num_heads, int64_t groups, bool extra_to_first) {
+  std::vector<Heads> result;
+  const int64_t base = num_heads / groups, extra = num_heads % groups;
+  int64_t start = 0;
+  for (int64_t g = 0; g < groups; ++g) {
+    const bool gets_extra = extra_to_first ? g < extra : g >= groups - extra;
+    const int64_t count = base + (gets_extra ? 1 : 0);
+    result.push_back({start, 1, count});
+    start += count;
+  }
+  return result;
+}
+
+std::vector<Heads> heads_by_offset(int64_t num_heads, int64_t r) {
+  std::vector<Heads> result;
+  for (int64_t o = 0; o < std::min(r, num_heads); ++o) {
+    result.push_back({o, r, (num_heads - o + r - 1) / r});
+  }
+  return result;
+}
+
+std::vector<PairHeads> fixed_pair_heads(const DilatedAttentionOptions& options,
+                                        int64_t num_heads, int pair) {
+  const int64_t pairs = static_cast<int64_t>(options.segment_lengths.size());
+  const int64_t r = options.dilation_rates[static_cast<size_t>(pair)];
+  std::vector<PairHeads> result;
+  if (options.mixing == HeadMixing::kAllHeads) {
+    for (const Heads& h : heads_by_offset(num_heads, r)) result.push_back({h, h.h0});
+  } else {
+    result.push_back({head_groups(num_heads, pairs, /*extra_to_first=*/true)[static_cast<size_t>(pair)],
+                      pair % r});
+  }
+  return result;
+}
+
+int64_t selected_count(int64_t length, int64_t o, int64_t r) {
+  return length > o ? (length - o + r - 1) / r : 0;
+}
+
+std::vector<Selection> fixed_selections(int64_t seq_len, int64_t w, int64_t r, const Heads& h,
+                                        int64_t o, OffsetRule rule) {
+  std::vector<Selection> out;
+  const int64_t full = seq_len / w;
+  auto add = [&](int64_t p0, int64_t ss, int64_t segments, int64_t n) {
+    Selection s{h.h0, h.hs, h.hc, p0, ss, segments, r, n};
+    if (!s.empty()) out.push_back(s);
+  };
+  if (rule == OffsetRule::kConstant) {
+    add(o, w, full, w / r);
+  } else {
+    // Segment s uses (o + s) mod r: the segments c, c + r, c + 2r, ... share one offset.
+    for (int64_t c = 0; c < std::min(r, full); ++c) {
+      add(c * w + (o + c) % r, r * w, (full - c + r - 1) / r, w / r);
+    }
+  }
+  if (seq_len % w != 0) {
+    const int64_t start = full * w;
+    const int64_t o_last = rule == OffsetRule::kConstant ? o : (o + full) % r;
+    add(start + o_last, w, 1, selected_count(seq_len - start, o_last, r));
+  }
+  return out;
+}
+
+namespace {
+
+// Selected positions first, first + r, ... (count of them) of one segment inside a block.
+struct Run {
+  int64_t first = 0, count = 0;
+};
+
+// The positions seg_start + o_s + r * t (< seg_start + seg_len) that lie in `block`.
+Run clipped_run(int64_t seg_start, int64_t seg_len, int64_t o_s, int64_t r, Block block) {
+  const int64_t start = seg_start + o_s;
+  const int64_t lo = std::max(start, block.begin);
+  const int64_t hi = std::min(seg_start + seg_len, block.end);
+  if (lo >= hi) return {};
+  const int64_t first = start + (lo - start + r - 1) / r * r;
+  if (first >= hi) return {};
+  return {first, (hi - first + r - 1) / r};
+}
+
+// Appends one segment's call, extending an earlier call of the same shape when the new
+// segment continues its stride (so whole segments batch into one call, as on one device).
+class CallBatcher {
+ public:
+  explicit CallBatcher(std::vector<BlockCall>* calls) : calls_(calls) {}
+
+  void add(const BlockCall& call, int64_t offset_class) {
+    for (Open& open : open_) {
+      BlockCall& b = (*calls_)[open.index];
+      if (open.offset_class != offset_class || b.pair != call.pair || b.q.h0 != call.q.h0 ||
+          b.q.n != call.q.n || b.k.n != call.k.n) {
+        continue;
+      }
+      const int64_t dq = call.q.p0 - b.q.p0, dk = call.k.p0 - b.k.p0;
+      const bool extends = b.q.segments == 1 ? dq == dk && dq > 0
+                                             : dq == dk && dq == b.q.ss * b.q.segments;
+      if (extends) {
+        if (b.q.segments == 1) b.q.ss = b.k.ss = dq;
+        ++b.q.segments;
+        ++b.k.segments;
+        return;
+      }
+      open.index = calls_->size();  // a new batch of this shape starts here
+      calls_->push_back(call);
+      return;
+    }
+    open_.push_back({calls_->size(), offset_class});
+    calls_->push_back(call);
+  }
+
+ private:
+  struct Open {
+    size_t index;
+    int64_t offset_class;
+  };
+  std::vector<BlockCall>* calls_;
+  std::vector<Open> open_;
+};
+
+}  // namespace
+
+std::vector<BlockCall> plan_block_calls(const DilatedAttentionOptions& options, int64_t seq_len,
+                                        int64_t num_heads, Block qb, Block kb) {
+  const bool diagonal = qb.begin == kb.begin && qb.end == kb.end;
+  RD_CHECK(diagonal || qb.end <= kb.begin || kb.end <= qb.begin, kInvalidArgument,
+           "plan_block_calls: blocks [", qb.begin, ", ", qb.end, ") and [", kb.begin, ", ",
+           kb.end, ") must be equal or disjoint");
+  std::vector<BlockCall> calls;
+  if (qb.size() <= 0 || kb.size() <= 0) return calls;
+  if (options.causal && kb.begin > qb.begin) return calls;  // keys all after the queries
+  for (int pair = 0; pair < static_cast<int>(options.segment_lengths.size()); ++pair) {
+    const int64_t w = options.segment_lengths[static_cast<size_t>(pair)];
+    const int64_t r = options.dilation_rates[static_cast<size_t>(pair)];
+    const int64_t s_lo = std::max(qb.begin, kb.begin) / w;
+    const int64_t s_hi = (std::min(qb.end, kb.end) - 1) / w;
+    for (const PairHeads& ph : fixed_pair_heads(options, num_heads, pair)) {
+      CallBatcher batcher(&calls);
+      for (int64_t s = s_lo; s <= s_hi; ++s) {
+        const int64_t start = s * w, length = std::min(w, seq_len - start);
+        const int64_t o_s =
+            options.offset_rule == OffsetRule::kConstant ? ph.offset : (ph.offset + s) % r;
+        const Run qr = clipped_run(start, length, o_s, r, qb);
+        const Run kr = clipped_run(start, length, o_s, r, kb);
+        if (qr.count == 0 || kr.count == 0) continue;
+        const Heads& h = ph.heads;
+        BlockCall call;
+        call.q = {h.h0, h.hs, h.hc, qr.first - qb.begin, 0, 1, r, qr.count};
+        call.k = {h.h0, h.hs, h.hc, kr.first - kb.begin, 0, 1, r, kr.count};
+        call.pair = pair;
+        call.causal = options.causal && diagonal;
+        batcher.add(call, o_s);
+      }
+    }
+  }
+  return calls;
+}
+
+bool blocks_interact(const DilatedAttentionOptions& options, int64_t seq_len,
+                     int64_t num_heads, Block qb, Block kb) {
+  return !plan_block_calls(options, seq_len, num_heads, qb, kb).empty();
+}
+
+}  // namespace rd::nn

@@ -1,0 +1,95 @@
+// The planner of dilated attention: which heads and positions each attention call covers,
+// for a whole sequence on one device and for one (query block, key block) of a split one.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "ringdilated/nn/dilated_attention.h"
+#include "ringdilated/nn/pattern_cache.h"
+#include "ringdilated/tensor/tensor.h"
+
+namespace rd::nn {
+
+// A set of heads: h0, h0 + hs, ... (hc of them).
+struct Heads {
+  int64_t h0 = 0, hs = 1, hc = 0;
+};
+
+// One attention call's share of a [B, N, H, D] tensor: heads h0 + hs * t (t < hc) and, in
+// each of `segments` segments, positions p0 + s * ss + r * u (u < n). On one device queries
+// and keys use the same selection, so the causal mask is the kernel's plain j <= i.
+struct Selection {
+  int64_t h0 = 0, hs = 1, hc = 0;
+  int64_t p0 = 0, ss = 0, segments = 0, r = 1, n = 0;
+  bool empty() const { return hc == 0 || segments == 0 || n == 0; }
+};
+
+// The [B, S, hc, n, D] view of a selection of a [B, N, H, D] tensor, and the [B, S, hc, n]
+// view of the same selection of a [B, H, N] row statistic (an LSE): no copies.
+Tensor select_bnhd(const Tensor& t, const Selection& s);
+Tensor select_bhn(const Tensor& t, const Selection& s);
+
+// The Hilbert order of n keys (nn/hilbert.h) as an int64 tensor on `device`, cached per
+// (n, device) in `cache`.
+Tensor hilbert_indices(PatternCache& cache, int64_t n, Device device);
+
+// Contiguous head groups of sizes H / G, the extra H % G heads going to the first groups
+// (head mixing of the fixed variant) or the last ones (the original variant).
+std::vector<Heads> head_groups(int64_t num_heads, int64_t groups, bool extra_to_first);
+
+// Every head h runs pair (w, r) with offset h mod r: heads o, o + r, o + 2r, ... share one.
+std::vector<Heads> heads_by_offset(int64_t num_heads, int64_t r);
+
+// A set of heads and the base offset o they use for one pair.
+struct PairHeads {
+  Heads heads;
+  int64_t offset = 0;
+};
+
+// The head sets of pair i of the fixed variant: its head group with offset i mod r_i, or
+// (all-heads mixing) every head, grouped by offset h mod r_i.
+std::vector<PairHeads> fixed_pair_heads(const DilatedAttentionOptions& options,
+                                        int64_t num_heads, int pair);
+
+// Number of positions o, o + r, ... below `length`.
+int64_t selected_count(int64_t length, int64_t o, int64_t r);
+
+// The selections of one pair (w, r) for the given heads and base offset o, fixed variant,
+// over a whole sequence: full segments in as few calls as the offset rule allows, then the
+// short last segment.
+std::vector<Selection> fixed_selections(int64_t seq_len, int64_t w, int64_t r, const Heads& h,
+                                        int64_t o, OffsetRule rule);
+
+// ---------------------------------------------------------------------------------------
+// A sequence split into blocks (sequence parallelism).
+
+// Positions [begin, end) of the global sequence.
+struct Block {
+  int64_t begin = 0, end = 0;
+  int64_t size() const { return end - begin; }
+};
+
+// The attention of some queries of a query block to some keys of a key block, fixed
+// variant. `q` and `k` select the same heads with the same segments, segment stride and
+// rate; their positions are relative to their block. `causal` asks for the kernel's
+// j <= i mask: only when both select the same positions (the diagonal block); a key block
+// entirely before the query block needs no mask, one after it is never planned.
+struct BlockCall {
+  Selection q, k;
+  int pair = 0;
+  bool causal = false;
+};
+
+// The calls of the fixed variant between query block `qb` and key block `kb` of a sequence
+// of `seq_len` positions: every segment that has selected positions in both, the segments
+// of equal shape batched into one call as on one device. Empty when the blocks share no
+// segment (or, causal, when kb comes after qb).
+std::vector<BlockCall> plan_block_calls(const DilatedAttentionOptions& options, int64_t seq_len,
+                                        int64_t num_heads, Block qb, Block kb);
+
+// Whether query block qb needs anything from key block kb: plan_block_calls is not empty.
+bool blocks_interact(const DilatedAttentionOptions& options, int64_t seq_len,
+                     int64_t num_heads, Block qb, Block kb);
+
+}  // namespace rd::nn

@@ -1,0 +1,162 @@
+// The fused, in-place merge of attention partials (rd::attention_merge_ and
+// KernelBackend::attention_merge) against a float64 reference written from its definition:
+// random values, extreme LSE gaps, rows masked on one side or on both, on the CPU and (where
+// present) the GPU.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "ringdilated/kernels/error.h"
+#include "ringdilated/tensor/device.h"
+#include "ringdilated/tensor/ops.h"
+#include "ringdilated/tensor/tensor.h"
+#include "testing/raises.h"
+#include "testing/tensor_util.h"
+
+namespace rd {
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+constexpr int64_t kB = 2, kN = 37, kH = 3, kD = 5;
+
+// What a row's LSE is drawn as: an ordinary value, a huge or tiny one (exp under/overflows
+// in float32 if computed naively), or -inf (no key seen).
+double draw_lse(std::mt19937_64& rng) {
+  std::uniform_int_distribution<int> kind(0, 5);
+  std::uniform_real_distribution<double> value(-3, 3);
+  switch (kind(rng)) {
+    case 0: return -kInf;
+    case 1: return 80 + value(rng);    // exp overflows float32 without the max shift
+    case 2: return -100 + value(rng);  // exp underflows
+    default: return value(rng);
+  }
+}
+
+struct MergeCase {
+  test::RefArray acc_out, part_out;  // [B, N, H, D]
+  test::RefArray acc_lse, part_lse;  // [B, H, N]
+};
+
+// Rows with acc_lse = -inf hold 0 in acc_out, as the kernels leave them. A few rows are
+// forced to -inf on both sides.
+MergeCase random_case(uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  MergeCase c;
+  c.acc_out = test::random_values({kB, kN, kH, kD}, test::Domain::kAny, DType::kFloat64, rng);
+  c.part_out = test::random_values({kB, kN, kH, kD}, test::Domain::kAny, DType::kFloat64, rng);
+  c.acc_lse = test::RefArray::filled({kB, kH, kN}, 0);
+  c.part_lse = test::RefArray::filled({kB, kH, kN}, 0);
+  for (int64_t b = 0; b < kB; ++b) {
+    for (int64_t h = 0; h < kH; ++h) {
+      for (int64_t n = 0; n < kN; ++n) {
+        const int64_t row = (b * kH + h) * kN + n;
+        const bool both_masked = n % 11 == 3;
+        c.acc_lse.data[row] = both_masked ? -kInf : draw_lse(rng);
+        c.part_lse.data[row] = both_masked ? -kInf : draw_lse(rng);
+        if (c.acc_lse.data[row] == -kInf) {
+          for (int64_t d = 0; d < kD; ++d) c.acc_out.data[((b * kN + n) * kH + h) * kD + d] = 0;
+        }
+      }
+    }
+  }
+  return c;
+}
+
+// The definition, in float64: m = log(e^a + e^p); out = e^(a-m) acc + e^(p-m) part.
+MergeCase reference(const MergeCase& in) {
+  MergeCase out = in;
+  for (int64_t b = 0; b < kB; ++b) {
+    for (int64_t h = 0; h < kH; ++h) {
+      for (int64_t n = 0; n < kN; ++n) {
+        const int64_t row = (b * kH + h) * kN + n;
+        const double a = in.acc_lse.data[row], p = in.part_lse.data[row];
+        const double hi = std::max(a, p);
+        const double m = hi == -kInf ? -kInf : hi + std::log(std::exp(a - hi) + std::exp(p - hi));
+        out.acc_lse.data[row] = m;
+        for (int64_t d = 0; d < kD; ++d) {
+          const int64_t i = ((b * kN + n) * kH + h) * kD + d;
+          const double wa = m == -kInf ? 0 : std::exp(a - m), wp = m == -kInf ? 0 : std::exp(p - m);
+          out.acc_out.data[i] = (m == -kInf ? in.acc_out.data[i]
+                                            : wa * in.acc_out.data[i] + wp * in.part_out.data[i]);
+        }
+      }
+    }
+  }
+  return out;
+}
+
+void expect_merge_matches(DType dtype, Device device, uint64_t seed) {
+  const MergeCase in = random_case(seed);
+  const MergeCase want = reference(in);
+  Tensor acc_out = test::from_ref(in.acc_out, dtype, device);
+  Tensor acc_lse = test::from_ref(in.acc_lse, dtype, device);
+  const Tensor part_out = test::from_ref(in.part_out, dtype, device);
+  const Tensor part_lse = test::from_ref(in.part_lse, dtype, device);
+  attention_merge_(acc_out, acc_lse, part_out, part_lse);
+  const test::RefArray got_out = test::to_ref(acc_out), got_lse = test::to_ref(acc_lse);
+  // One rounding of each operand and a few operations: a few ulps of the dtype.
+  const double tol = dtype == DType::kFloat64 ? 1e-13 : 4e-6;
+  for (int64_t i = 0; i < got_lse.numel(); ++i) {
+    const double w = want.acc_lse.data[i], g = got_lse.data[i];
+    ASSERT_FALSE(std::isnan(g)) << "lse row " << i;
+    if (w == -kInf) {
+      ASSERT_EQ(g, -kInf) << "lse row " << i;
+    } else {
+      ASSERT_NEAR(g, w, tol * std::max(1.0, std::abs(w))) << "lse row " << i;
+    }
+  }
+  for (int64_t i = 0; i < got_out.numel(); ++i) {
+    ASSERT_FALSE(std::isnan(got_out.data[i])) << "out element " << i;
+    ASSERT_NEAR(got_out.data[i], want.acc_out.data[i],
+                tol * std::max(1.0, std::abs(want.acc_out.data[i])))
+        << "out element " << i;
+  }
+}
+
+TEST(AttentionMerge, MatchesFloat64ReferenceOnCpu) {
+  expect_merge_matches(DType::kFloat32, Device::cpu(), 1);
+  expect_merge_matches(DType::kFloat64, Device::cpu(), 2);
+}
+
+TEST(AttentionMerge, MaskedRowsGiveZeroAndMinusInfinityNeverNan) {
+  const TensorOptions f32(DType::kFloat32);
+  Tensor acc_out = zeros({1, 2, 1, 4}, f32), acc_lse = full({1, 1, 2}, -kInf, f32);
+  Generator gen(3);
+  const Tensor part_out = randn({1, 2, 1, 4}, gen, f32);
+  // Row 0: masked on both sides. Row 1: only the partial saw keys.
+  const Tensor part_lse = from_vector<float>({-INFINITY, 1.5f}, {1, 1, 2});
+  attention_merge_(acc_out, acc_lse, part_out, part_lse);
+  const test::RefArray out = test::to_ref(acc_out), lse = test::to_ref(acc_lse);
+  const test::RefArray part = test::to_ref(part_out);
+  EXPECT_EQ(lse.data[0], -kInf);
+  EXPECT_EQ(lse.data[1], 1.5);
+  for (int d = 0; d < 4; ++d) {
+    EXPECT_EQ(out.data[d], 0.0);
+    EXPECT_EQ(out.data[4 + d], part.data[4 + d]);  // weight exactly 1
+  }
+}
+
+TEST(AttentionMerge, BadArgumentsNameTheOpAndShapes) {
+  const TensorOptions f32(DType::kFloat32);
+  const Tensor out = zeros({1, 4, 2, 3}, f32), lse = zeros({1, 2, 4}, f32);
+  EXPECT_TRUE(test::raises([&] { attention_merge_(out, lse, zeros({1, 4, 2, 2}, f32), lse); },
+                          {ErrorCode::kShapeMismatch},
+                          {"attention_merge", "part_out", "[1, 4, 2, 2]"}));
+  EXPECT_TRUE(test::raises([&] { attention_merge_(out, lse, out.to(DType::kBFloat16), lse); },
+                          {ErrorCode::kDTypeMismatch}, {"attention_merge", "part_out", "bfloat16"}));
+  EXPECT_TRUE(test::raises([&] { attention_merge_(out, zeros({1, 4}, f32), out, lse); },
+                          {ErrorCode::kShapeMismatch}, {"attention_merge_", "acc_lse", "[B, H, N]"}));
+}
+
+TEST(AttentionMergeCuda, MatchesFloat64ReferenceAndTheCpu) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  expect_merge_matches(DType::kFloat32, Device::cuda(), 4);
+  expect_merge_matches(DType::kFloat64, Device::cuda(), 5);
+}
+
+}  // namespace
+}  // namespace rd
