@@ -8,6 +8,7 @@
 #include <string>
 
 #include "ringdilated/kernels/error.h"
+#include "ringdilated/tensor/dispatch.h"
 
 namespace rd::nn {
 
@@ -104,6 +105,26 @@ AttentionKernel run_with_fallback(kernels::KernelBackend& backend,
     return kernel;
   }
   RD_FAIL(kUnimplemented, op, ": no attention path can run this call: ", reasons);
+}
+
+kernels::AttentionBackwardArgs backward_args(const char* op,
+                                             const kernels::AttentionForwardArgs& fwd,
+                                             const Tensor& grad_out, const Tensor& grad_lse,
+                                             const Tensor& grad_q, const Tensor& grad_k,
+                                             const Tensor& grad_v) {
+  kernels::AttentionBackwardArgs b;
+  b.q = fwd.q;
+  b.k = fwd.k;
+  b.v = fwd.v;
+  b.out = fwd.out;
+  b.lse = fwd.lse;
+  b.grad_out = kernel_view(grad_out, op);
+  b.grad_lse = grad_lse.defined() ? kernel_view(grad_lse, op) : kernels::StridedView{};
+  b.grad_q = kernel_view(grad_q, op);
+  b.grad_k = kernel_view(grad_k, op);
+  b.grad_v = kernel_view(grad_v, op);
+  b.params = fwd.params;
+  return b;
 }
 
 }  // namespace rd::nn

@@ -8,6 +8,7 @@
 #include "ringdilated/kernels/attention.h"
 #include "ringdilated/kernels/backend.h"
 #include "ringdilated/nn/dilated_attention.h"
+#include "ringdilated/tensor/tensor.h"
 
 namespace rd::nn {
 
@@ -36,5 +37,14 @@ kernels::AttentionKernel run_with_fallback(kernels::KernelBackend& backend,
                                            const kernels::AttentionBackwardArgs* backward,
                                            bool forced, const char* op,
                                            const std::function<void(kernels::AttentionKernel)>& run);
+
+// The backward of a forward call: its inputs and (merged) results, the gradients arriving
+// at out and lse (an undefined grad_lse: the lse was not used), and the q/k/v gradient
+// tensors (views) it adds into. Views are taken with `op` named in errors.
+kernels::AttentionBackwardArgs backward_args(const char* op,
+                                             const kernels::AttentionForwardArgs& fwd,
+                                             const Tensor& grad_out, const Tensor& grad_lse,
+                                             const Tensor& grad_q, const Tensor& grad_k,
+                                             const Tensor& grad_v);
 
 }  // namespace rd::nn

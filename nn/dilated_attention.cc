@@ -39,8 +39,6 @@ constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 
 kernels::StridedView view_of(const Tensor& t) { return kernel_view(t, kOp); }
 
-kernels::StridedView null_view() { return kernels::StridedView{}; }
-
 // ---------------------------------------------------------------------------------------
 // Execution.
 
@@ -101,26 +99,6 @@ AttentionForwardArgs forward_args(const Inputs& in, const PlannedCall& call, con
   a.params.offset += call.dropout_offset;
   a.params.key_order = key_order_data(call.key_order);
   return a;
-}
-
-// The backward of a forward call: its inputs and (merged) results, the gradient views
-// arriving at out and lse (undefined lse gradient: not used), and the q/k/v gradient views
-// it adds into.
-AttentionBackwardArgs backward_args(const AttentionForwardArgs& fwd, const Tensor& grad_out,
-                                    const Tensor& grad_lse, const std::vector<Tensor>& grads) {
-  AttentionBackwardArgs b;
-  b.q = fwd.q;
-  b.k = fwd.k;
-  b.v = fwd.v;
-  b.out = fwd.out;
-  b.lse = fwd.lse;
-  b.grad_out = view_of(grad_out);
-  b.grad_lse = grad_lse.defined() ? view_of(grad_lse) : null_view();
-  b.grad_q = view_of(grads[0]);
-  b.grad_k = view_of(grads[1]);
-  b.grad_v = view_of(grads[2]);
-  b.params = fwd.params;
-  return b;
 }
 
 // The forward pass of the fixed variant. Returns out (q's dtype) and lse.
@@ -245,9 +223,8 @@ void fixed_backward(const Inputs& in, const Plan& plan, const Tensor& out, const
     const Selection& s = call.sel;
     const AttentionForwardArgs fwd = forward_args(in, call, out, lse);
     AttentionBackwardArgs b = backward_args(
-        fwd, select_bnhd(grad_out, s), grad_lse.defined() ? select_bhn(grad_lse, s) : Tensor(),
-        {select_bnhd(grads.qkv[0], s), select_bnhd(grads.qkv[1], s),
-         select_bnhd(grads.qkv[2], s)});
+        kOp, fwd, select_bnhd(grad_out, s), grad_lse.defined() ? select_bhn(grad_lse, s) : Tensor(),
+        select_bnhd(grads.qkv[0], s), select_bnhd(grads.qkv[1], s), select_bnhd(grads.qkv[2], s));
     b.grads_start_at_zero = !plan.merged;  // head groups: disjoint selections of zeros
     run_with_fallback(backend, in.kernels, fwd, &b, in.forced, kOp,
                       [&](AttentionKernel k) { backend.attention_backward(k, b); });
@@ -453,9 +430,9 @@ DilatedAttentionResult attend(const Tensor& q, const Tensor& k, const Tensor& v,
                                                zeros(gathered_shape, opts),
                                                zeros(gathered_shape, opts)};
             AttentionBackwardArgs b = backward_args(
-                fwd, grad_out.narrow(2, g.heads.h0, g.heads.hc).permute({0, 2, 1, 3}),
+                kOp, fwd, grad_out.narrow(2, g.heads.h0, g.heads.hc).permute({0, 2, 1, 3}),
                 grad_lse.defined() ? grad_lse.narrow(1, g.heads.h0, g.heads.hc) : Tensor(),
-                {gathered_grads[0], gathered_grads[1], gathered_grads[2]});
+                gathered_grads[0], gathered_grads[1], gathered_grads[2]);
             b.grads_start_at_zero = true;  // fresh zeros, one call per group
             run_with_fallback(be, in.kernels, fwd, &b, in.forced, kOp,
                               [&](AttentionKernel kk) { be.attention_backward(kk, b); });

@@ -1,0 +1,758 @@
+// Sequence-parallel dilated attention (see ring_dilated_attention.h, docs/distributed.md).
+//
+// Fixed variant. Rank `me` holds block me of the sequence. plan_block_calls gives, for every
+// key block `src`, the attention calls between me's queries and src's keys. Calls with
+// src == me read the local k and v in place. The other calls belong to "exchange units", one
+// per (pair, head set) whose segments cross a block boundary: a unit's rows in a block are
+// its heads at its selected positions (every position == offset mod r under the constant
+// offset rule; the whole block under the rotating rule), and only those rows travel, packed
+// into one flat buffer per block. Units go around the ring or are all-gathered. Each step's
+// float32 partials merge into this rank's accumulator through the log-sum-exp. The backward
+// reruns the calls against the final (merged) out and lse, so each call yields exactly its
+// share of the gradient; dK/dV of remote keys go back to their owners in float32.
+//
+// Global variant: every output row may read any key, so each head group all-gathers its
+// heads of q, k and v, attends its own rows, and reduce-scatters the gradients.
+#include "ringdilated/nn/ring_dilated_attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "ringdilated/kernels/attention.h"
+#include "ringdilated/kernels/error.h"
+#include "ringdilated/nn/attention_path.h"
+#include "ringdilated/nn/dilated_plan.h"
+#include "ringdilated/tensor/autograd.h"
+#include "ringdilated/tensor/dispatch.h"
+#include "ringdilated/tensor/ops.h"
+#include "ringdilated/tensor/shape_util.h"
+
+namespace rd::nn {
+
+const char* strategy_name(DistStrategy strategy) {
+  switch (strategy) {
+    case DistStrategy::kRing: return "ring";
+    case DistStrategy::kAllGather: return "all_gather";
+    case DistStrategy::kAuto: return "auto";
+  }
+  return "?";
+}
+
+namespace {
+
+using kernels::AttentionBackwardArgs;
+using kernels::AttentionForwardArgs;
+using kernels::AttentionKernel;
+
+constexpr const char* kOp = "ring_dilated_attention";
+constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+
+// kAuto all-gathers a unit when the gathered copy of its rows is at most this many bytes per
+// rank: then one collective's latency beats several ring steps, and holding all blocks costs
+// little memory. Larger units go around the ring (bounded memory, overlapped transfers).
+constexpr int64_t kAutoGatherMaxBytes = int64_t{4} << 20;
+
+kernels::StridedView view_of(const Tensor& t) { return kernel_view(t, kOp); }
+
+// The sequence, its split into blocks and the tensor dims every rank shares.
+struct Layout {
+  int64_t batch = 0, chunk = 0, heads = 0, dim = 0;
+  int rank = 0, size = 1;
+  int64_t seq_len() const { return chunk * size; }
+  Block block(int r) const { return {r * chunk, (r + 1) * chunk}; }
+};
+
+// Block-relative positions first, first + stride, ... (count of them).
+struct Run {
+  int64_t first = 0, stride = 1, count = 0;
+};
+
+// The rows of one (pair, head set) that other ranks' calls read: its heads at the positions
+// of `stride` (r under the constant offset rule: exactly the positions == offset mod r are
+// selected; 1 otherwise: the whole block).
+struct ExchangeUnit {
+  int pair = 0;
+  Heads heads;
+  int64_t offset = 0;
+  int64_t stride = 1;
+  bool gathered = false;  // all-gather rather than ring
+  int max_distance = 0;   // the largest (query rank - key rank) mod P any call needs
+
+  Run run(Block b) const {
+    if (stride == 1) return {0, 1, b.size()};
+    const int64_t first = ((offset - b.begin) % stride + stride) % stride;
+    return {first, stride, first < b.size() ? (b.size() - first + stride - 1) / stride : 0};
+  }
+};
+
+// The [B, count, hc, D] rows of a unit in a [B, C, H, D] block tensor (a strided view).
+Tensor unit_rows(const Tensor& t, const ExchangeUnit& u, const Run& run) {
+  const Shape& st = t.strides();
+  return t.as_strided({t.size(0), run.count, u.heads.hc, t.size(3)},
+                      {st[0], run.stride * st[1], u.heads.hs * st[2], st[3]},
+                      t.offset() + run.first * st[1] + u.heads.h0 * st[2]);
+}
+
+// A call's key selection (block coordinates) in the coordinates of a unit's packed rows.
+Selection in_unit(const Selection& s, const ExchangeUnit& u, const Run& run) {
+  Selection c = s;
+  c.h0 = (s.h0 - u.heads.h0) / u.heads.hs;
+  c.hs = s.hs / u.heads.hs;
+  c.p0 = (s.p0 - run.first) / run.stride;
+  c.ss = s.ss / run.stride;
+  c.r = s.r / run.stride;
+  return c;
+}
+
+// The units exchanged one way (ring or all-gather) and where each block's rows of each sit
+// in that block's flat buffer: K rows at offsets[block][i], V rows right after.
+struct ExchangeGroup {
+  std::vector<int> units;
+  std::vector<std::vector<int64_t>> offsets;  // [block][i]
+  std::vector<int64_t> elements;              // [block]
+  int64_t max_elements = 0;
+  bool empty() const { return units.empty(); }
+};
+
+struct SpPlan {
+  Layout layout;
+  bool merged = false;                        // all-heads mixing: merge per pair
+  int num_pairs = 0;
+  std::vector<std::vector<BlockCall>> calls;  // [src]: this rank's calls on src's keys
+  std::vector<ExchangeUnit> units;
+  ExchangeGroup ring, gather;
+  int ring_steps = 0;
+
+  int unit_of(const BlockCall& c) const {
+    for (size_t u = 0; u < units.size(); ++u) {
+      if (units[u].pair == c.pair && units[u].heads.h0 == c.k.h0) return static_cast<int>(u);
+    }
+    RD_FAIL(kInternal, kOp, ": no exchange unit for pair ", c.pair, " head ", c.k.h0);
+  }
+};
+
+int64_t unit_elements(const Layout& l, const ExchangeUnit& u, int block) {
+  return l.batch * u.run(l.block(block)).count * u.heads.hc * l.dim;
+}
+
+ExchangeGroup make_group(const Layout& l, const std::vector<ExchangeUnit>& units,
+                         bool gathered) {
+  ExchangeGroup g;
+  for (size_t u = 0; u < units.size(); ++u) {
+    if (units[u].max_distance > 0 && units[u].gathered == gathered) {
+      g.units.push_back(static_cast<int>(u));
+    }
+  }
+  for (int b = 0; b < l.size; ++b) {
+    std::vector<int64_t> offsets;
+    int64_t at = 0;
+    for (int u : g.units) {
+      offsets.push_back(at);
+      at += 2 * unit_elements(l, units[static_cast<size_t>(u)], b);
+    }
+    g.offsets.push_back(offsets);
+    g.elements.push_back(at);
+    g.max_elements = std::max(g.max_elements, at);
+  }
+  return g;
+}
+
+SpPlan make_plan(const DilatedAttentionOptions& o, const Layout& l, DistStrategy strategy,
+                 int64_t element_bytes) {
+  SpPlan plan;
+  plan.layout = l;
+  plan.merged = o.mixing == HeadMixing::kAllHeads;
+  plan.num_pairs = static_cast<int>(o.segment_lengths.size());
+  for (int pair = 0; pair < static_cast<int>(o.segment_lengths.size()); ++pair) {
+    const int64_t r = o.dilation_rates[static_cast<size_t>(pair)];
+    for (const PairHeads& ph : fixed_pair_heads(o, l.heads, pair)) {
+      plan.units.push_back(
+          {pair, ph.heads, ph.offset, o.offset_rule == OffsetRule::kConstant ? r : 1});
+    }
+  }
+  // Every rank plans every block pair, so all agree on the units and the ring length.
+  plan.calls.resize(static_cast<size_t>(l.size));
+  for (int a = 0; a < l.size; ++a) {
+    for (int b = 0; b < l.size; ++b) {
+      std::vector<BlockCall> calls = plan_block_calls(o, l.seq_len(), l.heads, l.block(a), l.block(b));
+      if (a != b) {
+        for (const BlockCall& c : calls) {
+          ExchangeUnit& u = plan.units[static_cast<size_t>(plan.unit_of(c))];
+          u.max_distance = std::max(u.max_distance, (a - b + l.size) % l.size);
+        }
+      }
+      if (a == l.rank) plan.calls[static_cast<size_t>(b)] = std::move(calls);
+    }
+  }
+  for (ExchangeUnit& u : plan.units) {
+    if (u.max_distance == 0) continue;
+    if (strategy == DistStrategy::kAuto) {
+      int64_t largest = 0;
+      for (int b = 0; b < l.size; ++b) largest = std::max(largest, unit_elements(l, u, b));
+      u.gathered = 2 * largest * element_bytes * l.size <= kAutoGatherMaxBytes;
+    } else {
+      u.gathered = strategy == DistStrategy::kAllGather;
+    }
+    if (!u.gathered) plan.ring_steps = std::max(plan.ring_steps, u.max_distance);
+  }
+  plan.ring = make_group(l, plan.units, /*gathered=*/false);
+  plan.gather = make_group(l, plan.units, /*gathered=*/true);
+  return plan;
+}
+
+// What a pass needs besides the plan: the kernel parameters and candidates.
+struct Exec {
+  std::shared_ptr<const SpPlan> plan;
+  kernels::AttentionParams params;
+  std::vector<AttentionKernel> kernels;
+  bool forced = false;
+  bool hilbert = false;
+  PatternCache* patterns = nullptr;
+};
+
+// The keys of one call: the local block, or a unit's packed rows in a block's flat buffer.
+struct Keys {
+  Tensor k, v;
+  Selection sel;
+  Tensor key_order;  // Hilbert order (use_hilbert) or undefined
+};
+
+// The K and V of unit `u` of `group` in block `block`'s flat buffer (and the unit's run).
+std::pair<Tensor, Tensor> packed_rows(const SpPlan& p, const ExchangeGroup& group, size_t i,
+                                      const Tensor& flat, int block) {
+  const Layout& l = p.layout;
+  const ExchangeUnit& u = p.units[static_cast<size_t>(group.units[i])];
+  const int64_t n = u.run(l.block(block)).count;
+  const int64_t len = l.batch * n * u.heads.hc * l.dim;
+  const int64_t at = group.offsets[static_cast<size_t>(block)][i];
+  const Shape shape{l.batch, n, u.heads.hc, l.dim};
+  return {flat.narrow(0, at, len).view(shape), flat.narrow(0, at + len, len).view(shape)};
+}
+
+size_t index_in_group(const ExchangeGroup& group, int unit) {
+  return static_cast<size_t>(std::find(group.units.begin(), group.units.end(), unit) -
+                             group.units.begin());
+}
+
+// Keys of call `c` on block `src`: `local` = (k, v) when src is this rank, else the flat
+// buffer of src holding `group`'s units.
+Keys keys_of(const Exec& ex, const BlockCall& c, int src, const Tensor& k, const Tensor& v,
+             const ExchangeGroup* group, const Tensor& flat) {
+  const SpPlan& p = *ex.plan;
+  Keys keys;
+  if (src == p.layout.rank) {
+    keys = {k, v, c.k, Tensor()};
+  } else {
+    const int unit = p.unit_of(c);
+    const ExchangeUnit& u = p.units[static_cast<size_t>(unit)];
+    auto [kc, vc] = packed_rows(p, *group, index_in_group(*group, unit), flat, src);
+    keys = {kc, vc, in_unit(c.k, u, u.run(p.layout.block(src))), Tensor()};
+  }
+  if (ex.hilbert) keys.key_order = hilbert_indices(*ex.patterns, keys.sel.n, k.device());
+  return keys;
+}
+
+AttentionForwardArgs forward_args(const Exec& ex, const Tensor& q, const Keys& keys,
+                                  const BlockCall& c, const Tensor& out, const Tensor& lse) {
+  AttentionForwardArgs a;
+  a.q = view_of(select_bnhd(q, c.q));
+  a.k = view_of(select_bnhd(keys.k, keys.sel));
+  a.v = view_of(select_bnhd(keys.v, keys.sel));
+  a.out = view_of(select_bnhd(out, c.q));
+  a.lse = view_of(select_bhn(lse, c.q));
+  a.params = ex.params;
+  a.params.causal = c.causal;
+  a.params.key_order =
+      keys.key_order.defined() ? static_cast<const int64_t*>(view_of(keys.key_order).data) : nullptr;
+  return a;
+}
+
+// The running result of this rank's rows: float32 (float64 for float64 data) partials are
+// merged into it through the log-sum-exp. The first group of calls writes it directly.
+struct Accumulator {
+  Tensor out, lse;           // [B, C, H, D], [B, H, C]
+  Tensor part_out, part_lse;  // scratch for later groups, allocated once
+  bool empty = true;
+  AttentionKernel slowest = AttentionKernel::kCudnn;
+};
+
+// Whether pass over source `src` runs call c: every call of the local block; of another
+// block, those whose unit `group` exchanges.
+bool runs_call(const SpPlan& p, const BlockCall& c, int src, const ExchangeGroup* group) {
+  if (src == p.layout.rank) return true;
+  return index_in_group(*group, p.unit_of(c)) < group->units.size();
+}
+
+// Runs the forward of `calls` (keys from `src`) and merges their results into `acc`: one
+// merge for all of them under head groups (they write disjoint rows and heads), one per
+// pair under all-heads mixing (pairs overlap).
+void forward_calls(const Exec& ex, const std::vector<BlockCall>& calls, int src, const Tensor& q,
+                   const Tensor& k, const Tensor& v, const ExchangeGroup* group,
+                   const Tensor& flat, Accumulator& acc) {
+  const SpPlan& p = *ex.plan;
+  kernels::KernelBackend& backend = backend_for(q.device());
+  for (int g = 0; g < (p.merged ? p.num_pairs : 1); ++g) {
+    std::vector<const BlockCall*> mine;
+    for (const BlockCall& c : calls) {
+      if ((!p.merged || c.pair == g) && runs_call(p, c, src, group)) mine.push_back(&c);
+    }
+    if (mine.empty()) continue;
+    Tensor out = acc.out, lse = acc.lse;
+    if (!acc.empty) {
+      if (!acc.part_out.defined()) {
+        acc.part_out = empty_like(acc.out);
+        acc.part_lse = empty_like(acc.lse);
+      }
+      acc.part_out.zero_();
+      acc.part_lse.fill_(kNegInf);
+      out = acc.part_out;
+      lse = acc.part_lse;
+    }
+    for (const BlockCall* c : mine) {
+      const Keys keys = keys_of(ex, *c, src, k, v, group, flat);
+      const AttentionForwardArgs args = forward_args(ex, q, keys, *c, out, lse);
+      const AttentionKernel used =
+          run_with_fallback(backend, ex.kernels, args, /*backward=*/nullptr, ex.forced, kOp,
+                            [&](AttentionKernel kk) { backend.attention_forward(kk, args); });
+      acc.slowest = slower(acc.slowest, used);
+    }
+    if (!acc.empty) attention_merge_(acc.out, acc.lse, out, lse);
+    acc.empty = false;
+  }
+}
+
+// Gradients of `calls` (keys from `src`) added into grad_q (this rank's rows) and into
+// grad_k / grad_v: the local block's, or the flat float32 accumulator of src's packed rows.
+void backward_calls(const Exec& ex, const std::vector<BlockCall>& calls, int src,
+                    const Tensor& q, const Tensor& k, const Tensor& v, const ExchangeGroup* group,
+                    const Tensor& flat, const Tensor& out, const Tensor& lse,
+                    const Tensor& grad_out, const Tensor& grad_lse, const Tensor& grad_q,
+                    const Tensor& grad_k, const Tensor& grad_v, const Tensor& grad_flat) {
+  const SpPlan& p = *ex.plan;
+  kernels::KernelBackend& backend = backend_for(q.device());
+  for (const BlockCall& c : calls) {
+    if (!runs_call(p, c, src, group)) continue;
+    const Keys keys = keys_of(ex, c, src, k, v, group, flat);
+    Tensor gk = grad_k, gv = grad_v;
+    if (src != p.layout.rank) {
+      std::tie(gk, gv) = packed_rows(p, *group, index_in_group(*group, p.unit_of(c)), grad_flat, src);
+    }
+    const AttentionForwardArgs fwd = forward_args(ex, q, keys, c, out, lse);
+    AttentionBackwardArgs b = backward_args(
+        kOp, fwd, select_bnhd(grad_out, c.q),
+        grad_lse.defined() ? select_bhn(grad_lse, c.q) : Tensor(), select_bnhd(grad_q, c.q),
+        select_bnhd(gk, keys.sel), select_bnhd(gv, keys.sel));
+    run_with_fallback(backend, ex.kernels, fwd, &b, ex.forced, kOp,
+                      [&](AttentionKernel kk) { backend.attention_backward(kk, b); });
+  }
+}
+
+// Copies this rank's rows of `group`'s units from k and v into `flat`.
+void pack(const SpPlan& p, const ExchangeGroup& group, const Tensor& flat, const Tensor& k,
+          const Tensor& v) {
+  const Block mine = p.layout.block(p.layout.rank);
+  for (size_t i = 0; i < group.units.size(); ++i) {
+    const ExchangeUnit& u = p.units[static_cast<size_t>(group.units[i])];
+    auto [kc, vc] = packed_rows(p, group, i, flat, p.layout.rank);
+    kc.copy_(unit_rows(k, u, u.run(mine)));
+    vc.copy_(unit_rows(v, u, u.run(mine)));
+  }
+}
+
+// Adds this rank's packed dK/dV rows of `group` (in `flat`) into grad_k and grad_v.
+void unpack_add(const SpPlan& p, const ExchangeGroup& group, const Tensor& flat,
+                const Tensor& grad_k, const Tensor& grad_v) {
+  const Block mine = p.layout.block(p.layout.rank);
+  kernels::KernelBackend& backend = backend_for(flat.device());
+  for (size_t i = 0; i < group.units.size(); ++i) {
+    const ExchangeUnit& u = p.units[static_cast<size_t>(group.units[i])];
+    auto [dk, dv] = packed_rows(p, group, i, flat, p.layout.rank);
+    backend.accumulate(view_of(unit_rows(grad_k, u, u.run(mine))), view_of(dk));
+    backend.accumulate(view_of(unit_rows(grad_v, u, u.run(mine))), view_of(dv));
+  }
+}
+
+int wrap(int r, int size) { return ((r % size) + size) % size; }
+
+// The first `elements` of a flat buffer.
+Tensor prefix(const Tensor& flat, int64_t elements) { return flat.narrow(0, 0, elements); }
+
+// The forward of the fixed variant on this rank: local calls, all-gathered units, then the
+// ring (each step's transfer in flight while the previous block is attended).
+Accumulator fixed_forward(const Exec& ex, const Tensor& q, const Tensor& k, const Tensor& v,
+                          dist::Communicator& comm) {
+  const SpPlan& p = *ex.plan;
+  const Layout& l = p.layout;
+  const TensorOptions acc_opts =
+      TensorOptions(accumulation_dtype(q.dtype())).with_device(q.device());
+  Accumulator acc;
+  acc.out = zeros({l.batch, l.chunk, l.heads, l.dim}, acc_opts);
+  acc.lse = full({l.batch, l.heads, l.chunk}, kNegInf, acc_opts);
+  const TensorOptions opts = TensorOptions(q.dtype()).with_device(q.device());
+  const auto& calls = p.calls;
+  const int me = l.rank, size = l.size;
+
+  // Ring: block me's packed rows leave while the local calls run.
+  Tensor cur, nxt;
+  if (p.ring_steps > 0) {
+    cur = empty({p.ring.max_elements}, opts);
+    nxt = empty({p.ring.max_elements}, opts);
+    pack(p, p.ring, prefix(cur, p.ring.elements[static_cast<size_t>(me)]), k, v);
+  }
+  for (int t = 0; t <= p.ring_steps; ++t) {
+    const int src = wrap(me - t, size);
+    std::unique_ptr<dist::Request> receiving, sending;
+    if (t < p.ring_steps) {
+      receiving = comm.irecv(prefix(nxt, p.ring.elements[static_cast<size_t>(wrap(src - 1, size))]),
+                             wrap(me - 1, size));
+      sending = comm.isend(prefix(cur, p.ring.elements[static_cast<size_t>(src)]), wrap(me + 1, size));
+    }
+    if (t == 0) {
+      forward_calls(ex, calls[static_cast<size_t>(me)], me, q, k, v, nullptr, Tensor(), acc);
+    } else {
+      forward_calls(ex, calls[static_cast<size_t>(src)], src, q, k, v, &p.ring, cur, acc);
+    }
+    if (receiving) {
+      receiving->wait();
+      sending->wait();
+      std::swap(cur, nxt);
+    }
+  }
+  if (!p.gather.empty()) {
+    Tensor mine = empty({p.gather.max_elements}, opts);
+    pack(p, p.gather, mine, k, v);
+    Tensor all = empty({size, p.gather.max_elements}, opts);
+    comm.all_gather(all, mine);
+    for (int src = 0; src < size; ++src) {
+      if (src == me) continue;
+      forward_calls(ex, calls[static_cast<size_t>(src)], src, q, k, v, &p.gather, all.select(0, src),
+                    acc);
+    }
+  }
+  return acc;
+}
+
+struct QkvGrads {
+  Tensor q, k, v;  // accumulation dtype, [B, C, H, D]
+};
+
+QkvGrads fixed_backward(const Exec& ex, const Tensor& q, const Tensor& k, const Tensor& v,
+                        const Tensor& out, const Tensor& lse, const Tensor& grad_out,
+                        const Tensor& grad_lse, dist::Communicator& comm) {
+  const SpPlan& p = *ex.plan;
+  const Layout& l = p.layout;
+  const int me = l.rank, size = l.size;
+  const DType acc_dtype = accumulation_dtype(q.dtype());
+  const TensorOptions acc_opts = TensorOptions(acc_dtype).with_device(q.device());
+  const TensorOptions opts = TensorOptions(q.dtype()).with_device(q.device());
+  QkvGrads g{zeros(q.shape(), acc_opts), zeros(q.shape(), acc_opts), zeros(q.shape(), acc_opts)};
+  const auto& calls = p.calls;
+  auto run = [&](int src, const ExchangeGroup* group, const Tensor& flat, const Tensor& grad_flat) {
+    backward_calls(ex, calls[static_cast<size_t>(src)], src, q, k, v, group, flat, out, lse,
+                   grad_out, grad_lse, g.q, g.k, g.v, grad_flat);
+  };
+
+  // Ring: K/V rows travel as in the forward; the float32 dK/dV accumulator of each block
+  // travels with them and, after the last step, goes home to its owner.
+  Tensor cur, nxt, dcur, dnxt;
+  if (p.ring_steps > 0) {
+    cur = empty({p.ring.max_elements}, opts);
+    nxt = empty({p.ring.max_elements}, opts);
+    dcur = zeros({p.ring.max_elements}, acc_opts);
+    dnxt = empty({p.ring.max_elements}, acc_opts);
+    pack(p, p.ring, prefix(cur, p.ring.elements[static_cast<size_t>(me)]), k, v);
+  }
+  for (int t = 0; t <= p.ring_steps; ++t) {
+    const int src = wrap(me - t, size);
+    const int next_src = wrap(src - 1, size);
+    std::unique_ptr<dist::Request> receiving, sending;
+    if (t < p.ring_steps) {
+      receiving = comm.irecv(prefix(nxt, p.ring.elements[static_cast<size_t>(next_src)]),
+                             wrap(me - 1, size));
+      sending = comm.isend(prefix(cur, p.ring.elements[static_cast<size_t>(src)]), wrap(me + 1, size));
+    }
+    if (t == 0) {
+      run(me, nullptr, Tensor(), Tensor());
+    } else {
+      run(src, &p.ring, cur, dcur);
+    }
+    if (receiving) {
+      receiving->wait();
+      sending->wait();
+      std::swap(cur, nxt);
+      dist::send_recv(comm, prefix(dcur, p.ring.elements[static_cast<size_t>(src)]),
+                      wrap(me + 1, size),
+                      prefix(dnxt, p.ring.elements[static_cast<size_t>(next_src)]), wrap(me - 1, size));
+      std::swap(dcur, dnxt);
+    }
+  }
+  if (p.ring_steps > 0) {
+    // dcur holds block (me - steps)'s accumulator; ours comes from rank me + steps.
+    const int owner = wrap(me - p.ring_steps, size);
+    dist::send_recv(comm, prefix(dcur, p.ring.elements[static_cast<size_t>(owner)]), owner,
+                    prefix(dnxt, p.ring.elements[static_cast<size_t>(me)]),
+                    wrap(me + p.ring_steps, size));
+    unpack_add(p, p.ring, dnxt, g.k, g.v);
+  }
+  if (!p.gather.empty()) {
+    Tensor mine = empty({p.gather.max_elements}, opts);
+    pack(p, p.gather, mine, k, v);
+    Tensor all = empty({size, p.gather.max_elements}, opts);
+    comm.all_gather(all, mine);
+    Tensor grads = zeros({size, p.gather.max_elements}, acc_opts);
+    for (int src = 0; src < size; ++src) {
+      if (src != me) run(src, &p.gather, all.select(0, src), grads.select(0, src));
+    }
+    Tensor summed = empty({p.gather.max_elements}, acc_opts);
+    comm.reduce_scatter(summed, grads);
+    unpack_add(p, p.gather, summed, g.k, g.v);
+  }
+  return g;
+}
+
+// ---------------------------------------------------------------------------------------
+// The global (original) variant.
+
+// P[j] = o + r * (j mod |base|), base = (o, o + r, ... < N), for j in [begin, end).
+Tensor cycled_rows(int64_t seq_len, int64_t r, int64_t o, int64_t begin, int64_t end,
+                   Device device) {
+  const int64_t base = (seq_len - o + r - 1) / r;
+  std::vector<int64_t> rows;
+  for (int64_t j = begin; j < end; ++j) rows.push_back(o + r * (j % base));
+  return from_vector<int64_t>(rows, {end - begin}).to(device);
+}
+
+// One head group's share of the global variant on this rank: its heads of q, k and v for
+// the whole sequence (all-gathered), the cycled rows of this rank's queries and of the keys
+// they may see, and the attention call between them.
+struct GlobalGroup {
+  Heads heads;
+  Tensor q_rows, key_rows;  // int64 indices into the full sequence
+  int64_t causal_offset = 0;
+};
+
+std::vector<GlobalGroup> global_groups(const DilatedAttentionOptions& o, const Layout& l,
+                                       Device device) {
+  const int64_t pairs = static_cast<int64_t>(o.dilation_rates.size());
+  const std::vector<Heads> groups = head_groups(l.heads, pairs, /*extra_to_first=*/false);
+  const Block mine = l.block(l.rank);
+  std::vector<GlobalGroup> result;
+  for (int64_t i = 0; i < pairs; ++i) {
+    const int64_t r = o.dilation_rates[static_cast<size_t>(i)], offset = i % r;
+    // Causal: row j sees list entries m <= j only, so keys past this rank's rows never count.
+    const int64_t key_end = o.causal ? mine.end : l.seq_len();
+    result.push_back({groups[static_cast<size_t>(i)],
+                      cycled_rows(l.seq_len(), r, offset, mine.begin, mine.end, device),
+                      cycled_rows(l.seq_len(), r, offset, 0, key_end, device), mine.begin});
+  }
+  return result;
+}
+
+// [B, N, hc, D] tensors of q, k and v of the group's heads over the whole sequence.
+std::vector<Tensor> gather_group_heads(const Tensor& q, const Tensor& k, const Tensor& v,
+                                       const Heads& h, const Layout& l, dist::Communicator& comm) {
+  const Tensor mine = stack({q.narrow(2, h.h0, h.hc), k.narrow(2, h.h0, h.hc),
+                             v.narrow(2, h.h0, h.hc)});  // [3, B, C, hc, D]
+  Shape all_shape{l.size};
+  for (int64_t d : mine.shape()) all_shape.push_back(d);
+  Tensor all = empty(all_shape, TensorOptions(q.dtype()).with_device(q.device()));
+  comm.all_gather(all, mine);
+  // [P, 3, B, C, hc, D] -> 3 x [B, P * C, hc, D]
+  const Tensor full = all.permute({1, 2, 0, 3, 4, 5}).reshape({3, l.batch, l.seq_len(), h.hc, l.dim});
+  return {full.select(0, 0), full.select(0, 1), full.select(0, 2)};
+}
+
+AttentionForwardArgs global_args(const Exec& ex, const GlobalGroup& g, const std::vector<Tensor>& qkv,
+                                 const Tensor& out, const Tensor& lse, std::vector<Tensor>* keep) {
+  keep->push_back(index_select(qkv[0], 1, g.q_rows).permute({0, 2, 1, 3}));
+  keep->push_back(index_select(qkv[1], 1, g.key_rows).permute({0, 2, 1, 3}));
+  keep->push_back(index_select(qkv[2], 1, g.key_rows).permute({0, 2, 1, 3}));
+  if (ex.hilbert) keep->push_back(hilbert_indices(*ex.patterns, g.key_rows.numel(), out.device()));
+  AttentionForwardArgs a;
+  a.q = view_of((*keep)[0]);
+  a.k = view_of((*keep)[1]);
+  a.v = view_of((*keep)[2]);
+  a.out = view_of(out.narrow(2, g.heads.h0, g.heads.hc).permute({0, 2, 1, 3}));
+  a.lse = view_of(lse.narrow(1, g.heads.h0, g.heads.hc));
+  a.params = ex.params;
+  a.params.causal_offset = g.causal_offset;
+  if (ex.hilbert) a.params.key_order = static_cast<const int64_t*>(view_of((*keep)[3]).data);
+  return a;
+}
+
+}  // namespace
+
+namespace {
+
+struct Prepared {
+  Layout layout;
+  Exec exec;
+};
+
+void check_inputs(const Tensor& q, const Tensor& k, const Tensor& v,
+                  const DilatedAttentionOptions& options, const dist::Communicator& comm,
+                  const AttentionCallContext& context) {
+  for (const auto& [t, name] : {std::pair{&q, "q"}, std::pair{&k, "k"}, std::pair{&v, "v"}}) {
+    RD_CHECK(t->defined(), kInvalidArgument, kOp, ": argument '", name, "' is undefined");
+    RD_CHECK(t->dim() == 4, kShapeMismatch, kOp, ": argument '", name,
+             "' must be this rank's block [B, N / P, H, D], got shape ", shape_str(t->shape()));
+    RD_CHECK(is_floating(t->dtype()), kDTypeMismatch, kOp, ": argument '", name,
+             "' must be floating, got ", dtype_name(t->dtype()));
+  }
+  RD_CHECK(k.shape() == q.shape() && v.shape() == q.shape(), kShapeMismatch, kOp,
+           ": q, k and v must have one shape, got ", shape_str(q.shape()), ", ",
+           shape_str(k.shape()), " and ", shape_str(v.shape()));
+  RD_CHECK(k.dtype() == q.dtype() && v.dtype() == q.dtype(), kDTypeMismatch, kOp,
+           ": q, k and v must have one dtype, got ", dtype_name(q.dtype()), ", ",
+           dtype_name(k.dtype()), " and ", dtype_name(v.dtype()));
+  check_same_device({&q, &k, &v}, kOp);
+  RD_CHECK(q.device() == comm.device(), kDeviceMismatch, kOp, ": q is on ", q.device().str(),
+           " but the communicator (", comm.backend_name(), ") moves data on ",
+           comm.device().str());
+  validate_options(options, q.size(2));
+  RD_CHECK(!(context.training && options.dropout > 0), kUnimplemented, kOp,
+           ": attention dropout across ", comm.size(),
+           " ranks is not supported yet (its mask is numbered by call-local indices); use "
+           "dropout = 0 or one rank");
+}
+
+}  // namespace
+
+RingAttentionResult ring_dilated_attention_with_lse(const Tensor& q, const Tensor& k,
+                                                    const Tensor& v,
+                                                    const DilatedAttentionOptions& options,
+                                                    dist::Communicator& comm,
+                                                    DistStrategy strategy,
+                                                    const AttentionCallContext& context) {
+  RingAttentionResult result;
+  if (comm.size() == 1) {  // one rank: exactly the single-device call, no communication
+    result.attention = dilated_attention_with_lse(q, k, v, options, context);
+    return result;
+  }
+  check_inputs(q, k, v, options, comm, context);
+  Layout l{q.size(0), q.size(1), q.size(2), q.size(3), comm.rank(), comm.size()};
+  Exec ex;
+  ex.params.scale = options.scale.value_or(1.0 / std::sqrt(static_cast<double>(l.dim)));
+  const AttentionPath requested = requested_path(options.path, kOp);
+  ex.kernels = candidate_kernels(requested, q.device());
+  ex.forced = requested != AttentionPath::kAuto;
+  ex.hilbert = options.use_hilbert;
+  ex.patterns = context.patterns != nullptr ? context.patterns : &global_pattern_cache();
+  const dist::CommStats before = comm.stats();
+  const Tensor qd = q.detach(), kd = k.detach(), vd = v.detach();
+  const std::vector<Tensor> inputs{q, k, v};
+  const bool grad = autograd::needs_grad(inputs);
+
+  if (options.variant == DilationVariant::kSegmentLocal) {
+    ex.params.causal = options.causal;
+    ex.plan = std::make_shared<const SpPlan>(
+        make_plan(options, l, strategy, static_cast<int64_t>(dtype_size(q.dtype()))));
+    Accumulator acc = fixed_forward(ex, qd, kd, vd, comm);
+    result.attention.out = acc.out.to(q.dtype());
+    result.attention.lse = acc.lse.to(DType::kFloat32);
+    result.attention.path_used = path_of(acc.slowest);
+    result.ring_steps = ex.plan->ring_steps;
+    result.ring_pairs = static_cast<int>(ex.plan->ring.units.size());
+    result.gathered_pairs = static_cast<int>(ex.plan->gather.units.size());
+    if (grad) {
+      autograd::record(
+          {result.attention.out, result.attention.lse}, kOp, inputs,
+          [ex, qd, kd, vd, comm = &comm, out = result.attention.out.detach(),
+           lse = acc.lse.detach()](const std::vector<Tensor>& grads) {
+            const Tensor grad_out =
+                grads[0].defined() ? grads[0].to(out.dtype()).contiguous() : zeros_like(out);
+            const Tensor grad_lse =
+                grads[1].defined() ? grads[1].to(lse.dtype()).contiguous() : Tensor();
+            QkvGrads g = fixed_backward(ex, qd, kd, vd, out, lse, grad_out, grad_lse, *comm);
+            return std::vector<Tensor>{g.q.to(out.dtype()), g.k.to(out.dtype()),
+                                       g.v.to(out.dtype())};
+          });
+    }
+  } else {
+    const std::vector<GlobalGroup> groups = global_groups(options, l, q.device());
+    const TensorOptions acc_opts =
+        TensorOptions(accumulation_dtype(q.dtype())).with_device(q.device());
+    Tensor out = zeros(q.shape(), TensorOptions(q.dtype()).with_device(q.device()));
+    Tensor lse = full({l.batch, l.heads, l.chunk}, kNegInf, acc_opts);
+    kernels::KernelBackend& backend = backend_for(q.device());
+    AttentionKernel slowest = AttentionKernel::kCudnn;
+    ex.params.causal = options.causal;
+    for (const GlobalGroup& g : groups) {
+      const std::vector<Tensor> qkv = gather_group_heads(qd, kd, vd, g.heads, l, comm);
+      std::vector<Tensor> keep;
+      const AttentionForwardArgs args = global_args(ex, g, qkv, out, lse, &keep);
+      slowest = slower(slowest, run_with_fallback(backend, ex.kernels, args, nullptr, ex.forced, kOp,
+                                                  [&](AttentionKernel kk) { backend.attention_forward(kk, args); }));
+    }
+    result.attention.out = out;
+    result.attention.lse = lse.to(DType::kFloat32);
+    result.attention.path_used = path_of(slowest);
+    result.gathered_pairs = static_cast<int>(groups.size());
+    if (grad) {
+      autograd::record(
+          {result.attention.out, result.attention.lse}, kOp, inputs,
+          [ex, groups, l, qd, kd, vd, comm = &comm, out = out.detach(),
+           lse = lse.detach()](const std::vector<Tensor>& grads) {
+            const Tensor grad_out =
+                grads[0].defined() ? grads[0].to(out.dtype()).contiguous() : zeros_like(out);
+            const Tensor grad_lse =
+                grads[1].defined() ? grads[1].to(lse.dtype()).contiguous() : Tensor();
+            kernels::KernelBackend& be = backend_for(out.device());
+            const TensorOptions acc =
+                TensorOptions(accumulation_dtype(out.dtype())).with_device(out.device());
+            std::vector<Tensor> result{zeros(out.shape(), acc), zeros(out.shape(), acc),
+                                       zeros(out.shape(), acc)};
+            for (const GlobalGroup& g : groups) {
+              const std::vector<Tensor> qkv = gather_group_heads(qd, kd, vd, g.heads, l, *comm);
+              std::vector<Tensor> keep;
+              const AttentionForwardArgs fwd = global_args(ex, g, qkv, out, lse, &keep);
+              const int64_t nq = g.q_rows.numel(), nk = g.key_rows.numel();
+              const Shape q_shape{l.batch, g.heads.hc, nq, l.dim}, k_shape{l.batch, g.heads.hc, nk, l.dim};
+              std::vector<Tensor> gathered{zeros(q_shape, acc), zeros(k_shape, acc), zeros(k_shape, acc)};
+              AttentionBackwardArgs b = backward_args(
+                  kOp, fwd, grad_out.narrow(2, g.heads.h0, g.heads.hc).permute({0, 2, 1, 3}),
+                  grad_lse.defined() ? grad_lse.narrow(1, g.heads.h0, g.heads.hc) : Tensor(),
+                  gathered[0], gathered[1], gathered[2]);
+              b.grads_start_at_zero = true;
+              run_with_fallback(be, ex.kernels, fwd, &b, ex.forced, kOp,
+                                [&](AttentionKernel kk) { be.attention_backward(kk, b); });
+              // Row m of a gathered copy came from sequence position rows[m]: add it back
+              // there, then sum every rank's share and keep this rank's block.
+              Tensor full_grads = zeros({3, l.batch, l.seq_len(), g.heads.hc, l.dim}, acc);
+              const Tensor* rows[3] = {&g.q_rows, &g.key_rows, &g.key_rows};
+              for (int t = 0; t < 3; ++t) {
+                be.index_add(view_of(full_grads.select(0, t)), 1, view_of(*rows[t]),
+                             view_of(gathered[static_cast<size_t>(t)].permute({0, 2, 1, 3})));
+              }
+              // [3, B, P * C, hc, D] -> [P, 3, B, C, hc, D], rank-major for reduce_scatter.
+              const Tensor by_rank =
+                  full_grads.view({3, l.batch, l.size, l.chunk, g.heads.hc, l.dim})
+                      .permute({2, 0, 1, 3, 4, 5})
+                      .contiguous();
+              Tensor mine = empty({3, l.batch, l.chunk, g.heads.hc, l.dim}, acc);
+              comm->reduce_scatter(mine, by_rank);
+              for (int t = 0; t < 3; ++t) {
+                be.accumulate(view_of(result[static_cast<size_t>(t)].narrow(2, g.heads.h0, g.heads.hc)),
+                              view_of(mine.select(0, t)));
+              }
+            }
+            for (Tensor& t : result) t = t.to(out.dtype());
+            return result;
+          });
+    }
+  }
+  result.forward_bytes_sent = comm.stats().bytes_sent - before.bytes_sent;
+  return result;
+}
+
+Tensor ring_dilated_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                              const DilatedAttentionOptions& options, dist::Communicator& comm,
+                              DistStrategy strategy, const AttentionCallContext& context) {
+  return ring_dilated_attention_with_lse(q, k, v, options, comm, strategy, context).attention.out;
+}
+
+}  // namespace rd::nn

@@ -1,0 +1,262 @@
+// World-size invariance of sequence-parallel dilated attention: P = 1..4 ranks as threads
+// (the in-process communicator), every strategy, variant, mixing mode, offset rule and causal
+// setting, forward and backward, against the single-device call on the whole sequence
+// (itself checked against the float64 reference in dilated_attention_test). Also: traffic
+// only for pairs that cross blocks, and the errors of bad calls.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "ringdilated/dist/in_process.h"
+#include "ringdilated/kernels/error.h"
+#include "ringdilated/nn/ring_dilated_attention.h"
+#include "ringdilated/tensor/device.h"
+#include "ringdilated/tensor/generator.h"
+#include "ringdilated/tensor/ops.h"
+#include "ringdilated/tensor/tensor.h"
+#include "testing/raises.h"
+#include "testing/tensor_util.h"
+
+namespace rd {
+namespace {
+
+using nn::DilatedAttentionOptions;
+using nn::DilationVariant;
+using nn::DistStrategy;
+using nn::HeadMixing;
+using nn::OffsetRule;
+
+// N = 24 splits into blocks of 24, 12, 8 and 6. The pairs mix segments shorter than a block,
+// segments that do not divide it (so they straddle boundaries), a short last segment (10
+// does not divide 24) and one segment over the whole sequence.
+constexpr int64_t kB = 2, kN = 24, kH = 4, kD = 8;
+
+DilatedAttentionOptions options_for(DilationVariant variant, HeadMixing mixing, OffsetRule rule,
+                                    bool causal) {
+  DilatedAttentionOptions o;
+  o.segment_lengths = {4, 10, 24};
+  o.dilation_rates = {1, 2, 4};
+  o.variant = variant;
+  o.mixing = mixing;
+  o.offset_rule = rule;
+  o.causal = causal;
+  return o;
+}
+
+// A scalar loss that reads out and the finite entries of lse with fixed random weights, so
+// both gradients reach the attention.
+Tensor loss_of(const Tensor& out, const Tensor& lse, const Tensor& w_out, const Tensor& w_lse) {
+  const Tensor finite_lse = where(gt(lse, -1e300), lse, 0.0);
+  return add(sum(mul(out, w_out)), sum(mul(finite_lse, w_lse)));
+}
+
+struct Full {
+  Tensor q, k, v, w_out, w_lse;              // inputs and loss weights, whole sequence
+  Tensor out, lse, grad_q, grad_k, grad_v;  // single-device results
+};
+
+Full single_device(const DilatedAttentionOptions& o, DType dtype, uint64_t seed) {
+  Generator gen(seed);
+  const TensorOptions opts(dtype);
+  Full f;
+  f.q = randn({kB, kN, kH, kD}, gen, opts);
+  f.k = randn({kB, kN, kH, kD}, gen, opts);
+  f.v = randn({kB, kN, kH, kD}, gen, opts);
+  f.w_out = randn({kB, kN, kH, kD}, gen, opts);
+  f.w_lse = randn({kB, kH, kN}, gen, DType::kFloat32);
+  for (Tensor* t : {&f.q, &f.k, &f.v}) t->set_requires_grad(true);
+  const nn::DilatedAttentionResult r = nn::dilated_attention_with_lse(f.q, f.k, f.v, o);
+  loss_of(r.out, r.lse, f.w_out, f.w_lse).backward();
+  f.out = r.out.detach();
+  f.lse = r.lse.detach();
+  f.grad_q = f.q.grad();
+  f.grad_k = f.k.grad();
+  f.grad_v = f.v.grad();
+  return f;
+}
+
+// ||got - want|| / ||want|| over the finite entries (and -inf exactly where want has it).
+double relative_error(const Tensor& got, const Tensor& want) {
+  const test::RefArray g = test::to_ref(got), w = test::to_ref(want);
+  EXPECT_EQ(g.shape, w.shape);
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < w.numel(); ++i) {
+    if (std::isinf(w.data[i])) {
+      EXPECT_EQ(g.data[i], w.data[i]) << "element " << i;
+      continue;
+    }
+    EXPECT_FALSE(std::isnan(g.data[i])) << "element " << i;
+    num += (g.data[i] - w.data[i]) * (g.data[i] - w.data[i]);
+    den += w.data[i] * w.data[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-300));
+}
+
+struct RankResult {
+  Tensor out, lse, grad_q, grad_k, grad_v;
+  nn::RingAttentionResult info;
+};
+
+// Runs the sequence-parallel call on P in-process ranks, each with its block of f's inputs,
+// and backward through the same loss; returns each rank's results.
+std::vector<RankResult> run_ranks(const Full& f, const DilatedAttentionOptions& o, int P,
+                                  DistStrategy strategy) {
+  std::vector<RankResult> results(static_cast<size_t>(P));
+  const int64_t C = kN / P;
+  dist::run_in_process(P, [&](dist::Communicator& comm) {
+    const int r = comm.rank();
+    auto block = [&](const Tensor& t, int64_t dim) {
+      Tensor b = t.detach().narrow(dim, r * C, C).contiguous();
+      return b;
+    };
+    Tensor q = block(f.q, 1), k = block(f.k, 1), v = block(f.v, 1);
+    for (Tensor* t : {&q, &k, &v}) t->set_requires_grad(true);
+    nn::RingAttentionResult info = nn::ring_dilated_attention_with_lse(q, k, v, o, comm, strategy);
+    loss_of(info.attention.out, info.attention.lse, block(f.w_out, 1), block(f.w_lse, 2))
+        .backward();
+    results[static_cast<size_t>(r)] = {info.attention.out.detach(), info.attention.lse.detach(),
+                                       q.grad(), k.grad(), v.grad(), info};
+  });
+  return results;
+}
+
+// The ranks' blocks, concatenated back into whole-sequence tensors.
+Tensor joined(const std::vector<RankResult>& rs, Tensor RankResult::*field, int64_t dim) {
+  std::vector<Tensor> parts;
+  for (const RankResult& r : rs) parts.push_back(r.*field);
+  return cat(parts, dim);
+}
+
+void expect_invariant(const DilatedAttentionOptions& o, DType dtype, int P, DistStrategy strategy,
+                      double tol) {
+  const Full f = single_device(o, dtype, 1234 + static_cast<uint64_t>(P));
+  const std::vector<RankResult> rs = run_ranks(f, o, P, strategy);
+  EXPECT_LE(relative_error(joined(rs, &RankResult::out, 1), f.out), tol) << "out";
+  EXPECT_LE(relative_error(joined(rs, &RankResult::lse, 2), f.lse), tol) << "lse";
+  EXPECT_LE(relative_error(joined(rs, &RankResult::grad_q, 1), f.grad_q), tol) << "grad q";
+  EXPECT_LE(relative_error(joined(rs, &RankResult::grad_k, 1), f.grad_k), tol) << "grad k";
+  EXPECT_LE(relative_error(joined(rs, &RankResult::grad_v, 1), f.grad_v), tol) << "grad v";
+}
+
+using Case = std::tuple<int, DistStrategy, DilationVariant, HeadMixing, OffsetRule, bool>;
+
+class RingInvariance : public ::testing::TestWithParam<Case> {};
+
+TEST_P(RingInvariance, Float64MatchesOneDeviceTo1e10) {
+  const auto [P, strategy, variant, mixing, rule, causal] = GetParam();
+  expect_invariant(options_for(variant, mixing, rule, causal), DType::kFloat64, P, strategy,
+                   1e-10);
+}
+
+TEST_P(RingInvariance, Float32MatchesOneDeviceTo1e5) {
+  const auto [P, strategy, variant, mixing, rule, causal] = GetParam();
+  expect_invariant(options_for(variant, mixing, rule, causal), DType::kFloat32, P, strategy,
+                   1e-5);
+}
+
+std::string case_name(const ::testing::TestParamInfo<Case>& info) {
+  const auto [P, strategy, variant, mixing, rule, causal] = info.param;
+  return "P" + std::to_string(P) + "_" + nn::strategy_name(strategy) + "_" +
+         (variant == DilationVariant::kGlobal ? "global" : "fixed") + "_" +
+         (mixing == HeadMixing::kAllHeads ? "allheads" : "groups") + "_" +
+         (rule == OffsetRule::kRotating ? "rotating" : "constant") + (causal ? "_causal" : "");
+}
+
+const auto kStrategies =
+    ::testing::Values(DistStrategy::kRing, DistStrategy::kAllGather, DistStrategy::kAuto);
+
+INSTANTIATE_TEST_SUITE_P(Fixed, RingInvariance,
+                         ::testing::Combine(::testing::Values(1, 2, 3, 4), kStrategies,
+                                            ::testing::Values(DilationVariant::kSegmentLocal),
+                                            ::testing::Values(HeadMixing::kHeadGroups,
+                                                              HeadMixing::kAllHeads),
+                                            ::testing::Values(OffsetRule::kConstant,
+                                                              OffsetRule::kRotating),
+                                            ::testing::Bool()),
+                         case_name);
+
+INSTANTIATE_TEST_SUITE_P(Global, RingInvariance,
+                         ::testing::Combine(::testing::Values(1, 2, 3, 4), kStrategies,
+                                            ::testing::Values(DilationVariant::kGlobal),
+                                            ::testing::Values(HeadMixing::kHeadGroups),
+                                            ::testing::Values(OffsetRule::kConstant),
+                                            ::testing::Bool()),
+                         case_name);
+
+// Segments that fit in a block never communicate, whatever the strategy.
+TEST(RingDilatedAttention, PairsInsideBlocksSendNothing) {
+  DilatedAttentionOptions o;
+  o.segment_lengths = {2, 6};
+  o.dilation_rates = {1, 2};
+  for (DistStrategy s : {DistStrategy::kRing, DistStrategy::kAllGather, DistStrategy::kAuto}) {
+    const Full f = single_device(o, DType::kFloat64, 7);
+    const std::vector<RankResult> rs = run_ranks(f, o, 4, s);  // blocks of 6
+    for (const RankResult& r : rs) {
+      EXPECT_EQ(r.info.forward_bytes_sent, 0) << nn::strategy_name(s);
+      EXPECT_EQ(r.info.ring_steps, 0);
+    }
+    EXPECT_LE(relative_error(joined(rs, &RankResult::out, 1), f.out), 1e-12);
+  }
+}
+
+// One pair whose segment spans every block: only its heads at its selected positions move.
+// Ring and all-gather each send every other rank's selected rows once: (P - 1) blocks of
+// C / r rows x its H / G heads x D x (K and V).
+TEST(RingDilatedAttention, OnlySelectedRowsOfTheHeadsThatUseThemTravel) {
+  DilatedAttentionOptions o;
+  o.segment_lengths = {2, 24};
+  o.dilation_rates = {1, 4};  // pair 1: heads 2 and 3, positions == 1 mod 4
+  const int P = 3;
+  const int64_t C = kN / P, rows = C / 4, heads = kH / 2;
+  const int64_t expected = (P - 1) * rows * heads * kD * 2 * kB * 8;  // float64
+  for (DistStrategy s : {DistStrategy::kRing, DistStrategy::kAllGather}) {
+    const Full f = single_device(o, DType::kFloat64, 9);
+    const std::vector<RankResult> rs = run_ranks(f, o, P, s);
+    for (const RankResult& r : rs) {
+      EXPECT_EQ(r.info.forward_bytes_sent, expected) << nn::strategy_name(s);
+      EXPECT_EQ(s == DistStrategy::kRing ? r.info.ring_pairs : r.info.gathered_pairs, 1);
+    }
+    EXPECT_LE(relative_error(joined(rs, &RankResult::out, 1), f.out), 1e-12);
+  }
+}
+
+TEST(RingDilatedAttention, CausalRingSkipsBlocksAfterTheQueries) {
+  DilatedAttentionOptions o;
+  o.segment_lengths = {12};
+  o.dilation_rates = {1};
+  o.causal = true;
+  const Full f = single_device(o, DType::kFloat64, 11);
+  // Blocks of 6: segment [0, 12) spans ranks 0-1 and [12, 24) ranks 2-3. Causal: rank 1
+  // needs rank 0 only, so the ring takes one step and rank 0 receives nothing it uses.
+  const std::vector<RankResult> rs = run_ranks(f, o, 4, DistStrategy::kRing);
+  for (const RankResult& r : rs) EXPECT_EQ(r.info.ring_steps, 1);
+  EXPECT_LE(relative_error(joined(rs, &RankResult::out, 1), f.out), 1e-12);
+  EXPECT_LE(relative_error(joined(rs, &RankResult::grad_k, 1), f.grad_k), 1e-12);
+}
+
+TEST(RingDilatedAttention, BadCallsNameTheOpAndTheArgument) {
+  DilatedAttentionOptions o;
+  o.segment_lengths = {4};
+  o.dilation_rates = {1};
+  dist::run_in_process(2, [&](dist::Communicator& comm) {
+    const Tensor x = ones({1, 4, 2, 8}, DType::kFloat32);
+    EXPECT_TRUE(test::raises(
+        [&] { nn::ring_dilated_attention(x, x, ones({1, 4, 2, 4}, DType::kFloat32), o, comm); },
+        {ErrorCode::kShapeMismatch}, {"ring_dilated_attention", "[1, 4, 2, 4]"}));
+    DilatedAttentionOptions drop = o;
+    drop.dropout = 0.1;
+    Generator gen(1);
+    nn::AttentionCallContext training{true, &gen};
+    EXPECT_TRUE(test::raises(
+        [&] { nn::ring_dilated_attention(x, x, x, drop, comm, DistStrategy::kRing, training); },
+        {ErrorCode::kUnimplemented}, {"ring_dilated_attention", "dropout", "2 ranks"}));
+  });
+}
+
+}  // namespace
+}  // namespace rd
