@@ -300,6 +300,8 @@ gpu_targets() {
   # Suites whose CUDA cases register or run only where a GPU is visible.
   echo op_suite_test
   echo dilated_attention_test
+  echo attention_merge_test
+  echo ring_dilated_attention_test
 }
 
 cmd_gpu_pack() {
@@ -338,7 +340,8 @@ cmd_gpu_pack() {
 gpu_test_args() {
   case "$1" in
     op_suite_test) echo "--gtest_brief=1 --gtest_filter=*cuda*:Harness.*" ;;
-    dilated_attention_test) echo "--gtest_brief=1 --gtest_filter=*Cuda*" ;;
+    dilated_attention_test | attention_merge_test | ring_dilated_attention_test)
+      echo "--gtest_brief=1 --gtest_filter=*Cuda*" ;;
     *) echo "--gtest_brief=1" ;;
   esac
 }

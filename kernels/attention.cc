@@ -125,7 +125,12 @@ void check_attention_merge_args(const StridedView& acc_out, const StridedView& a
            kOp, ": argument 'acc_out' must be float32 or float64, got ",
            dtype_name(acc_out.dtype));
   check_dtype(kOp, "acc_lse", acc_lse, acc_out.dtype);
-  check_dtype(kOp, "part_out", part_out, acc_out.dtype);
+  const bool half_part = acc_out.dtype == DType::kFloat32 &&
+                         (part_out.dtype == DType::kBFloat16 || part_out.dtype == DType::kFloat16);
+  RD_CHECK(part_out.dtype == acc_out.dtype || half_part, kDTypeMismatch, kOp,
+           ": argument 'part_out' has dtype ", dtype_name(part_out.dtype), ", expected ",
+           dtype_name(acc_out.dtype), " (acc_out's)",
+           acc_out.dtype == DType::kFloat32 ? ", bfloat16 or float16" : "");
   check_dtype(kOp, "part_lse", part_lse, acc_out.dtype);
   check_same_shape(kOp, "acc_out", acc_out, "part_out", part_out);
   check_same_shape(kOp, "acc_lse", acc_lse, "part_lse", part_lse);

@@ -31,8 +31,9 @@ RD_HOST_DEVICE inline T merged_value(T acc, T part, T acc_lse, T part_lse) {
 
 // The merge's arguments: acc_out and part_out [rows..., D], acc_lse and part_lse [rows...]
 // (the same leading dims; any strides, e.g. a [B, H, N] lse permuted to [B, N, H] beside a
-// [B, N, H, D] output), all of one dtype, float32 or float64; the acc views must not overlap
-// themselves. A violation is an rd::Error naming "attention_merge", the argument and shapes.
+// [B, N, H, D] output). acc_out, acc_lse and part_lse share one dtype, float32 or float64;
+// part_out has it too or, with float32, is bfloat16 or float16 (an attention kernel's
+// output in q's dtype, converted as it is read). The acc views must not overlap themselves. A violation is an rd::Error naming "attention_merge", the argument and shapes.
 void check_attention_merge_args(const StridedView& acc_out, const StridedView& acc_lse,
                                 const StridedView& part_out, const StridedView& part_lse);
 

@@ -131,12 +131,15 @@ std::pair<Tensor, Tensor> fixed_forward(const Inputs& in, Plan& plan, Generator*
     lse = full({batch, heads, seq_len}, kNegInf, acc_options);
     for (PlannedCall& call : plan.calls) run_call(call, out, lse);
   } else {
-    // All heads: each pair's float32 partial, merged through the LSE in float32.
+    // All heads: each pair's partial in q's dtype (what every kernel, cuDNN included,
+    // writes; rounded once), merged through the LSE into a float32 accumulator.
     Tensor acc_out = zeros({batch, seq_len, heads, q.size(3)}, acc_options);
     Tensor acc_lse = full({batch, heads, seq_len}, kNegInf, acc_options);
+    Tensor out_i = empty(acc_out.shape(), TensorOptions(q.dtype()).with_device(q.device()));
+    Tensor lse_i = empty(acc_lse.shape(), acc_options);
     for (int pair = 0; pair < plan.num_pairs; ++pair) {
-      Tensor out_i = zeros(acc_out.shape(), acc_options);
-      Tensor lse_i = full(acc_lse.shape(), kNegInf, acc_options);
+      out_i.zero_();
+      lse_i.fill_(kNegInf);
       for (PlannedCall& call : plan.calls) {
         if (call.pair == pair) run_call(call, out_i, lse_i);
       }

@@ -271,12 +271,13 @@ AttentionForwardArgs forward_args(const Exec& ex, const Tensor& q, const Keys& k
   return a;
 }
 
-// The running result of this rank's rows: float32 (float64 for float64 data) partials are
-// merged into it through the log-sum-exp. The first group of calls writes it directly.
+// The running result of this rank's rows, float32 (float64 for float64 data). Each group of
+// calls writes a partial in q's dtype (what every kernel, cuDNN included, writes; each
+// partial is rounded once, so the error does not grow with the number of ranks), merged in
+// through the log-sum-exp.
 struct Accumulator {
-  Tensor out, lse;           // [B, C, H, D], [B, H, C]
-  Tensor part_out, part_lse;  // scratch for later groups, allocated once
-  bool empty = true;
+  Tensor out, lse;            // [B, C, H, D], [B, H, C]
+  Tensor part_out, part_lse;  // a group's partial: q's dtype, and lse's
   AttentionKernel slowest = AttentionKernel::kCudnn;
 };
 
@@ -288,7 +289,7 @@ bool runs_call(const SpPlan& p, const BlockCall& c, int src, const ExchangeGroup
 }
 
 // Runs the forward of `calls` (keys from `src`) and merges their results into `acc`: one
-// merge for all of them under head groups (they write disjoint rows and heads), one per
+// partial for all of them under head groups (they write disjoint rows and heads), one per
 // pair under all-heads mixing (pairs overlap).
 void forward_calls(const Exec& ex, const std::vector<BlockCall>& calls, int src, const Tensor& q,
                    const Tensor& k, const Tensor& v, const ExchangeGroup* group,
@@ -301,17 +302,11 @@ void forward_calls(const Exec& ex, const std::vector<BlockCall>& calls, int src,
       if ((!p.merged || c.pair == g) && runs_call(p, c, src, group)) mine.push_back(&c);
     }
     if (mine.empty()) continue;
-    Tensor out = acc.out, lse = acc.lse;
-    if (!acc.empty) {
-      if (!acc.part_out.defined()) {
-        acc.part_out = empty_like(acc.out);
-        acc.part_lse = empty_like(acc.lse);
-      }
-      acc.part_out.zero_();
-      acc.part_lse.fill_(kNegInf);
-      out = acc.part_out;
-      lse = acc.part_lse;
-    }
+    // Rows and heads no call of the group selects stay 0 / -inf, which the merge ignores.
+    acc.part_out.zero_();
+    acc.part_lse.fill_(kNegInf);
+    const Tensor& out = acc.part_out;
+    const Tensor& lse = acc.part_lse;
     for (const BlockCall* c : mine) {
       const Keys keys = keys_of(ex, *c, src, k, v, group, flat);
       const AttentionForwardArgs args = forward_args(ex, q, keys, *c, out, lse);
@@ -320,8 +315,7 @@ void forward_calls(const Exec& ex, const std::vector<BlockCall>& calls, int src,
                             [&](AttentionKernel kk) { backend.attention_forward(kk, args); });
       acc.slowest = slower(acc.slowest, used);
     }
-    if (!acc.empty) attention_merge_(acc.out, acc.lse, out, lse);
-    acc.empty = false;
+    attention_merge_(acc.out, acc.lse, out, lse);
   }
 }
 
@@ -390,9 +384,11 @@ Accumulator fixed_forward(const Exec& ex, const Tensor& q, const Tensor& k, cons
   const TensorOptions acc_opts =
       TensorOptions(accumulation_dtype(q.dtype())).with_device(q.device());
   Accumulator acc;
+  const TensorOptions opts = TensorOptions(q.dtype()).with_device(q.device());
   acc.out = zeros({l.batch, l.chunk, l.heads, l.dim}, acc_opts);
   acc.lse = full({l.batch, l.heads, l.chunk}, kNegInf, acc_opts);
-  const TensorOptions opts = TensorOptions(q.dtype()).with_device(q.device());
+  acc.part_out = empty({l.batch, l.chunk, l.heads, l.dim}, opts);
+  acc.part_lse = empty({l.batch, l.heads, l.chunk}, acc_opts);
   const auto& calls = p.calls;
   const int me = l.rank, size = l.size;
 

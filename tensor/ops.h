@@ -119,7 +119,8 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator& gen);
 
 // Merges an attention partial into a running result in place, through the log-sum-exp, in
 // one fused pass (KernelBackend::attention_merge): acc_out and part_out are [B, N, H, D],
-// acc_lse and part_lse [B, H, N], all float32 (float64 for float64 data) on one device.
+// acc_lse and part_lse [B, H, N], all float32 (float64 for float64 data) on one device,
+// except that part_out may be bfloat16 or float16 (read as float32) with float32 acc_out.
 // Rows whose LSEs are both -inf keep 0 and -inf. Not differentiable (no autograd node).
 void attention_merge_(const Tensor& acc_out, const Tensor& acc_lse, const Tensor& part_out,
                       const Tensor& part_lse);

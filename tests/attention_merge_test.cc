@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <random>
 #include <vector>
 
@@ -89,12 +90,16 @@ MergeCase reference(const MergeCase& in) {
   return out;
 }
 
-void expect_merge_matches(DType dtype, Device device, uint64_t seed) {
-  const MergeCase in = random_case(seed);
+// dtype: the accumulator's; part_dtype: the partial output's (dtype, or a 16-bit float with
+// float32). The reference merges the partial's stored (rounded) values.
+void expect_merge_matches(DType dtype, Device device, uint64_t seed,
+                          std::optional<DType> part_dtype = {}) {
+  MergeCase in = random_case(seed);
+  const Tensor part_out = test::from_ref(in.part_out, part_dtype.value_or(dtype), device);
+  in.part_out = test::to_ref(part_out);
   const MergeCase want = reference(in);
   Tensor acc_out = test::from_ref(in.acc_out, dtype, device);
   Tensor acc_lse = test::from_ref(in.acc_lse, dtype, device);
-  const Tensor part_out = test::from_ref(in.part_out, dtype, device);
   const Tensor part_lse = test::from_ref(in.part_lse, dtype, device);
   attention_merge_(acc_out, acc_lse, part_out, part_lse);
   const test::RefArray got_out = test::to_ref(acc_out), got_lse = test::to_ref(acc_lse);
@@ -120,6 +125,8 @@ void expect_merge_matches(DType dtype, Device device, uint64_t seed) {
 TEST(AttentionMerge, MatchesFloat64ReferenceOnCpu) {
   expect_merge_matches(DType::kFloat32, Device::cpu(), 1);
   expect_merge_matches(DType::kFloat64, Device::cpu(), 2);
+  expect_merge_matches(DType::kFloat32, Device::cpu(), 3, DType::kBFloat16);
+  expect_merge_matches(DType::kFloat32, Device::cpu(), 4, DType::kFloat16);
 }
 
 TEST(AttentionMerge, MaskedRowsGiveZeroAndMinusInfinityNeverNan) {
@@ -146,8 +153,12 @@ TEST(AttentionMerge, BadArgumentsNameTheOpAndShapes) {
   EXPECT_TRUE(test::raises([&] { attention_merge_(out, lse, zeros({1, 4, 2, 2}, f32), lse); },
                           {ErrorCode::kShapeMismatch},
                           {"attention_merge", "part_out", "[1, 4, 2, 2]"}));
-  EXPECT_TRUE(test::raises([&] { attention_merge_(out, lse, out.to(DType::kBFloat16), lse); },
-                          {ErrorCode::kDTypeMismatch}, {"attention_merge", "part_out", "bfloat16"}));
+  EXPECT_TRUE(test::raises(
+      [&] {
+        attention_merge_(out.to(DType::kFloat64), lse.to(DType::kFloat64),
+                         out.to(DType::kBFloat16), lse.to(DType::kFloat64));
+      },
+      {ErrorCode::kDTypeMismatch}, {"attention_merge", "part_out", "bfloat16", "float64"}));
   EXPECT_TRUE(test::raises([&] { attention_merge_(out, zeros({1, 4}, f32), out, lse); },
                           {ErrorCode::kShapeMismatch}, {"attention_merge_", "acc_lse", "[B, H, N]"}));
 }
@@ -156,6 +167,8 @@ TEST(AttentionMergeCuda, MatchesFloat64ReferenceAndTheCpu) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   expect_merge_matches(DType::kFloat32, Device::cuda(), 4);
   expect_merge_matches(DType::kFloat64, Device::cuda(), 5);
+  expect_merge_matches(DType::kFloat32, Device::cuda(), 6, DType::kBFloat16);
+  expect_merge_matches(DType::kFloat32, Device::cuda(), 7, DType::kFloat16);
 }
 
 }  // namespace

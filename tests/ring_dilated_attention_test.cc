@@ -19,6 +19,7 @@
 #include "ringdilated/tensor/generator.h"
 #include "ringdilated/tensor/ops.h"
 #include "ringdilated/tensor/tensor.h"
+#include "testing/dtype_precision.h"
 #include "testing/raises.h"
 #include "testing/tensor_util.h"
 
@@ -34,7 +35,11 @@ using nn::OffsetRule;
 // N = 24 splits into blocks of 24, 12, 8 and 6. The pairs mix segments shorter than a block,
 // segments that do not divide it (so they straddle boundaries), a short last segment (10
 // does not divide 24) and one segment over the whole sequence.
-constexpr int64_t kB = 2, kN = 24, kH = 4, kD = 8;
+struct Dims {
+  int64_t batch, seq, heads, dim;
+};
+constexpr Dims kCpuDims{2, 24, 4, 8};
+constexpr int64_t kB = kCpuDims.batch, kN = kCpuDims.seq, kH = kCpuDims.heads, kD = kCpuDims.dim;
 
 DilatedAttentionOptions options_for(DilationVariant variant, HeadMixing mixing, OffsetRule rule,
                                     bool causal) {
@@ -58,22 +63,27 @@ Tensor loss_of(const Tensor& out, const Tensor& lse, const Tensor& w_out, const 
 struct Full {
   Tensor q, k, v, w_out, w_lse;              // inputs and loss weights, whole sequence
   Tensor out, lse, grad_q, grad_k, grad_v;  // single-device results
+  nn::AttentionPath path = nn::AttentionPath::kMath;
 };
 
-Full single_device(const DilatedAttentionOptions& o, DType dtype, uint64_t seed) {
+// Random inputs (drawn on the CPU, then moved), the single-device result and gradients.
+Full single_device(const DilatedAttentionOptions& o, DType dtype, uint64_t seed,
+                   Device device = Device::cpu(), Dims d = kCpuDims) {
   Generator gen(seed);
   const TensorOptions opts(dtype);
+  const Shape bnhd{d.batch, d.seq, d.heads, d.dim};
   Full f;
-  f.q = randn({kB, kN, kH, kD}, gen, opts);
-  f.k = randn({kB, kN, kH, kD}, gen, opts);
-  f.v = randn({kB, kN, kH, kD}, gen, opts);
-  f.w_out = randn({kB, kN, kH, kD}, gen, opts);
-  f.w_lse = randn({kB, kH, kN}, gen, DType::kFloat32);
+  f.q = randn(bnhd, gen, opts).to(device);
+  f.k = randn(bnhd, gen, opts).to(device);
+  f.v = randn(bnhd, gen, opts).to(device);
+  f.w_out = randn(bnhd, gen, opts).to(device);
+  f.w_lse = randn({d.batch, d.heads, d.seq}, gen, DType::kFloat32).to(device);
   for (Tensor* t : {&f.q, &f.k, &f.v}) t->set_requires_grad(true);
   const nn::DilatedAttentionResult r = nn::dilated_attention_with_lse(f.q, f.k, f.v, o);
   loss_of(r.out, r.lse, f.w_out, f.w_lse).backward();
   f.out = r.out.detach();
   f.lse = r.lse.detach();
+  f.path = r.path_used;
   f.grad_q = f.q.grad();
   f.grad_k = f.k.grad();
   f.grad_v = f.v.grad();
@@ -107,7 +117,7 @@ struct RankResult {
 std::vector<RankResult> run_ranks(const Full& f, const DilatedAttentionOptions& o, int P,
                                   DistStrategy strategy) {
   std::vector<RankResult> results(static_cast<size_t>(P));
-  const int64_t C = kN / P;
+  const int64_t C = f.q.size(1) / P;
   dist::run_in_process(P, [&](dist::Communicator& comm) {
     const int r = comm.rank();
     auto block = [&](const Tensor& t, int64_t dim) {
@@ -121,7 +131,7 @@ std::vector<RankResult> run_ranks(const Full& f, const DilatedAttentionOptions& 
         .backward();
     results[static_cast<size_t>(r)] = {info.attention.out.detach(), info.attention.lse.detach(),
                                        q.grad(), k.grad(), v.grad(), info};
-  });
+  }, f.q.device());
   return results;
 }
 
@@ -257,6 +267,61 @@ TEST(RingDilatedAttention, BadCallsNameTheOpAndTheArgument) {
         {ErrorCode::kUnimplemented}, {"ring_dilated_attention", "dropout", "2 ranks"}));
   });
 }
+
+// ---------------------------------------------------------------------------------------
+// One GPU shared by P ranks (threads with device copies): each dtype and attention path
+// against the single-GPU call with the same dtype and path. Skipped without a GPU.
+
+using CudaCase = std::tuple<DType, nn::AttentionPath, HeadMixing, bool, DistStrategy, int>;
+
+class RingInvarianceCuda : public ::testing::TestWithParam<CudaCase> {};
+
+TEST_P(RingInvarianceCuda, MatchesOneGpu) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  const auto [dtype, path, mixing, causal, strategy, P] = GetParam();
+  // Blocks of N / P = 512 (P = 4): pair 0 stays inside blocks, pair 1 spans two blocks,
+  // pair 2 all four.
+  constexpr Dims kDims{1, 2048, 8, 64};
+  DilatedAttentionOptions o;
+  o.segment_lengths = {256, 1024, 2048};
+  o.dilation_rates = {1, 2, 4};
+  o.mixing = mixing;
+  o.causal = causal;
+  o.path = path;
+  const Full f = single_device(o, dtype, 99, Device::cuda(), kDims);
+  const std::vector<RankResult> rs = run_ranks(f, o, P, strategy);
+  // Both round the same float32 results to the dtype once; the ring merges float32
+  // partials where one call summed whole rows: a few units of the dtype's roundoff.
+  const double tol = 4 * test::unit_roundoff(dtype) + 64 * test::compute_roundoff(dtype);
+  EXPECT_LE(relative_error(joined(rs, &RankResult::out, 1), f.out), tol) << "out";
+  EXPECT_LE(relative_error(joined(rs, &RankResult::lse, 2), f.lse), 64 * test::compute_roundoff(dtype)) << "lse";
+  EXPECT_LE(relative_error(joined(rs, &RankResult::grad_q, 1), f.grad_q), 2 * tol) << "grad q";
+  EXPECT_LE(relative_error(joined(rs, &RankResult::grad_k, 1), f.grad_k), 2 * tol) << "grad k";
+  EXPECT_LE(relative_error(joined(rs, &RankResult::grad_v, 1), f.grad_v), 2 * tol) << "grad v";
+  // Ring steps have full or diagonal-causal masks: they run on the path one GPU runs.
+  for (const RankResult& r : rs) {
+    EXPECT_EQ(r.info.attention.path_used, f.path)
+        << "single GPU " << nn::path_name(f.path) << ", ring "
+        << nn::path_name(r.info.attention.path_used);
+  }
+}
+
+std::string cuda_case_name(const ::testing::TestParamInfo<CudaCase>& info) {
+  const auto [dtype, path, mixing, causal, strategy, P] = info.param;
+  return std::string(dtype_name(dtype)) + "_" + nn::path_name(path) + "_" +
+         (mixing == HeadMixing::kAllHeads ? "allheads" : "groups") + (causal ? "_causal_" : "_") +
+         nn::strategy_name(strategy) + "_P" + std::to_string(P);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Paths, RingInvarianceCuda,
+    ::testing::Combine(::testing::Values(DType::kFloat32, DType::kBFloat16, DType::kFloat16),
+                       ::testing::Values(nn::AttentionPath::kCudnn, nn::AttentionPath::kFlash),
+                       ::testing::Values(HeadMixing::kHeadGroups, HeadMixing::kAllHeads),
+                       ::testing::Bool(),
+                       ::testing::Values(DistStrategy::kRing, DistStrategy::kAllGather),
+                       ::testing::Values(2, 4)),
+    cuda_case_name);
 
 }  // namespace
 }  // namespace rd

@@ -6,6 +6,7 @@
 #include "ringdilated/kernels/cpu/backend.h"
 #include "ringdilated/kernels/cpu/strided_iter.h"
 #include "ringdilated/kernels/dtype_dispatch.h"
+#include "ringdilated/kernels/half.h"
 
 namespace rd::kernels::cpu {
 namespace {
@@ -20,7 +21,8 @@ StridedView broadcast_rows(const StridedView& lse, const StridedView& out) {
   return v;
 }
 
-template <class T>
+// T: the accumulation type; Part: part_out's storage type (T or a 16-bit float).
+template <class T, class Part>
 void merge(const StridedView& acc_out, const StridedView& acc_lse, const StridedView& part_out,
            const StridedView& part_lse) {
   // Outputs first, while both LSEs still hold their inputs.
@@ -31,7 +33,7 @@ void merge(const StridedView& acc_out, const StridedView& acc_lse, const Strided
                      int64_t) {
                     for (int64_t k = 0; k < n; ++k) {
                       T& acc = *reinterpret_cast<T*>(p[0] + k * s[0]);
-                      const T part = *reinterpret_cast<const T*>(p[1] + k * s[1]);
+                      const T part = convert<T>(*reinterpret_cast<const Part*>(p[1] + k * s[1]));
                       const T la = *reinterpret_cast<const T*>(p[2] + k * s[2]);
                       const T lp = *reinterpret_cast<const T*>(p[3] + k * s[3]);
                       acc = merged_value(acc, part, la, lp);
@@ -52,10 +54,11 @@ void merge(const StridedView& acc_out, const StridedView& acc_lse, const Strided
 void CpuBackend::attention_merge(const StridedView& acc_out, const StridedView& acc_lse,
                                  const StridedView& part_out, const StridedView& part_lse) {
   check_attention_merge_args(acc_out, acc_lse, part_out, part_lse);
-  if (acc_out.dtype == DType::kFloat64) {
-    merge<double>(acc_out, acc_lse, part_out, part_lse);
-  } else {
-    merge<float>(acc_out, acc_lse, part_out, part_lse);
+  switch (part_out.dtype) {
+    case DType::kFloat64: return merge<double, double>(acc_out, acc_lse, part_out, part_lse);
+    case DType::kBFloat16: return merge<float, BFloat16>(acc_out, acc_lse, part_out, part_lse);
+    case DType::kFloat16: return merge<float, Float16>(acc_out, acc_lse, part_out, part_lse);
+    default: return merge<float, float>(acc_out, acc_lse, part_out, part_lse);
   }
 }
 
