@@ -1,6 +1,7 @@
 // Communicator helpers shared by every backend: argument checks and the paired send/receive.
 #include "ringdilated/dist/communicator.h"
 
+#include <utility>
 #include <vector>
 
 #include "ringdilated/kernels/error.h"
@@ -16,11 +17,32 @@ const char* reduce_op_name(ReduceOp op) {
   return "?";
 }
 
+namespace {
+
+// Waits for a receive, then its send.
+class PairRequest final : public Request {
+ public:
+  PairRequest(std::unique_ptr<Request> receiving, std::unique_ptr<Request> sending)
+      : receiving_(std::move(receiving)), sending_(std::move(sending)) {}
+  void wait() override {
+    receiving_->wait();
+    sending_->wait();
+  }
+
+ private:
+  std::unique_ptr<Request> receiving_, sending_;
+};
+
+}  // namespace
+
+std::unique_ptr<Request> Communicator::isendrecv(const Tensor& send, int to, const Tensor& recv,
+                                                 int from) {
+  std::unique_ptr<Request> receiving = irecv(recv, from);
+  return std::make_unique<PairRequest>(std::move(receiving), isend(send, to));
+}
+
 void send_recv(Communicator& comm, const Tensor& send, int to, const Tensor& recv, int from) {
-  std::unique_ptr<Request> receiving = comm.irecv(recv, from);
-  std::unique_ptr<Request> sending = comm.isend(send, to);
-  receiving->wait();
-  sending->wait();
+  comm.isendrecv(send, to, recv, from)->wait();
 }
 
 void check_peer(const Communicator& comm, const char* op, int peer) {

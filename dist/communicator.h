@@ -53,6 +53,11 @@ class Communicator {
   // tensor must stay alive and unchanged (send) or untouched (receive) until wait() returns.
   virtual std::unique_ptr<Request> isend(const Tensor& tensor, int peer) = 0;
   virtual std::unique_ptr<Request> irecv(const Tensor& tensor, int peer) = 0;
+  // A send and a receive posted together, as one ring step needs: on transports that run
+  // transfers in order on one stream (NCCL), posting them separately would deadlock a ring
+  // in which every rank sends before it receives. By default, an irecv and an isend.
+  virtual std::unique_ptr<Request> isendrecv(const Tensor& send, int to, const Tensor& recv,
+                                             int from);
 
   // out [size, in.shape...]: out[j] = rank j's `in`.
   virtual void all_gather(const Tensor& out, const Tensor& in) = 0;
@@ -76,8 +81,7 @@ class Communicator {
   virtual CommStats stats() const = 0;
 };
 
-// Sends `send` to rank `to` while receiving `recv` from rank `from`, both in flight at once
-// (the step of a ring), and waits for both.
+// Sends `send` to rank `to` while receiving `recv` from rank `from` (isendrecv), and waits.
 void send_recv(Communicator& comm, const Tensor& send, int to, const Tensor& recv, int from);
 
 // The argument checks every backend runs (so a bad call reads the same on every backend).

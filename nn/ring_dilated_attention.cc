@@ -401,20 +401,19 @@ Accumulator fixed_forward(const Exec& ex, const Tensor& q, const Tensor& k, cons
   }
   for (int t = 0; t <= p.ring_steps; ++t) {
     const int src = wrap(me - t, size);
-    std::unique_ptr<dist::Request> receiving, sending;
+    std::unique_ptr<dist::Request> step;
     if (t < p.ring_steps) {
-      receiving = comm.irecv(prefix(nxt, p.ring.elements[static_cast<size_t>(wrap(src - 1, size))]),
-                             wrap(me - 1, size));
-      sending = comm.isend(prefix(cur, p.ring.elements[static_cast<size_t>(src)]), wrap(me + 1, size));
+      step = comm.isendrecv(prefix(cur, p.ring.elements[static_cast<size_t>(src)]), wrap(me + 1, size),
+                            prefix(nxt, p.ring.elements[static_cast<size_t>(wrap(src - 1, size))]),
+                            wrap(me - 1, size));
     }
     if (t == 0) {
       forward_calls(ex, calls[static_cast<size_t>(me)], me, q, k, v, nullptr, Tensor(), acc);
     } else {
       forward_calls(ex, calls[static_cast<size_t>(src)], src, q, k, v, &p.ring, cur, acc);
     }
-    if (receiving) {
-      receiving->wait();
-      sending->wait();
+    if (step) {
+      step->wait();
       std::swap(cur, nxt);
     }
   }
@@ -465,20 +464,19 @@ QkvGrads fixed_backward(const Exec& ex, const Tensor& q, const Tensor& k, const 
   for (int t = 0; t <= p.ring_steps; ++t) {
     const int src = wrap(me - t, size);
     const int next_src = wrap(src - 1, size);
-    std::unique_ptr<dist::Request> receiving, sending;
+    std::unique_ptr<dist::Request> step;
     if (t < p.ring_steps) {
-      receiving = comm.irecv(prefix(nxt, p.ring.elements[static_cast<size_t>(next_src)]),
-                             wrap(me - 1, size));
-      sending = comm.isend(prefix(cur, p.ring.elements[static_cast<size_t>(src)]), wrap(me + 1, size));
+      step = comm.isendrecv(prefix(cur, p.ring.elements[static_cast<size_t>(src)]), wrap(me + 1, size),
+                            prefix(nxt, p.ring.elements[static_cast<size_t>(next_src)]),
+                            wrap(me - 1, size));
     }
     if (t == 0) {
       run(me, nullptr, Tensor(), Tensor());
     } else {
       run(src, &p.ring, cur, dcur);
     }
-    if (receiving) {
-      receiving->wait();
-      sending->wait();
+    if (step) {
+      step->wait();
       std::swap(cur, nxt);
       dist::send_recv(comm, prefix(dcur, p.ring.elements[static_cast<size_t>(src)]),
                       wrap(me + 1, size),
