@@ -45,6 +45,54 @@ void send_recv(Communicator& comm, const Tensor& send, int to, const Tensor& rec
   comm.isendrecv(send, to, recv, from)->wait();
 }
 
+int64_t nbytes_of(const Tensor& t) {
+  return t.numel() * static_cast<int64_t>(dtype_size(t.dtype()));
+}
+
+void StatsCounter::sent(int64_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.bytes_sent += bytes;
+  ++stats_.sends;
+}
+
+void StatsCounter::received(int64_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.bytes_received += bytes;
+  ++stats_.receives;
+}
+
+void StatsCounter::add(int64_t sent, int64_t received) {
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.bytes_sent += sent;
+  stats_.bytes_received += received;
+  ++stats_.collectives;
+}
+
+void StatsCounter::all_gather(int64_t bytes, int size) {
+  const int64_t moved = bytes * (size - 1) / size;
+  add(moved, moved);
+}
+
+void StatsCounter::all_reduce(int64_t bytes, int size) {
+  const int64_t moved = 2 * bytes * (size - 1) / size;
+  add(moved, moved);
+}
+
+void StatsCounter::broadcast(int64_t bytes, int size, bool root) {
+  if (root) {
+    add(bytes * (size - 1), 0);
+  } else {
+    add(0, bytes);
+  }
+}
+
+void StatsCounter::barrier() { add(0, 0); }
+
+CommStats StatsCounter::get() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
 void check_peer(const Communicator& comm, const char* op, int peer) {
   RD_CHECK(peer >= 0 && peer < comm.size(), kOutOfRange, op, ": peer rank ", peer,
            " is outside the group of ", comm.size(), " ranks (this is rank ", comm.rank(), ")");

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "ringdilated/tensor/tensor.h"
@@ -26,6 +27,29 @@ struct CommStats {
   int64_t receives = 0;
   int64_t collectives = 0;
 };
+
+// The CommStats accounting every backend shares, thread-safe.
+class StatsCounter {
+ public:
+  void sent(int64_t bytes);      // one point-to-point send
+  void received(int64_t bytes);  // one point-to-point receive
+  // A collective over `size` ranks of `bytes` per rank (the whole gathered or reduced
+  // tensor): all_gather and reduce_scatter send and receive (P - 1) / P of it, all_reduce
+  // twice that, a broadcast root sends it to P - 1 ranks and the others receive it once.
+  void all_gather(int64_t bytes, int size);
+  void reduce_scatter(int64_t bytes, int size) { all_gather(bytes, size); }
+  void all_reduce(int64_t bytes, int size);
+  void broadcast(int64_t bytes, int size, bool root);
+  void barrier();
+  CommStats get() const;
+
+ private:
+  void add(int64_t sent, int64_t received);
+  mutable std::mutex mu_;
+  CommStats stats_;
+};
+
+int64_t nbytes_of(const Tensor& t);
 
 // A pending isend or irecv. wait() returns once a send's tensor may be reused or a receive's
 // tensor holds the data; it throws rd::Error (kTimeout, kAborted) when the transfer cannot

@@ -25,10 +25,6 @@ namespace {
 
 constexpr const char* kBackend = "in-process";
 
-int64_t nbytes_of(const Tensor& t) {
-  return t.numel() * static_cast<int64_t>(dtype_size(t.dtype()));
-}
-
 // What one rank posts to a collective round.
 struct Contribution {
   std::string op;
@@ -277,14 +273,14 @@ class InProcessComm final : public Communicator {
     check_peer(*this, "isend", peer);
     check_comm_tensor(*this, "isend", "tensor", tensor);
     synchronize(device());
-    count_send(nbytes_of(tensor));
+    stats_.sent(nbytes_of(tensor));
     return std::make_unique<SendRequest>(group_, rank_, peer, group_->post(rank_, peer, tensor));
   }
 
   std::unique_ptr<Request> irecv(const Tensor& tensor, int peer) override {
     check_peer(*this, "irecv", peer);
     check_comm_tensor(*this, "irecv", "tensor", tensor);
-    count_receive(nbytes_of(tensor));
+    stats_.received(nbytes_of(tensor));
     return std::make_unique<RecvRequest>(group_, rank_, peer, tensor);
   }
 
@@ -296,7 +292,7 @@ class InProcessComm final : public Communicator {
         out.select(0, j).copy_(posts[static_cast<size_t>(j)].in);
       }
     });
-    count_ring(nbytes_of(out) * (size() - 1) / size());
+    stats_.all_gather(nbytes_of(out), size());
   }
 
   void reduce_scatter(const Tensor& out, const Tensor& in, ReduceOp op) override {
@@ -309,7 +305,7 @@ class InProcessComm final : public Communicator {
       }
       reduce_into(out, parts, op);
     });
-    count_ring(nbytes_of(in) * (size() - 1) / size());
+    stats_.reduce_scatter(nbytes_of(in), size());
   }
 
   void all_reduce(const Tensor& tensor, ReduceOp op) override {
@@ -325,7 +321,7 @@ class InProcessComm final : public Communicator {
       reduce_into(result, parts, op);
     });
     tensor.detach().copy_(result);
-    count_ring(2 * nbytes_of(tensor) * (size() - 1) / size());
+    stats_.all_reduce(nbytes_of(tensor), size());
   }
 
   void broadcast(const Tensor& tensor, int root) override {
@@ -340,15 +336,12 @@ class InProcessComm final : public Communicator {
       // Only the root's tensor is read, so the others may write theirs during the round.
       if (rank_ != root) tensor.detach().copy_(from.in);
     });
-    if (rank_ != root) {
-      count_receive(nbytes_of(tensor));
-    } else {
-      count_send(nbytes_of(tensor) * (size() - 1));
-    }
+    stats_.broadcast(nbytes_of(tensor), size(), rank_ == root);
   }
 
   void barrier() override {
     collective("barrier", Tensor(), [](const std::vector<Contribution>&) {});
+    stats_.barrier();
   }
 
   std::shared_ptr<Communicator> split(int color, int key) override {
@@ -376,10 +369,7 @@ class InProcessComm final : public Communicator {
     group_->abort(str_cat("rank ", rank_, ": ", reason));
   }
 
-  CommStats stats() const override {
-    std::lock_guard<std::mutex> lock(stats_mu_);
-    return stats_;
-  }
+  CommStats stats() const override { return stats_.get(); }
 
  private:
   void collective(const char* op, const Tensor& in,
@@ -394,8 +384,6 @@ class InProcessComm final : public Communicator {
       work(posts);
       synchronize(device());  // our copies of their data are done before we let them go
     });
-    std::lock_guard<std::mutex> lock(stats_mu_);
-    ++stats_.collectives;
   }
 
   void check_same_layout(const char* op, const Tensor& theirs, const Tensor& mine, int j) const {
@@ -405,27 +393,10 @@ class InProcessComm final : public Communicator {
              " ", dtype_name(theirs.dtype()));
   }
 
-  void count_send(int64_t bytes) {
-    std::lock_guard<std::mutex> lock(stats_mu_);
-    stats_.bytes_sent += bytes;
-    ++stats_.sends;
-  }
-  void count_receive(int64_t bytes) {
-    std::lock_guard<std::mutex> lock(stats_mu_);
-    stats_.bytes_received += bytes;
-    ++stats_.receives;
-  }
-  void count_ring(int64_t bytes) {
-    std::lock_guard<std::mutex> lock(stats_mu_);
-    stats_.bytes_sent += bytes;
-    stats_.bytes_received += bytes;
-  }
-
   std::shared_ptr<Group> group_;
   int rank_;
   uint64_t next_round_ = 0;
-  mutable std::mutex stats_mu_;
-  CommStats stats_;
+  StatsCounter stats_;
 };
 
 }  // namespace

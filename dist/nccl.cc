@@ -1,0 +1,464 @@
+// The NCCL communicator (see nccl.h). libnccl.so.2 is opened at run time and its entry points
+// resolved once. Every operation runs on the communicator's own stream after the work the
+// caller's current stream queued so far (an event orders them), and the caller's stream then
+// waits for it: results are stream-ordered and transfers overlap the compute queued between
+// a request and its wait(). Host waits (barrier) poll NCCL's asynchronous error state and
+// abort the communicator on an error or past the timeout, so a failed peer cannot hang us.
+#include "ringdilated/dist/nccl.h"
+
+#include "ringdilated/kernels/error.h"
+
+#if defined(RD_WITH_CUDA)
+#include <cuda_runtime.h>
+#include <dlfcn.h>
+#include <nccl.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <thread>
+#include <utility>
+
+#include "ringdilated/kernels/cuda/runtime.h"
+#include "ringdilated/tensor/device.h"
+#endif
+
+namespace rd::dist {
+
+#if defined(RD_WITH_CUDA)
+namespace {
+
+constexpr const char* kBackend = "nccl";
+
+// The NCCL entry points this backend uses.
+struct NcclApi {
+  decltype(&ncclGetUniqueId) get_unique_id = nullptr;
+  decltype(&ncclCommInitRank) init_rank = nullptr;
+  decltype(&ncclCommInitAll) init_all = nullptr;
+  decltype(&ncclCommDestroy) destroy = nullptr;
+  decltype(&ncclCommAbort) abort = nullptr;
+  decltype(&ncclCommGetAsyncError) async_error = nullptr;
+  decltype(&ncclCommSplit) split = nullptr;
+  decltype(&ncclCommCount) count = nullptr;
+  decltype(&ncclCommUserRank) user_rank = nullptr;
+  decltype(&ncclSend) send = nullptr;
+  decltype(&ncclRecv) recv = nullptr;
+  decltype(&ncclAllGather) all_gather = nullptr;
+  decltype(&ncclReduceScatter) reduce_scatter = nullptr;
+  decltype(&ncclAllReduce) all_reduce = nullptr;
+  decltype(&ncclBroadcast) broadcast = nullptr;
+  decltype(&ncclGroupStart) group_start = nullptr;
+  decltype(&ncclGroupEnd) group_end = nullptr;
+  decltype(&ncclGetErrorString) error_string = nullptr;
+  std::string problem;  // why NCCL cannot be used; empty when it can
+};
+
+template <class F>
+void resolve(void* handle, const char* name, F* fn, std::string* problem) {
+  *fn = reinterpret_cast<F>(dlsym(handle, name));
+  if (*fn == nullptr && problem->empty()) *problem = str_cat("libnccl.so.2 has no ", name);
+}
+
+// Loaded once per process and never changed after: read-only state, like the loaded library.
+const NcclApi& api() {
+  static const NcclApi* const loaded = [] {
+    auto* a = new NcclApi;
+    void* handle = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
+    if (handle == nullptr) {
+      const char* error = dlerror();
+      a->problem = str_cat("libnccl.so.2 could not be loaded (", error ? error : "?", ")");
+      return a;
+    }
+    resolve(handle, "ncclGetUniqueId", &a->get_unique_id, &a->problem);
+    resolve(handle, "ncclCommInitRank", &a->init_rank, &a->problem);
+    resolve(handle, "ncclCommInitAll", &a->init_all, &a->problem);
+    resolve(handle, "ncclCommDestroy", &a->destroy, &a->problem);
+    resolve(handle, "ncclCommAbort", &a->abort, &a->problem);
+    resolve(handle, "ncclCommGetAsyncError", &a->async_error, &a->problem);
+    resolve(handle, "ncclCommSplit", &a->split, &a->problem);
+    resolve(handle, "ncclCommCount", &a->count, &a->problem);
+    resolve(handle, "ncclCommUserRank", &a->user_rank, &a->problem);
+    resolve(handle, "ncclSend", &a->send, &a->problem);
+    resolve(handle, "ncclRecv", &a->recv, &a->problem);
+    resolve(handle, "ncclAllGather", &a->all_gather, &a->problem);
+    resolve(handle, "ncclReduceScatter", &a->reduce_scatter, &a->problem);
+    resolve(handle, "ncclAllReduce", &a->all_reduce, &a->problem);
+    resolve(handle, "ncclBroadcast", &a->broadcast, &a->problem);
+    resolve(handle, "ncclGroupStart", &a->group_start, &a->problem);
+    resolve(handle, "ncclGroupEnd", &a->group_end, &a->problem);
+    resolve(handle, "ncclGetErrorString", &a->error_string, &a->problem);
+    return a;
+  }();
+  return *loaded;
+}
+
+const NcclApi& checked_api(const char* op) {
+  const NcclApi& a = api();
+  RD_CHECK(a.problem.empty(), kUnimplemented, op, ": NCCL is not available: ", a.problem);
+  return a;
+}
+
+void check_nccl(ncclResult_t result, const char* op, int rank) {
+  if (result == ncclSuccess) return;
+  RD_FAIL(kInternal, "nccl ", op, " on rank ", rank, ": ", api().error_string(result));
+}
+
+ncclDataType_t nccl_dtype(DType dtype, const char* op) {
+  switch (dtype) {
+    case DType::kFloat32: return ncclFloat32;
+    case DType::kFloat64: return ncclFloat64;
+    case DType::kBFloat16: return ncclBfloat16;
+    case DType::kFloat16: return ncclFloat16;
+    case DType::kInt32: return ncclInt32;
+    case DType::kInt64: return ncclInt64;
+    case DType::kBool: return ncclUint8;
+  }
+  RD_FAIL(kDTypeMismatch, op, ": NCCL cannot move dtype ", dtype_name(dtype));
+}
+
+ncclRedOp_t nccl_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return ncclSum;
+    case ReduceOp::kMax: return ncclMax;
+    case ReduceOp::kMin: return ncclMin;
+  }
+  return ncclSum;
+}
+
+// An event that marks the end of one operation on the communication stream; the tensors it
+// touches stay alive until the caller's stream has been told to wait for it.
+class StreamRequest final : public Request {
+ public:
+  StreamRequest(int device, cudaEvent_t done, std::vector<Tensor> keep)
+      : device_(device), done_(done), keep_(std::move(keep)) {}
+  ~StreamRequest() override {
+    if (done_ == nullptr) return;
+    try {
+      wait();
+    } catch (...) {  // destructors must not throw
+    }
+  }
+  // Stream-ordered: the caller's current stream waits; the host does not.
+  void wait() override {
+    if (done_ == nullptr) return;
+    kernels::cuda::DeviceGuard guard(device_);
+    const cudaEvent_t done = std::exchange(done_, nullptr);
+    RD_CUDA_CHECK(cudaStreamWaitEvent(kernels::cuda::current_stream(device_), done, 0));
+    RD_CUDA_CHECK(cudaEventDestroy(done));
+    keep_.clear();
+  }
+
+ private:
+  int device_;
+  cudaEvent_t done_;
+  std::vector<Tensor> keep_;
+};
+
+class NcclComm final : public Communicator {
+ public:
+  NcclComm(ncclComm_t comm, int rank, int size, Device device, NcclOptions options)
+      : comm_(comm), rank_(rank), size_(size), device_(device), options_(options) {
+    kernels::cuda::DeviceGuard guard(device_.index);
+    RD_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  }
+
+  ~NcclComm() override {
+    // Nothing here may throw: errors on the way out are reported, not raised.
+    kernels::cuda::DeviceGuard guard(device_.index);
+    if (!aborted_) cudaStreamSynchronize(stream_);
+    const ncclResult_t r = aborted_ ? ncclSuccess : api().destroy(comm_);
+    if (r != ncclSuccess) std::fprintf(stderr, "[ringdilated] nccl: destroy failed on rank %d\n", rank_);
+    cudaStreamDestroy(stream_);
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  Device device() const override { return device_; }
+  std::string backend_name() const override { return kBackend; }
+
+  std::unique_ptr<Request> isend(const Tensor& tensor, int peer) override {
+    check_peer(*this, "isend", peer);
+    check_comm_tensor(*this, "isend", "tensor", tensor);
+    stats_.sent(nbytes_of(tensor));
+    return p2p("isend", tensor, peer, Tensor(), -1);
+  }
+
+  std::unique_ptr<Request> irecv(const Tensor& tensor, int peer) override {
+    check_peer(*this, "irecv", peer);
+    check_comm_tensor(*this, "irecv", "tensor", tensor);
+    stats_.received(nbytes_of(tensor));
+    return p2p("irecv", Tensor(), -1, tensor, peer);
+  }
+
+  std::unique_ptr<Request> isendrecv(const Tensor& send, int to, const Tensor& recv,
+                                     int from) override {
+    check_peer(*this, "isendrecv", to);
+    check_peer(*this, "isendrecv", from);
+    check_comm_tensor(*this, "isendrecv", "send", send);
+    check_comm_tensor(*this, "isendrecv", "recv", recv);
+    stats_.sent(nbytes_of(send));
+    stats_.received(nbytes_of(recv));
+    return p2p("isendrecv", send, to, recv, from);
+  }
+
+  void all_gather(const Tensor& out, const Tensor& in) override {
+    check_all_gather_args(*this, out, in);
+    run("all_gather", [&](cudaStream_t s) {
+      return api().all_gather(in.raw_data(), out.raw_data(), static_cast<size_t>(in.numel()),
+                              nccl_dtype(in.dtype(), "all_gather"), comm_, s);
+    });
+    stats_.all_gather(nbytes_of(out), size_);
+  }
+
+  void reduce_scatter(const Tensor& out, const Tensor& in, ReduceOp op) override {
+    check_reduce_scatter_args(*this, out, in);
+    run("reduce_scatter", [&](cudaStream_t s) {
+      return api().reduce_scatter(in.raw_data(), out.raw_data(), static_cast<size_t>(out.numel()),
+                                  nccl_dtype(in.dtype(), "reduce_scatter"), nccl_op(op), comm_, s);
+    });
+    stats_.reduce_scatter(nbytes_of(in), size_);
+  }
+
+  void all_reduce(const Tensor& tensor, ReduceOp op) override {
+    check_comm_tensor(*this, "all_reduce", "tensor", tensor);
+    run("all_reduce", [&](cudaStream_t s) {
+      return api().all_reduce(tensor.raw_data(), tensor.raw_data(),
+                              static_cast<size_t>(tensor.numel()),
+                              nccl_dtype(tensor.dtype(), "all_reduce"), nccl_op(op), comm_, s);
+    });
+    stats_.all_reduce(nbytes_of(tensor), size_);
+  }
+
+  void broadcast(const Tensor& tensor, int root) override {
+    check_peer(*this, "broadcast", root);
+    check_comm_tensor(*this, "broadcast", "tensor", tensor);
+    run("broadcast", [&](cudaStream_t s) {
+      return api().broadcast(tensor.raw_data(), tensor.raw_data(),
+                             static_cast<size_t>(tensor.numel()),
+                             nccl_dtype(tensor.dtype(), "broadcast"), root, comm_, s);
+    });
+    stats_.broadcast(nbytes_of(tensor), size_, rank_ == root);
+  }
+
+  // A one-element all-reduce the host waits for, polling NCCL's error state.
+  void barrier() override {
+    const Tensor token = zeros({1}, TensorOptions(DType::kFloat32).with_device(device_));
+    cudaEvent_t done = run("barrier", [&](cudaStream_t s) {
+      return api().all_reduce(token.raw_data(), token.raw_data(), 1, ncclFloat32, ncclSum, comm_, s);
+    }, /*keep_event=*/true);
+    host_wait(done, "barrier");
+    stats_.barrier();
+  }
+
+  std::shared_ptr<Communicator> split(int color, int key) override {
+    check_alive("split");
+    kernels::cuda::DeviceGuard guard(device_.index);
+    ncclComm_t child = nullptr;
+    check_nccl(api().split(comm_, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &child, nullptr),
+               "split", rank_);
+    if (color < 0 || child == nullptr) return nullptr;
+    int child_rank = 0, child_size = 0;
+    check_nccl(api().user_rank(child, &child_rank), "split", rank_);
+    check_nccl(api().count(child, &child_size), "split", rank_);
+    return std::make_shared<NcclComm>(child, child_rank, child_size, device_, options_);
+  }
+
+  void abort(const std::string& reason) override {
+    if (aborted_) return;
+    aborted_ = true;
+    abort_reason_ = reason;
+    api().abort(comm_);
+  }
+
+  CommStats stats() const override { return stats_.get(); }
+
+ private:
+  void check_alive(const char* op) const {
+    RD_CHECK(!aborted_, kAborted, "nccl ", op, " on rank ", rank_,
+             ": the communicator was aborted: ", abort_reason_);
+  }
+
+  // Issues `issue(stream)` on the communication stream after the caller's queued work; the
+  // caller's stream then waits for it. Returns the end event when asked to keep it (the
+  // caller destroys it), else destroys it.
+  cudaEvent_t run(const char* op, const std::function<ncclResult_t(cudaStream_t)>& issue,
+                  bool keep_event = false) {
+    check_alive(op);
+    checked_api(op);
+    kernels::cuda::DeviceGuard guard(device_.index);
+    const cudaStream_t caller = kernels::cuda::current_stream(device_.index);
+    follow(caller);
+    check_nccl(issue(stream_), op, rank_);
+    const cudaEvent_t done = mark_done();
+    RD_CUDA_CHECK(cudaStreamWaitEvent(caller, done, 0));
+    if (keep_event) return done;
+    RD_CUDA_CHECK(cudaEventDestroy(done));
+    return nullptr;
+  }
+
+  // Makes the communication stream wait for the work `caller` queued so far.
+  void follow(cudaStream_t caller) {
+    cudaEvent_t ready = nullptr;
+    RD_CUDA_CHECK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
+    RD_CUDA_CHECK(cudaEventRecord(ready, caller));
+    RD_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready, 0));
+    RD_CUDA_CHECK(cudaEventDestroy(ready));
+  }
+
+  // An event at the end of the work queued on the communication stream so far.
+  cudaEvent_t mark_done() {
+    cudaEvent_t done = nullptr;
+    RD_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+    RD_CUDA_CHECK(cudaEventRecord(done, stream_));
+    return done;
+  }
+
+  // A send and/or a receive in one NCCL group, so that a ring of them cannot deadlock.
+  std::unique_ptr<Request> p2p(const char* op, const Tensor& send, int to, const Tensor& recv,
+                               int from) {
+    check_alive(op);
+    checked_api(op);
+    kernels::cuda::DeviceGuard guard(device_.index);
+    follow(kernels::cuda::current_stream(device_.index));
+    check_nccl(api().group_start(), op, rank_);
+    ncclResult_t result = ncclSuccess;
+    if (send.defined()) {
+      result = api().send(send.raw_data(), static_cast<size_t>(send.numel()),
+                          nccl_dtype(send.dtype(), op), to, comm_, stream_);
+    }
+    if (result == ncclSuccess && recv.defined()) {
+      result = api().recv(recv.raw_data(), static_cast<size_t>(recv.numel()),
+                          nccl_dtype(recv.dtype(), op), from, comm_, stream_);
+    }
+    const ncclResult_t ended = api().group_end();
+    check_nccl(result, op, rank_);
+    check_nccl(ended, op, rank_);
+    return std::make_unique<StreamRequest>(device_.index, mark_done(),
+                                           std::vector<Tensor>{send, recv});
+  }
+
+  // Blocks until `done` fires; fails (and aborts the communicator) on an asynchronous NCCL
+  // error or past the timeout, naming the op and the rank.
+  void host_wait(cudaEvent_t done, const char* op) {
+    const auto deadline = std::chrono::steady_clock::now() + options_.timeout;
+    for (;;) {
+      const cudaError_t status = cudaEventQuery(done);
+      if (status == cudaSuccess) break;
+      if (status != cudaErrorNotReady) {
+        cudaEventDestroy(done);
+        RD_CUDA_CHECK(status);
+      }
+      ncclResult_t async = ncclSuccess;
+      api().async_error(comm_, &async);
+      if (async != ncclSuccess && async != ncclInProgress) {
+        cudaEventDestroy(done);
+        abort(str_cat("asynchronous NCCL error: ", api().error_string(async)));
+        RD_FAIL(kAborted, "nccl ", op, " on rank ", rank_, ": ", abort_reason_);
+      }
+      if (std::chrono::steady_clock::now() > deadline) {
+        cudaEventDestroy(done);
+        abort(str_cat(op, " waited more than ", options_.timeout.count(), " ms"));
+        RD_FAIL(kTimeout, "nccl ", op, " on rank ", rank_, ": waited more than ",
+                options_.timeout.count(), " ms for the other ranks; communicator aborted");
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+    RD_CUDA_CHECK(cudaEventDestroy(done));
+  }
+
+  ncclComm_t comm_;
+  int rank_, size_;
+  Device device_;
+  NcclOptions options_;
+  cudaStream_t stream_ = nullptr;
+  bool aborted_ = false;
+  std::string abort_reason_;
+  StatsCounter stats_;
+};
+
+void check_cuda_device(Device device, const char* op) {
+  RD_CHECK(device.is_cuda(), kDeviceMismatch, op, ": NCCL ranks live on CUDA devices, got ",
+           device.str());
+}
+
+}  // namespace
+
+bool nccl_available(std::string* why_not) {
+  std::string problem = api().problem;
+  if (problem.empty() && !cuda_available()) problem = "no CUDA device is visible";
+  if (why_not != nullptr) *why_not = problem;
+  return problem.empty();
+}
+
+std::string nccl_unique_id() {
+  ncclUniqueId id;
+  check_nccl(checked_api("nccl_unique_id").get_unique_id(&id), "get_unique_id", -1);
+  return std::string(id.internal, sizeof(id.internal));
+}
+
+std::shared_ptr<Communicator> make_nccl_communicator(const std::string& unique_id, int rank,
+                                                     int size, Device device,
+                                                     NcclOptions options) {
+  constexpr const char* kOp = "make_nccl_communicator";
+  const NcclApi& a = checked_api(kOp);
+  check_cuda_device(device, kOp);
+  RD_CHECK(size >= 1 && rank >= 0 && rank < size, kInvalidArgument, kOp, ": rank ", rank,
+           " is not in a group of ", size);
+  ncclUniqueId id;
+  RD_CHECK(unique_id.size() == sizeof(id.internal), kInvalidArgument, kOp,
+           ": argument 'unique_id' has ", unique_id.size(), " bytes, expected ",
+           sizeof(id.internal), " (from nccl_unique_id())");
+  std::memcpy(id.internal, unique_id.data(), sizeof(id.internal));
+  kernels::cuda::DeviceGuard guard(device.index);
+  ncclComm_t comm = nullptr;
+  check_nccl(a.init_rank(&comm, size, id, rank), "init", rank);
+  return std::make_shared<NcclComm>(comm, rank, size, device, options);
+}
+
+std::vector<std::shared_ptr<Communicator>> make_nccl_group(const std::vector<Device>& devices,
+                                                           NcclOptions options) {
+  constexpr const char* kOp = "make_nccl_group";
+  const NcclApi& a = checked_api(kOp);
+  RD_CHECK(!devices.empty(), kInvalidArgument, kOp, ": argument 'devices' is empty");
+  std::vector<int> indices;
+  for (const Device& d : devices) {
+    check_cuda_device(d, kOp);
+    indices.push_back(d.index);
+  }
+  std::vector<ncclComm_t> comms(devices.size());
+  check_nccl(a.init_all(comms.data(), static_cast<int>(devices.size()), indices.data()),
+             "init_all", -1);
+  std::vector<std::shared_ptr<Communicator>> result;
+  for (size_t i = 0; i < devices.size(); ++i) {
+    result.push_back(std::make_shared<NcclComm>(comms[i], static_cast<int>(i),
+                                                static_cast<int>(devices.size()), devices[i],
+                                                options));
+  }
+  return result;
+}
+
+#else  // no CUDA in this build
+
+bool nccl_available(std::string* why_not) {
+  if (why_not != nullptr) *why_not = "this build has no CUDA backend";
+  return false;
+}
+
+std::string nccl_unique_id() {
+  RD_FAIL(kUnimplemented, "nccl_unique_id: this build has no CUDA backend");
+}
+
+std::shared_ptr<Communicator> make_nccl_communicator(const std::string&, int, int, Device,
+                                                     NcclOptions) {
+  RD_FAIL(kUnimplemented, "make_nccl_communicator: this build has no CUDA backend");
+}
+
+std::vector<std::shared_ptr<Communicator>> make_nccl_group(const std::vector<Device>&,
+                                                           NcclOptions) {
+  RD_FAIL(kUnimplemented, "make_nccl_group: this build has no CUDA backend");
+}
+
+#endif
+
+}  // namespace rd::dist

@@ -1,0 +1,114 @@
+// The NCCL communicator with one rank on one GPU: initialization, every collective, a paired
+// send/receive to itself, sub-groups, abort and argument errors, against values computed on
+// the host. Runs where a GPU and libnccl.so.2 are present (multi-GPU runs are their own
+// suite).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+
+#include "ringdilated/dist/nccl.h"
+#include "ringdilated/kernels/error.h"
+#include "ringdilated/tensor/device.h"
+#include "ringdilated/tensor/generator.h"
+#include "ringdilated/tensor/ops.h"
+#include "testing/raises.h"
+#include "testing/tensor_util.h"
+
+namespace rd {
+namespace {
+
+class NcclOneRank : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string why;
+    if (!dist::nccl_available(&why)) GTEST_SKIP() << "NCCL unavailable: " << why;
+    comm_ = dist::make_nccl_communicator(dist::nccl_unique_id(), 0, 1, Device::cuda(0));
+  }
+
+  // Random non-zero values on the GPU, and the same values on the host.
+  Tensor random_gpu(const Shape& shape, DType dtype, uint64_t seed) {
+    Generator gen(seed);
+    return randn(shape, gen, TensorOptions(dtype)).to(Device::cuda(0));
+  }
+
+  static void expect_equal(const Tensor& got, const Tensor& want) {
+    const test::RefArray g = test::to_ref(got), w = test::to_ref(want);
+    ASSERT_EQ(g.shape, w.shape);
+    for (int64_t i = 0; i < w.numel(); ++i) ASSERT_EQ(g.data[i], w.data[i]) << "element " << i;
+  }
+
+  std::shared_ptr<dist::Communicator> comm_;
+};
+
+TEST_F(NcclOneRank, EveryCollectiveIsTheIdentityOnOneRank) {
+  EXPECT_EQ(comm_->rank(), 0);
+  EXPECT_EQ(comm_->size(), 1);
+  EXPECT_EQ(comm_->backend_name(), "nccl");
+  for (DType dtype : {DType::kFloat32, DType::kBFloat16, DType::kFloat64}) {
+    const Tensor in = random_gpu({5, 3}, dtype, 1);
+    const TensorOptions opts = TensorOptions(dtype).with_device(Device::cuda(0));
+    Tensor gathered = full({1, 5, 3}, NAN, opts);  // poisoned
+    comm_->all_gather(gathered, in);
+    expect_equal(gathered.select(0, 0), in);
+    Tensor scattered = full({5, 3}, NAN, opts);
+    comm_->reduce_scatter(scattered, in.unsqueeze(0).contiguous());
+    expect_equal(scattered, in);
+    Tensor reduced = in.clone();
+    comm_->all_reduce(reduced, dist::ReduceOp::kMax);
+    expect_equal(reduced, in);
+    Tensor broadcast = in.clone();
+    comm_->broadcast(broadcast, 0);
+    expect_equal(broadcast, in);
+  }
+  comm_->barrier();
+  const dist::CommStats stats = comm_->stats();
+  EXPECT_EQ(stats.collectives, 13);  // 4 x 3 dtypes + the barrier
+}
+
+TEST_F(NcclOneRank, PairedSendAndReceiveToItself) {
+  const Tensor sent = random_gpu({1000}, DType::kFloat32, 2);
+  Tensor got = full({1000}, NAN, TensorOptions(DType::kFloat32).with_device(Device::cuda(0)));
+  comm_->isendrecv(sent, 0, got, 0)->wait();
+  expect_equal(got, sent);
+  EXPECT_EQ(comm_->stats().bytes_sent, 4000);
+  EXPECT_EQ(comm_->stats().bytes_received, 4000);
+}
+
+TEST_F(NcclOneRank, SplitAndAbort) {
+  std::shared_ptr<dist::Communicator> sub = comm_->split(3, 0);
+  ASSERT_NE(sub, nullptr);
+  EXPECT_EQ(sub->size(), 1);
+  Tensor t = random_gpu({4}, DType::kFloat32, 3);
+  const Tensor want = t.clone();
+  sub->all_reduce(t);
+  expect_equal(t, want);
+  comm_->abort("test abort");
+  EXPECT_TRUE(test::raises([&] { comm_->barrier(); }, {ErrorCode::kAborted},
+                           {"barrier", "rank 0", "test abort"}));
+}
+
+TEST_F(NcclOneRank, BadArgumentsNameTheOpAndTheArgument) {
+  EXPECT_TRUE(test::raises([&] { comm_->all_reduce(zeros({4})); }, {ErrorCode::kDeviceMismatch},
+                           {"all_reduce", "cpu", "nccl"}));
+  const Tensor x = random_gpu({4}, DType::kFloat32, 4);
+  EXPECT_TRUE(test::raises([&] { comm_->isend(x, 1); }, {ErrorCode::kOutOfRange},
+                           {"isend", "peer rank 1"}));
+  EXPECT_TRUE(test::raises(
+      [&] { dist::make_nccl_communicator("short", 0, 1, Device::cuda(0)); },
+      {ErrorCode::kInvalidArgument}, {"make_nccl_communicator", "unique_id", "5 bytes"}));
+}
+
+TEST(NcclGroup, OneProcessDrivingItsGpus) {
+  std::string why;
+  if (!dist::nccl_available(&why)) GTEST_SKIP() << "NCCL unavailable: " << why;
+  auto comms = dist::make_nccl_group({Device::cuda(0)});
+  ASSERT_EQ(comms.size(), 1u);
+  Tensor t = full({8}, 2.5, TensorOptions(DType::kFloat32).with_device(Device::cuda(0)));
+  comms[0]->all_reduce(t);
+  comms[0]->barrier();
+  EXPECT_EQ(test::to_ref(t).data[7], 2.5);
+}
+
+}  // namespace
+}  // namespace rd
