@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <utility>
@@ -28,6 +29,7 @@
 #include "ringdilated/nn/dilated_plan.h"
 #include "ringdilated/tensor/autograd.h"
 #include "ringdilated/tensor/dispatch.h"
+#include "ringdilated/tensor/op_util.h"
 #include "ringdilated/tensor/ops.h"
 #include "ringdilated/tensor/shape_util.h"
 
@@ -47,6 +49,7 @@ namespace {
 using kernels::AttentionBackwardArgs;
 using kernels::AttentionForwardArgs;
 using kernels::AttentionKernel;
+using op_util::options_like;
 
 constexpr const char* kOp = "ring_dilated_attention";
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
@@ -252,18 +255,43 @@ Keys keys_of(const Exec& ex, const BlockCall& c, int src, const Tensor& k, const
     auto [kc, vc] = packed_rows(p, *group, index_in_group(*group, unit), flat, src);
     keys = {kc, vc, in_unit(c.k, u, u.run(p.layout.block(src))), Tensor()};
   }
-  if (ex.hilbert) keys.key_order = hilbert_indices(*ex.patterns, keys.sel.n, k.device());
+  if (ex.hilbert) keys.key_order = hilbert_indices(*ex.patterns, keys.sel.n, keys.k.device());
   return keys;
 }
 
-AttentionForwardArgs forward_args(const Exec& ex, const Tensor& q, const Keys& keys,
-                                  const BlockCall& c, const Tensor& out, const Tensor& lse) {
+// The [B, hc, count] view of a unit's rows in a [B, H, C] row statistic (an LSE).
+Tensor unit_stat(const Tensor& t, const ExchangeUnit& u, const Run& run) {
+  const Shape& st = t.strides();
+  return t.as_strided({t.size(0), u.heads.hc, run.count},
+                      {st[0], u.heads.hs * st[1], run.stride * st[2]},
+                      t.offset() + u.heads.h0 * st[1] + run.first * st[2]);
+}
+
+// target += addend (float32 or float64 data), stored in target's dtype: one rounding when
+// that is a 16-bit float.
+void add_into(const Tensor& target, const Tensor& addend) {
+  if (target.dtype() == addend.dtype()) {
+    backend_for(target.device()).accumulate(view_of(target), view_of(addend));
+  } else {
+    target.detach().copy_(add(target.to(addend.dtype()), addend));
+  }
+}
+
+// Where a call's results go: out [B, N, H, D] and lse [B, H, N] tensors and the selection of
+// the call's rows in them.
+struct Target {
+  Tensor out, lse;
+  Selection sel;
+};
+
+AttentionForwardArgs forward_args(const Exec& ex, const Tensor& q, const BlockCall& c,
+                                  const Keys& keys, const Target& to) {
   AttentionForwardArgs a;
   a.q = view_of(select_bnhd(q, c.q));
   a.k = view_of(select_bnhd(keys.k, keys.sel));
   a.v = view_of(select_bnhd(keys.v, keys.sel));
-  a.out = view_of(select_bnhd(out, c.q));
-  a.lse = view_of(select_bhn(lse, c.q));
+  a.out = view_of(select_bnhd(to.out, to.sel));
+  a.lse = view_of(select_bhn(to.lse, to.sel));
   a.params = ex.params;
   a.params.causal = c.causal;
   a.params.key_order =
@@ -271,77 +299,106 @@ AttentionForwardArgs forward_args(const Exec& ex, const Tensor& q, const Keys& k
   return a;
 }
 
-// The running result of this rank's rows, float32 (float64 for float64 data). Each group of
-// calls writes a partial in q's dtype (what every kernel, cuDNN included, writes; each
-// partial is rounded once, so the error does not grow with the number of ranks), merged in
-// through the log-sum-exp.
-struct Accumulator {
-  Tensor out, lse;            // [B, C, H, D], [B, H, C]
-  Tensor part_out, part_lse;  // a group's partial: q's dtype, and lse's
+AttentionKernel run_forward(const Exec& ex, const Tensor& q, const BlockCall& c, const Keys& keys,
+                            const Target& to) {
+  kernels::KernelBackend& backend = backend_for(q.device());
+  const AttentionForwardArgs args = forward_args(ex, q, c, keys, to);
+  return run_with_fallback(backend, ex.kernels, args, /*backward=*/nullptr, ex.forced, kOp,
+                           [&](AttentionKernel kk) { backend.attention_forward(kk, args); });
+}
+
+// The calls of `calls` that read keys of unit `unit`.
+std::vector<const BlockCall*> calls_of_unit(const SpPlan& p, const std::vector<BlockCall>& calls,
+                                            int unit) {
+  std::vector<const BlockCall*> result;
+  for (const BlockCall& c : calls) {
+    if (p.unit_of(c) == unit) result.push_back(&c);
+  }
+  return result;
+}
+
+// A unit's rows of this rank's result while other ranks' partials merge in: a float32
+// (float64) accumulator and a view of the LSE, and scratch for one step's partial. Sized by
+// the unit (its heads at its selected positions), never by the whole block.
+struct UnitAcc {
+  int unit = -1;
+  Run rows;
+  Tensor out, lse;            // [B, n, hc, D] accumulation dtype; [B, hc, n] view of the lse
+  Tensor part_out, part_lse;  // q's dtype; the lse's dtype
+};
+
+// This rank's forward result as it is built. Head groups: the local calls write `out` (q's
+// dtype) and `lse` in place, as on one device. All heads: pairs merge into the float32
+// `acc_out` as on one device, converted into `out` at the end.
+struct ForwardState {
+  Tensor out, acc_out, lse;
+  std::vector<UnitAcc> units;
   AttentionKernel slowest = AttentionKernel::kCudnn;
 };
 
-// Whether pass over source `src` runs call c: every call of the local block; of another
-// block, those whose unit `group` exchanges.
-bool runs_call(const SpPlan& p, const BlockCall& c, int src, const ExchangeGroup* group) {
-  if (src == p.layout.rank) return true;
-  return index_in_group(*group, p.unit_of(c)) < group->units.size();
+UnitAcc& unit_acc(const SpPlan& p, ForwardState& st, int unit, DType q_dtype) {
+  for (UnitAcc& ua : st.units) {
+    if (ua.unit == unit) return ua;
+  }
+  const Layout& l = p.layout;
+  const ExchangeUnit& u = p.units[static_cast<size_t>(unit)];
+  UnitAcc ua;
+  ua.unit = unit;
+  ua.rows = u.run(l.block(l.rank));
+  // Head groups start from the local calls' (rounded) rows; all heads merge in place.
+  ua.out = p.merged ? unit_rows(st.acc_out, u, ua.rows)
+                    : unit_rows(st.out, u, ua.rows).to(st.lse.dtype()).contiguous();
+  ua.lse = unit_stat(st.lse, u, ua.rows);
+  const TensorOptions opts = TensorOptions(q_dtype).with_device(st.lse.device());
+  ua.part_out = empty({l.batch, ua.rows.count, u.heads.hc, l.dim}, opts);
+  ua.part_lse = empty({l.batch, u.heads.hc, ua.rows.count}, options_like(st.lse));
+  st.units.push_back(std::move(ua));
+  return st.units.back();
 }
 
-// Runs the forward of `calls` (keys from `src`) and merges their results into `acc`: one
-// partial for all of them under head groups (they write disjoint rows and heads), one per
-// pair under all-heads mixing (pairs overlap).
-void forward_calls(const Exec& ex, const std::vector<BlockCall>& calls, int src, const Tensor& q,
-                   const Tensor& k, const Tensor& v, const ExchangeGroup* group,
-                   const Tensor& flat, Accumulator& acc) {
+// The calls on this rank's own keys, exactly as dilated_attention runs them on one device.
+void local_forward(const Exec& ex, const Tensor& q, const Tensor& k, const Tensor& v,
+                   ForwardState& st) {
   const SpPlan& p = *ex.plan;
-  kernels::KernelBackend& backend = backend_for(q.device());
-  for (int g = 0; g < (p.merged ? p.num_pairs : 1); ++g) {
-    std::vector<const BlockCall*> mine;
+  const std::vector<BlockCall>& calls = p.calls[static_cast<size_t>(p.layout.rank)];
+  auto keys = [&](const BlockCall& c) { return keys_of(ex, c, p.layout.rank, k, v, nullptr, Tensor()); };
+  if (!p.merged) {
     for (const BlockCall& c : calls) {
-      if ((!p.merged || c.pair == g) && runs_call(p, c, src, group)) mine.push_back(&c);
+      st.slowest = slower(st.slowest, run_forward(ex, q, c, keys(c), {st.out, st.lse, c.q}));
     }
-    if (mine.empty()) continue;
-    // Rows and heads no call of the group selects stay 0 / -inf, which the merge ignores.
-    acc.part_out.zero_();
-    acc.part_lse.fill_(kNegInf);
-    const Tensor& out = acc.part_out;
-    const Tensor& lse = acc.part_lse;
-    for (const BlockCall* c : mine) {
-      const Keys keys = keys_of(ex, *c, src, k, v, group, flat);
-      const AttentionForwardArgs args = forward_args(ex, q, keys, *c, out, lse);
-      const AttentionKernel used =
-          run_with_fallback(backend, ex.kernels, args, /*backward=*/nullptr, ex.forced, kOp,
-                            [&](AttentionKernel kk) { backend.attention_forward(kk, args); });
-      acc.slowest = slower(acc.slowest, used);
+    return;
+  }
+  Tensor part = empty_like(st.out), part_lse = empty_like(st.lse);
+  for (int pair = 0; pair < p.num_pairs; ++pair) {
+    part.zero_();
+    part_lse.fill_(kNegInf);
+    for (const BlockCall& c : calls) {
+      if (c.pair != pair) continue;
+      st.slowest = slower(st.slowest, run_forward(ex, q, c, keys(c), {part, part_lse, c.q}));
     }
-    attention_merge_(acc.out, acc.lse, out, lse);
+    attention_merge_(st.acc_out, st.lse, part, part_lse);
   }
 }
 
-// Gradients of `calls` (keys from `src`) added into grad_q (this rank's rows) and into
-// grad_k / grad_v: the local block's, or the flat float32 accumulator of src's packed rows.
-void backward_calls(const Exec& ex, const std::vector<BlockCall>& calls, int src,
-                    const Tensor& q, const Tensor& k, const Tensor& v, const ExchangeGroup* group,
-                    const Tensor& flat, const Tensor& out, const Tensor& lse,
-                    const Tensor& grad_out, const Tensor& grad_lse, const Tensor& grad_q,
-                    const Tensor& grad_k, const Tensor& grad_v, const Tensor& grad_flat) {
+// The calls on block `src`'s keys of the units `group` exchanges, held in `flat`: per unit,
+// one partial merged into the unit's accumulator.
+void remote_forward(const Exec& ex, int src, const Tensor& q, const ExchangeGroup& group,
+                    const Tensor& flat, ForwardState& st) {
   const SpPlan& p = *ex.plan;
-  kernels::KernelBackend& backend = backend_for(q.device());
-  for (const BlockCall& c : calls) {
-    if (!runs_call(p, c, src, group)) continue;
-    const Keys keys = keys_of(ex, c, src, k, v, group, flat);
-    Tensor gk = grad_k, gv = grad_v;
-    if (src != p.layout.rank) {
-      std::tie(gk, gv) = packed_rows(p, *group, index_in_group(*group, p.unit_of(c)), grad_flat, src);
+  const std::vector<BlockCall>& calls = p.calls[static_cast<size_t>(src)];
+  for (int unit : group.units) {
+    const std::vector<const BlockCall*> mine = calls_of_unit(p, calls, unit);
+    if (mine.empty()) continue;
+    UnitAcc& ua = unit_acc(p, st, unit, q.dtype());
+    const ExchangeUnit& u = p.units[static_cast<size_t>(unit)];
+    ua.part_out.zero_();
+    ua.part_lse.fill_(kNegInf);
+    for (const BlockCall* c : mine) {
+      const Keys keys = keys_of(ex, *c, src, Tensor(), Tensor(), &group, flat);
+      st.slowest = slower(st.slowest, run_forward(ex, q, *c, keys,
+                                                  {ua.part_out, ua.part_lse, in_unit(c->q, u, ua.rows)}));
     }
-    const AttentionForwardArgs fwd = forward_args(ex, q, keys, c, out, lse);
-    AttentionBackwardArgs b = backward_args(
-        kOp, fwd, select_bnhd(grad_out, c.q),
-        grad_lse.defined() ? select_bhn(grad_lse, c.q) : Tensor(), select_bnhd(grad_q, c.q),
-        select_bnhd(gk, keys.sel), select_bnhd(gv, keys.sel));
-    run_with_fallback(backend, ex.kernels, fwd, &b, ex.forced, kOp,
-                      [&](AttentionKernel kk) { backend.attention_backward(kk, b); });
+    attention_merge_(ua.out, ua.lse, ua.part_out, ua.part_lse);
   }
 }
 
@@ -361,12 +418,11 @@ void pack(const SpPlan& p, const ExchangeGroup& group, const Tensor& flat, const
 void unpack_add(const SpPlan& p, const ExchangeGroup& group, const Tensor& flat,
                 const Tensor& grad_k, const Tensor& grad_v) {
   const Block mine = p.layout.block(p.layout.rank);
-  kernels::KernelBackend& backend = backend_for(flat.device());
   for (size_t i = 0; i < group.units.size(); ++i) {
     const ExchangeUnit& u = p.units[static_cast<size_t>(group.units[i])];
     auto [dk, dv] = packed_rows(p, group, i, flat, p.layout.rank);
-    backend.accumulate(view_of(unit_rows(grad_k, u, u.run(mine))), view_of(dk));
-    backend.accumulate(view_of(unit_rows(grad_v, u, u.run(mine))), view_of(dv));
+    add_into(unit_rows(grad_k, u, u.run(mine)), dk);
+    add_into(unit_rows(grad_v, u, u.run(mine)), dv);
   }
 }
 
@@ -375,135 +431,184 @@ int wrap(int r, int size) { return ((r % size) + size) % size; }
 // The first `elements` of a flat buffer.
 Tensor prefix(const Tensor& flat, int64_t elements) { return flat.narrow(0, 0, elements); }
 
-// The forward of the fixed variant on this rank: local calls, all-gathered units, then the
-// ring (each step's transfer in flight while the previous block is attended).
-Accumulator fixed_forward(const Exec& ex, const Tensor& q, const Tensor& k, const Tensor& v,
-                          dist::Communicator& comm) {
+// Runs `visit(src, group, flat)` for every remote block this rank needs, with `flat`
+// holding that block's packed rows of `group`'s units: the ring first (each step's transfer
+// in flight while the previous block is attended; step 0 is `local()`, overlapping the
+// first transfer), then the all-gathered units. The backward passes a `carry` callback:
+// a float32 buffer of each ring block's dK/dV accumulator travels with its keys and, after
+// the last step, returns to its owner, who gets it through `home(buffer)`; all-gathered
+// units' gradients are reduce-scattered into `home` as well.
+struct RemoteGrads {
+  std::function<void(int src, const ExchangeGroup& group, const Tensor& flat, const Tensor& grads)> visit;
+  std::function<void(const ExchangeGroup& group, const Tensor& mine)> home;
+};
+
+void exchange(const Exec& ex, const Tensor& k, const Tensor& v, dist::Communicator& comm,
+              const std::function<void()>& local,
+              const std::function<void(int, const ExchangeGroup&, const Tensor&)>& visit,
+              const RemoteGrads* grads) {
+  const SpPlan& p = *ex.plan;
+  const int me = p.layout.rank, size = p.layout.size;
+  const TensorOptions opts = options_like(k);
+  const TensorOptions acc_opts = TensorOptions(accumulation_dtype(k.dtype())).with_device(k.device());
+  const std::vector<int64_t>& elements = p.ring.elements;
+  auto length = [&](int block) { return elements[static_cast<size_t>(block)]; };
+  Tensor cur, nxt, dcur, dnxt;
+  if (p.ring_steps > 0) {
+    cur = empty({p.ring.max_elements}, opts);
+    nxt = empty({p.ring.max_elements}, opts);
+    pack(p, p.ring, prefix(cur, length(me)), k, v);
+    if (grads != nullptr) {
+      dcur = zeros({p.ring.max_elements}, acc_opts);
+      dnxt = empty({p.ring.max_elements}, acc_opts);
+    }
+  }
+  for (int t = 0; t <= p.ring_steps; ++t) {
+    const int src = wrap(me - t, size), next_src = wrap(src - 1, size);
+    std::unique_ptr<dist::Request> step;
+    if (t < p.ring_steps) {
+      step = comm.isendrecv(prefix(cur, length(src)), wrap(me + 1, size),
+                            prefix(nxt, length(next_src)), wrap(me - 1, size));
+    }
+    if (t == 0) {
+      local();
+    } else if (grads != nullptr) {
+      grads->visit(src, p.ring, cur, dcur);
+    } else {
+      visit(src, p.ring, cur);
+    }
+    if (!step) continue;
+    step->wait();
+    std::swap(cur, nxt);
+    if (grads != nullptr) {
+      dist::send_recv(comm, prefix(dcur, length(src)), wrap(me + 1, size),
+                      prefix(dnxt, length(next_src)), wrap(me - 1, size));
+      std::swap(dcur, dnxt);
+    }
+  }
+  if (grads != nullptr && p.ring_steps > 0) {
+    // dcur holds block (me - steps)'s accumulator; ours comes from rank me + steps.
+    const int owner = wrap(me - p.ring_steps, size);
+    dist::send_recv(comm, prefix(dcur, length(owner)), owner, prefix(dnxt, length(me)),
+                    wrap(me + p.ring_steps, size));
+    grads->home(p.ring, dnxt);
+  }
+  if (p.gather.empty()) return;
+  Tensor mine = empty({p.gather.max_elements}, opts);
+  pack(p, p.gather, mine, k, v);
+  Tensor all = empty({size, p.gather.max_elements}, opts);
+  comm.all_gather(all, mine);
+  Tensor all_grads = grads != nullptr ? zeros({size, p.gather.max_elements}, acc_opts) : Tensor();
+  for (int src = 0; src < size; ++src) {
+    if (src == me) continue;
+    if (grads != nullptr) {
+      grads->visit(src, p.gather, all.select(0, src), all_grads.select(0, src));
+    } else {
+      visit(src, p.gather, all.select(0, src));
+    }
+  }
+  if (grads != nullptr) {
+    Tensor summed = empty({p.gather.max_elements}, acc_opts);
+    comm.reduce_scatter(summed, all_grads);
+    grads->home(p.gather, summed);
+  }
+}
+
+// The forward of the fixed variant on this rank. Returns out (q's dtype) and lse.
+ForwardState fixed_forward(const Exec& ex, const Tensor& q, const Tensor& k, const Tensor& v,
+                           dist::Communicator& comm) {
   const SpPlan& p = *ex.plan;
   const Layout& l = p.layout;
   const TensorOptions acc_opts =
       TensorOptions(accumulation_dtype(q.dtype())).with_device(q.device());
-  Accumulator acc;
-  const TensorOptions opts = TensorOptions(q.dtype()).with_device(q.device());
-  acc.out = zeros({l.batch, l.chunk, l.heads, l.dim}, acc_opts);
-  acc.lse = full({l.batch, l.heads, l.chunk}, kNegInf, acc_opts);
-  acc.part_out = empty({l.batch, l.chunk, l.heads, l.dim}, opts);
-  acc.part_lse = empty({l.batch, l.heads, l.chunk}, acc_opts);
-  const auto& calls = p.calls;
-  const int me = l.rank, size = l.size;
-
-  // Ring: block me's packed rows leave while the local calls run.
-  Tensor cur, nxt;
-  if (p.ring_steps > 0) {
-    cur = empty({p.ring.max_elements}, opts);
-    nxt = empty({p.ring.max_elements}, opts);
-    pack(p, p.ring, prefix(cur, p.ring.elements[static_cast<size_t>(me)]), k, v);
-  }
-  for (int t = 0; t <= p.ring_steps; ++t) {
-    const int src = wrap(me - t, size);
-    std::unique_ptr<dist::Request> step;
-    if (t < p.ring_steps) {
-      step = comm.isendrecv(prefix(cur, p.ring.elements[static_cast<size_t>(src)]), wrap(me + 1, size),
-                            prefix(nxt, p.ring.elements[static_cast<size_t>(wrap(src - 1, size))]),
-                            wrap(me - 1, size));
-    }
-    if (t == 0) {
-      forward_calls(ex, calls[static_cast<size_t>(me)], me, q, k, v, nullptr, Tensor(), acc);
-    } else {
-      forward_calls(ex, calls[static_cast<size_t>(src)], src, q, k, v, &p.ring, cur, acc);
-    }
-    if (step) {
-      step->wait();
-      std::swap(cur, nxt);
+  ForwardState st;
+  st.out = zeros({l.batch, l.chunk, l.heads, l.dim}, options_like(q));
+  st.lse = full({l.batch, l.heads, l.chunk}, kNegInf, acc_opts);
+  if (p.merged) st.acc_out = zeros(st.out.shape(), acc_opts);
+  exchange(
+      ex, k, v, comm, [&] { local_forward(ex, q, k, v, st); },
+      [&](int src, const ExchangeGroup& group, const Tensor& flat) {
+        remote_forward(ex, src, q, group, flat, st);
+      },
+      nullptr);
+  if (p.merged) {
+    st.out = st.acc_out.to(q.dtype());
+  } else {
+    for (const UnitAcc& ua : st.units) {
+      unit_rows(st.out, p.units[static_cast<size_t>(ua.unit)], ua.rows).copy_(ua.out);
     }
   }
-  if (!p.gather.empty()) {
-    Tensor mine = empty({p.gather.max_elements}, opts);
-    pack(p, p.gather, mine, k, v);
-    Tensor all = empty({size, p.gather.max_elements}, opts);
-    comm.all_gather(all, mine);
-    for (int src = 0; src < size; ++src) {
-      if (src == me) continue;
-      forward_calls(ex, calls[static_cast<size_t>(src)], src, q, k, v, &p.gather, all.select(0, src),
-                    acc);
-    }
-  }
-  return acc;
+  return st;
 }
 
 struct QkvGrads {
-  Tensor q, k, v;  // accumulation dtype, [B, C, H, D]
+  Tensor q, k, v;
 };
 
+// The gradients of q, k and v on this rank. Head groups: the local calls write q-dtype
+// gradients in place (disjoint selections of zeros), as on one device; contributions from
+// and to other ranks accumulate in float32 per unit and are added once at the end. All
+// heads: float32 gradients throughout, as on one device.
 QkvGrads fixed_backward(const Exec& ex, const Tensor& q, const Tensor& k, const Tensor& v,
                         const Tensor& out, const Tensor& lse, const Tensor& grad_out,
                         const Tensor& grad_lse, dist::Communicator& comm) {
   const SpPlan& p = *ex.plan;
   const Layout& l = p.layout;
-  const int me = l.rank, size = l.size;
+  const int me = l.rank;
   const DType acc_dtype = accumulation_dtype(q.dtype());
   const TensorOptions acc_opts = TensorOptions(acc_dtype).with_device(q.device());
-  const TensorOptions opts = TensorOptions(q.dtype()).with_device(q.device());
-  QkvGrads g{zeros(q.shape(), acc_opts), zeros(q.shape(), acc_opts), zeros(q.shape(), acc_opts)};
-  const auto& calls = p.calls;
-  auto run = [&](int src, const ExchangeGroup* group, const Tensor& flat, const Tensor& grad_flat) {
-    backward_calls(ex, calls[static_cast<size_t>(src)], src, q, k, v, group, flat, out, lse,
-                   grad_out, grad_lse, g.q, g.k, g.v, grad_flat);
+  const TensorOptions grad_opts = p.merged ? acc_opts : options_like(q);
+  QkvGrads g{zeros(q.shape(), grad_opts), zeros(q.shape(), grad_opts), zeros(q.shape(), grad_opts)};
+  kernels::KernelBackend& backend = backend_for(q.device());
+  auto run_backward = [&](const BlockCall& c, const Keys& keys, const Tensor& gq,
+                          const Selection& q_sel, const Tensor& gk, const Tensor& gv,
+                          bool start_at_zero) {
+    const AttentionForwardArgs fwd = forward_args(ex, q, c, keys, {out, lse, c.q});
+    AttentionBackwardArgs b = backward_args(
+        kOp, fwd, select_bnhd(grad_out, c.q),
+        grad_lse.defined() ? select_bhn(grad_lse, c.q) : Tensor(), select_bnhd(gq, q_sel),
+        select_bnhd(gk, keys.sel), select_bnhd(gv, keys.sel));
+    b.grads_start_at_zero = start_at_zero;
+    run_with_fallback(backend, ex.kernels, fwd, &b, ex.forced, kOp,
+                      [&](AttentionKernel kk) { backend.attention_backward(kk, b); });
   };
-
-  // Ring: K/V rows travel as in the forward; the float32 dK/dV accumulator of each block
-  // travels with them and, after the last step, goes home to its owner.
-  Tensor cur, nxt, dcur, dnxt;
-  if (p.ring_steps > 0) {
-    cur = empty({p.ring.max_elements}, opts);
-    nxt = empty({p.ring.max_elements}, opts);
-    dcur = zeros({p.ring.max_elements}, acc_opts);
-    dnxt = empty({p.ring.max_elements}, acc_opts);
-    pack(p, p.ring, prefix(cur, p.ring.elements[static_cast<size_t>(me)]), k, v);
-  }
-  for (int t = 0; t <= p.ring_steps; ++t) {
-    const int src = wrap(me - t, size);
-    const int next_src = wrap(src - 1, size);
-    std::unique_ptr<dist::Request> step;
-    if (t < p.ring_steps) {
-      step = comm.isendrecv(prefix(cur, p.ring.elements[static_cast<size_t>(src)]), wrap(me + 1, size),
-                            prefix(nxt, p.ring.elements[static_cast<size_t>(next_src)]),
-                            wrap(me - 1, size));
+  auto local = [&] {
+    for (const BlockCall& c : p.calls[static_cast<size_t>(me)]) {
+      run_backward(c, keys_of(ex, c, me, k, v, nullptr, Tensor()), g.q, c.q, g.k, g.v,
+                   /*start_at_zero=*/!p.merged);
     }
-    if (t == 0) {
-      run(me, nullptr, Tensor(), Tensor());
-    } else {
-      run(src, &p.ring, cur, dcur);
+  };
+  // dQ of this rank's rows from remote keys, per unit, in the accumulation dtype.
+  std::vector<std::pair<int, Tensor>> unit_dq;
+  auto dq_of = [&](int unit, const Run& rows) -> Tensor& {
+    for (auto& [id, dq] : unit_dq) {
+      if (id == unit) return dq;
     }
-    if (step) {
-      step->wait();
-      std::swap(cur, nxt);
-      dist::send_recv(comm, prefix(dcur, p.ring.elements[static_cast<size_t>(src)]),
-                      wrap(me + 1, size),
-                      prefix(dnxt, p.ring.elements[static_cast<size_t>(next_src)]), wrap(me - 1, size));
-      std::swap(dcur, dnxt);
+    const ExchangeUnit& u = p.units[static_cast<size_t>(unit)];
+    unit_dq.push_back({unit, zeros({l.batch, rows.count, u.heads.hc, l.dim}, acc_opts)});
+    return unit_dq.back().second;
+  };
+  RemoteGrads remote;
+  remote.visit = [&](int src, const ExchangeGroup& group, const Tensor& flat, const Tensor& grads) {
+    const std::vector<BlockCall>& calls = p.calls[static_cast<size_t>(src)];
+    for (int unit : group.units) {
+      const ExchangeUnit& u = p.units[static_cast<size_t>(unit)];
+      const Run rows = u.run(l.block(me));
+      for (const BlockCall* c : calls_of_unit(p, calls, unit)) {
+        const Keys keys = keys_of(ex, *c, src, Tensor(), Tensor(), &group, flat);
+        auto [gk, gv] = packed_rows(p, group, index_in_group(group, unit), grads, src);
+        run_backward(*c, keys, dq_of(unit, rows), in_unit(c->q, u, rows), gk, gv,
+                     /*start_at_zero=*/false);
+      }
     }
-  }
-  if (p.ring_steps > 0) {
-    // dcur holds block (me - steps)'s accumulator; ours comes from rank me + steps.
-    const int owner = wrap(me - p.ring_steps, size);
-    dist::send_recv(comm, prefix(dcur, p.ring.elements[static_cast<size_t>(owner)]), owner,
-                    prefix(dnxt, p.ring.elements[static_cast<size_t>(me)]),
-                    wrap(me + p.ring_steps, size));
-    unpack_add(p, p.ring, dnxt, g.k, g.v);
-  }
-  if (!p.gather.empty()) {
-    Tensor mine = empty({p.gather.max_elements}, opts);
-    pack(p, p.gather, mine, k, v);
-    Tensor all = empty({size, p.gather.max_elements}, opts);
-    comm.all_gather(all, mine);
-    Tensor grads = zeros({size, p.gather.max_elements}, acc_opts);
-    for (int src = 0; src < size; ++src) {
-      if (src != me) run(src, &p.gather, all.select(0, src), grads.select(0, src));
-    }
-    Tensor summed = empty({p.gather.max_elements}, acc_opts);
-    comm.reduce_scatter(summed, grads);
-    unpack_add(p, p.gather, summed, g.k, g.v);
+  };
+  remote.home = [&](const ExchangeGroup& group, const Tensor& mine) {
+    unpack_add(p, group, mine, g.k, g.v);
+  };
+  exchange(ex, k, v, comm, local, nullptr, &remote);
+  for (const auto& [unit, dq] : unit_dq) {
+    const ExchangeUnit& u = p.units[static_cast<size_t>(unit)];
+    add_into(unit_rows(g.q, u, u.run(l.block(me))), dq);
   }
   return g;
 }
@@ -645,10 +750,10 @@ RingAttentionResult ring_dilated_attention_with_lse(const Tensor& q, const Tenso
     ex.params.causal = options.causal;
     ex.plan = std::make_shared<const SpPlan>(
         make_plan(options, l, strategy, static_cast<int64_t>(dtype_size(q.dtype()))));
-    Accumulator acc = fixed_forward(ex, qd, kd, vd, comm);
-    result.attention.out = acc.out.to(q.dtype());
-    result.attention.lse = acc.lse.to(DType::kFloat32);
-    result.attention.path_used = path_of(acc.slowest);
+    const ForwardState st = fixed_forward(ex, qd, kd, vd, comm);
+    result.attention.out = st.out;
+    result.attention.lse = st.lse.to(DType::kFloat32);
+    result.attention.path_used = path_of(st.slowest);
     result.ring_steps = ex.plan->ring_steps;
     result.ring_pairs = static_cast<int>(ex.plan->ring.units.size());
     result.gathered_pairs = static_cast<int>(ex.plan->gather.units.size());
@@ -656,7 +761,7 @@ RingAttentionResult ring_dilated_attention_with_lse(const Tensor& q, const Tenso
       autograd::record(
           {result.attention.out, result.attention.lse}, kOp, inputs,
           [ex, qd, kd, vd, comm = &comm, out = result.attention.out.detach(),
-           lse = acc.lse.detach()](const std::vector<Tensor>& grads) {
+           lse = st.lse.detach()](const std::vector<Tensor>& grads) {
             const Tensor grad_out =
                 grads[0].defined() ? grads[0].to(out.dtype()).contiguous() : zeros_like(out);
             const Tensor grad_lse =
