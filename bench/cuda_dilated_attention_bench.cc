@@ -88,6 +88,7 @@
 #include "ringdilated/tensor/dispatch.h"
 #include "ringdilated/tensor/generator.h"
 #include "ringdilated/tensor/tensor.h"
+#include "cuda_bench_context.h"
 #include "cuda_bench_util.h"
 #endif
 
@@ -714,30 +715,6 @@ void add_rows() {
   add(rd::str_cat("target/mhda_fwdbwd_runs/E768H12/N", kMhdaTargetSeqLen), target_mhda);
 }
 
-// Device facts and the command line for the JSON context (report.py prints them).
-void add_context(const std::string& command) {
-  benchmark::AddCustomContext("command", command);
-  if (!have_cuda_device()) {
-    benchmark::AddCustomContext("cuda_device", "none visible");
-    return;
-  }
-  cudaDeviceProp prop{};
-  int driver = 0, runtime = 0;
-  RD_CUDA_CHECK(cudaGetDeviceProperties(&prop, kDevice));
-  RD_CUDA_CHECK(cudaDriverGetVersion(&driver));
-  RD_CUDA_CHECK(cudaRuntimeGetVersion(&runtime));
-  auto version = [](int v) { return rd::str_cat(v / 1000, ".", (v % 1000) / 10); };
-  benchmark::AddCustomContext("cuda_device", prop.name);
-  benchmark::AddCustomContext("cuda_compute_capability", rd::str_cat(prop.major, ".", prop.minor));
-  benchmark::AddCustomContext("cuda_sm_count", std::to_string(prop.multiProcessorCount));
-  benchmark::AddCustomContext("cuda_memory_gib",
-                              rd::str_cat(static_cast<double>(prop.totalGlobalMem) / (1 << 30)));
-  benchmark::AddCustomContext("cuda_driver", version(driver));
-  benchmark::AddCustomContext("cuda_runtime", version(runtime));
-  benchmark::AddCustomContext("cudnn_version",
-                              std::to_string(rd::kernels::cuda::cudnn_runtime_version()));
-}
-
 #endif  // RD_WITH_CUDA
 
 }  // namespace
@@ -751,7 +728,7 @@ int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
 #if defined(RD_WITH_CUDA)
-  add_context(command);
+  rd::bench::add_cuda_context(command, kDevice);
   add_rows();
 #else
   std::cerr << "cuda_dilated_attention_bench: this build has no CUDA backend; no benchmark is "

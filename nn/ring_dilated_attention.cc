@@ -683,15 +683,6 @@ AttentionForwardArgs global_args(const Exec& ex, const GlobalGroup& g, const std
   return a;
 }
 
-}  // namespace
-
-namespace {
-
-struct Prepared {
-  Layout layout;
-  Exec exec;
-};
-
 void check_inputs(const Tensor& q, const Tensor& k, const Tensor& v,
                   const DilatedAttentionOptions& options, const dist::Communicator& comm,
                   const AttentionCallContext& context) {
@@ -719,17 +710,16 @@ void check_inputs(const Tensor& q, const Tensor& k, const Tensor& v,
            "dropout = 0 or one rank");
 }
 
-}  // namespace
-
-RingAttentionResult ring_dilated_attention_with_lse(const Tensor& q, const Tensor& k,
-                                                    const Tensor& v,
-                                                    const DilatedAttentionOptions& options,
-                                                    dist::Communicator& comm,
-                                                    DistStrategy strategy,
-                                                    const AttentionCallContext& context) {
+// The forward of both public forms, and its one autograd node over `inputs`: q, k and v,
+// or (packed) the qkv tensor they are selections of, whose gradient is then one tensor.
+RingAttentionResult attend(const Tensor& q, const Tensor& k, const Tensor& v,
+                           const std::vector<Tensor>& inputs, bool packed,
+                           const DilatedAttentionOptions& options, dist::Communicator& comm,
+                           DistStrategy strategy, const AttentionCallContext& context) {
   RingAttentionResult result;
   if (comm.size() == 1) {  // one rank: exactly the single-device call, no communication
-    result.attention = dilated_attention_with_lse(q, k, v, options, context);
+    result.attention = packed ? dilated_attention_qkv_with_lse(inputs[0], options, context)
+                              : dilated_attention_with_lse(q, k, v, options, context);
     return result;
   }
   check_inputs(q, k, v, options, comm, context);
@@ -743,8 +733,12 @@ RingAttentionResult ring_dilated_attention_with_lse(const Tensor& q, const Tenso
   ex.patterns = context.patterns != nullptr ? context.patterns : &global_pattern_cache();
   const dist::CommStats before = comm.stats();
   const Tensor qd = q.detach(), kd = k.detach(), vd = v.detach();
-  const std::vector<Tensor> inputs{q, k, v};
   const bool grad = autograd::needs_grad(inputs);
+  // The gradients of q, k and v (accumulation or q's dtype) as the node's input gradients.
+  auto input_grads = [packed](std::vector<Tensor> g, DType dtype) {
+    for (Tensor& t : g) t = t.to(dtype);
+    return packed ? std::vector<Tensor>{stack(g, 2)} : g;
+  };
 
   if (options.variant == DilationVariant::kSegmentLocal) {
     ex.params.causal = options.causal;
@@ -760,15 +754,14 @@ RingAttentionResult ring_dilated_attention_with_lse(const Tensor& q, const Tenso
     if (grad) {
       autograd::record(
           {result.attention.out, result.attention.lse}, kOp, inputs,
-          [ex, qd, kd, vd, comm = &comm, out = result.attention.out.detach(),
+          [ex, qd, kd, vd, input_grads, comm = &comm, out = result.attention.out.detach(),
            lse = st.lse.detach()](const std::vector<Tensor>& grads) {
             const Tensor grad_out =
                 grads[0].defined() ? grads[0].to(out.dtype()).contiguous() : zeros_like(out);
             const Tensor grad_lse =
                 grads[1].defined() ? grads[1].to(lse.dtype()).contiguous() : Tensor();
             QkvGrads g = fixed_backward(ex, qd, kd, vd, out, lse, grad_out, grad_lse, *comm);
-            return std::vector<Tensor>{g.q.to(out.dtype()), g.k.to(out.dtype()),
-                                       g.v.to(out.dtype())};
+            return input_grads({g.q, g.k, g.v}, out.dtype());
           });
     }
   } else {
@@ -794,7 +787,7 @@ RingAttentionResult ring_dilated_attention_with_lse(const Tensor& q, const Tenso
     if (grad) {
       autograd::record(
           {result.attention.out, result.attention.lse}, kOp, inputs,
-          [ex, groups, l, qd, kd, vd, comm = &comm, out = out.detach(),
+          [ex, groups, l, qd, kd, vd, input_grads, comm = &comm, out = out.detach(),
            lse = lse.detach()](const std::vector<Tensor>& grads) {
             const Tensor grad_out =
                 grads[0].defined() ? grads[0].to(out.dtype()).contiguous() : zeros_like(out);
@@ -839,13 +832,49 @@ RingAttentionResult ring_dilated_attention_with_lse(const Tensor& q, const Tenso
                               view_of(mine.select(0, t)));
               }
             }
-            for (Tensor& t : result) t = t.to(out.dtype());
-            return result;
+            return input_grads(result, out.dtype());
           });
     }
   }
   result.forward_bytes_sent = comm.stats().bytes_sent - before.bytes_sent;
   return result;
+}
+
+}  // namespace
+
+RingAttentionResult ring_dilated_attention_with_lse(const Tensor& q, const Tensor& k,
+                                                    const Tensor& v,
+                                                    const DilatedAttentionOptions& options,
+                                                    dist::Communicator& comm,
+                                                    DistStrategy strategy,
+                                                    const AttentionCallContext& context) {
+  return attend(q, k, v, {q, k, v}, false, options, comm, strategy, context);
+}
+
+RingAttentionResult ring_dilated_attention_qkv_with_lse(const Tensor& qkv,
+                                                        const DilatedAttentionOptions& options,
+                                                        dist::Communicator& comm,
+                                                        DistStrategy strategy,
+                                                        const AttentionCallContext& context) {
+  RD_CHECK(qkv.defined() && qkv.dim() == 5 && qkv.size(2) == 3, kShapeMismatch, kOp,
+           ": argument 'qkv' must be this rank's block [B, N / P, 3, H, D], got ",
+           qkv.defined() ? shape_str(qkv.shape()) : std::string("undefined"));
+  const Tensor base = qkv.detach();
+  return attend(base.select(2, 0), base.select(2, 1), base.select(2, 2), {qkv}, true, options,
+                comm, strategy, context);
+}
+
+Tensor sequence_block(const Tensor& sequence, int rank, int size) {
+  RD_CHECK(sequence.defined() && sequence.dim() >= 2, kShapeMismatch,
+           "sequence_block: argument 'sequence' must be [B, N, ...], got ",
+           sequence.defined() ? shape_str(sequence.shape()) : std::string("undefined"));
+  RD_CHECK(size >= 1 && rank >= 0 && rank < size, kInvalidArgument, "sequence_block: rank ",
+           rank, " is not in a group of ", size);
+  const int64_t n = sequence.size(1);
+  RD_CHECK(n % size == 0, kShapeMismatch, "sequence_block: the sequence length ", n,
+           " does not split into ", size, " equal blocks (N % P = ", n % size,
+           "); pad the sequence or pick P dividing N");
+  return sequence.narrow(1, rank * (n / size), n / size);
 }
 
 Tensor ring_dilated_attention(const Tensor& q, const Tensor& k, const Tensor& v,

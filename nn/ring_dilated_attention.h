@@ -43,6 +43,19 @@ RingAttentionResult ring_dilated_attention_with_lse(const Tensor& q, const Tenso
                                                     DistStrategy strategy = DistStrategy::kAuto,
                                                     const AttentionCallContext& context = {});
 
+// The same on q, k and v packed as this rank's [B, N / P, 3, H, D] block (a QKV projection's
+// output): differentiable in `qkv`, with one packed gradient (see
+// dilated_attention_qkv_with_lse).
+RingAttentionResult ring_dilated_attention_qkv_with_lse(const Tensor& qkv,
+                                                        const DilatedAttentionOptions& options,
+                                                        dist::Communicator& comm,
+                                                        DistStrategy strategy = DistStrategy::kAuto,
+                                                        const AttentionCallContext& context = {});
+
+// This rank's block [B, N / P, ...] of a whole sequence [B, N, ...] (dim 1 split into
+// `size` equal blocks); N % size != 0 is an error naming both.
+Tensor sequence_block(const Tensor& sequence, int rank, int size);
+
 // The output only.
 Tensor ring_dilated_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                               const DilatedAttentionOptions& options, dist::Communicator& comm,

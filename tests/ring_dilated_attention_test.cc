@@ -14,7 +14,9 @@
 
 #include "ringdilated/dist/in_process.h"
 #include "ringdilated/kernels/error.h"
+#include "ringdilated/nn/dilated_attention_modules.h"
 #include "ringdilated/nn/ring_dilated_attention.h"
+#include "ringdilated/nn/ring_dilated_attention_modules.h"
 #include "ringdilated/tensor/device.h"
 #include "ringdilated/tensor/generator.h"
 #include "ringdilated/tensor/ops.h"
@@ -266,6 +268,58 @@ TEST(RingDilatedAttention, BadCallsNameTheOpAndTheArgument) {
         [&] { nn::ring_dilated_attention(x, x, x, drop, comm, DistStrategy::kRing, training); },
         {ErrorCode::kUnimplemented}, {"ring_dilated_attention", "dropout", "2 ranks"}));
   });
+}
+
+// The modules: P ranks of RingMultiheadDilatedAttention built with one seed equal one
+// MultiheadDilatedAttention: the output and input gradient blocks, and the parameter
+// gradients summed over ranks (each rank's are those of its tokens).
+TEST(RingModules, MultiheadOnPRanksEqualsTheSingleDeviceModule) {
+  DilatedAttentionOptions o = options_for(DilationVariant::kSegmentLocal, HeadMixing::kAllHeads,
+                                          OffsetRule::kConstant, true);
+  nn::MultiheadOptions mo;
+  mo.tensor_options = TensorOptions(DType::kFloat64);
+  mo.seed = 5;
+  constexpr int64_t kEmbed = 32;  // 4 heads of 8
+  Generator gen(17);
+  const Tensor x_full = randn({kB, kN, kEmbed}, gen, DType::kFloat64);
+  const Tensor w = randn({kB, kN, kEmbed}, gen, DType::kFloat64);
+  nn::MultiheadDilatedAttention single(kEmbed, kH, o, mo);
+  Tensor x = x_full.detach();
+  x.set_requires_grad(true);
+  const Tensor y = single.forward(x);
+  sum(mul(y, w)).backward();
+  const auto single_params = single.named_parameters();
+  for (int P : {1, 2, 3, 4}) {
+    std::vector<Tensor> ys(static_cast<size_t>(P)), dxs(static_cast<size_t>(P));
+    std::vector<std::vector<std::pair<std::string, Tensor>>> params(static_cast<size_t>(P));
+    dist::run_in_process(P, [&](dist::Communicator& comm) {
+      std::shared_ptr<dist::Communicator> shared(&comm, [](dist::Communicator*) {});
+      nn::RingMultiheadDilatedAttention ring(kEmbed, kH, o, shared, DistStrategy::kAuto, mo);
+      Tensor xb = nn::sequence_block(x_full, comm.rank(), P).contiguous().detach();
+      xb.set_requires_grad(true);
+      const Tensor yb = ring.forward(xb);
+      sum(mul(yb, nn::sequence_block(w, comm.rank(), P))).backward();
+      ys[static_cast<size_t>(comm.rank())] = yb.detach();
+      dxs[static_cast<size_t>(comm.rank())] = xb.grad();
+      params[static_cast<size_t>(comm.rank())] = ring.named_parameters();
+    });
+    EXPECT_LE(relative_error(cat(ys, 1), y.detach()), 1e-10) << "P = " << P;
+    EXPECT_LE(relative_error(cat(dxs, 1), x.grad()), 1e-10) << "P = " << P;
+    for (size_t i = 0; i < single_params.size(); ++i) {
+      Tensor summed = zeros_like(single_params[i].second);
+      for (int r = 0; r < P; ++r) {
+        EXPECT_EQ(params[static_cast<size_t>(r)][i].first, single_params[i].first);
+        summed = add(summed, params[static_cast<size_t>(r)][i].second.grad());
+      }
+      EXPECT_LE(relative_error(summed, single_params[i].second.grad()), 1e-10)
+          << single_params[i].first << ", P = " << P;
+    }
+  }
+}
+
+TEST(RingModules, UnevenSplitIsAClearError) {
+  EXPECT_TRUE(test::raises([] { nn::sequence_block(zeros({1, 10, 2}), 0, 4); },
+                           {ErrorCode::kShapeMismatch}, {"sequence_block", "10", "4", "N % P = 2"}));
 }
 
 // ---------------------------------------------------------------------------------------

@@ -1,0 +1,66 @@
+// Sequence-parallel modules: RingDilatedAttention and RingMultiheadDilatedAttention take
+// this rank's block of the sequence and a communicator; with one rank they are
+// DilatedAttention and MultiheadDilatedAttention.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "ringdilated/dist/communicator.h"
+#include "ringdilated/nn/dilated_attention_modules.h"
+#include "ringdilated/nn/ring_dilated_attention.h"
+
+namespace rd::nn {
+
+// Dilated attention of this rank's [B, N / P, H, D] blocks of q, k and v (see
+// ring_dilated_attention_with_lse). Every rank builds one with the same options and seed.
+// The communicator must outlive the module and every backward through it.
+class RingDilatedAttention : public Module {
+ public:
+  RingDilatedAttention(DilatedAttentionOptions options, std::shared_ptr<dist::Communicator> comm,
+                       DistStrategy strategy = DistStrategy::kAuto, uint64_t dropout_seed = 0);
+  RingAttentionResult forward_with_lse(const Tensor& q, const Tensor& k, const Tensor& v);
+  Tensor forward(const Tensor& q, const Tensor& k, const Tensor& v) {
+    return forward_with_lse(q, k, v).attention.out;
+  }
+  // This rank's [B, N / P, 3, H, D] block of packed q, k and v.
+  RingAttentionResult forward_packed(const Tensor& qkv);
+  const DilatedAttentionOptions& options() const { return options_; }
+  DistStrategy strategy() const { return strategy_; }
+  dist::Communicator& communicator() const { return *comm_; }
+  PatternCache& pattern_cache() const { return *patterns_; }
+
+ private:
+  AttentionCallContext context() { return {is_training(), &dropout_generator_, patterns_.get()}; }
+
+  DilatedAttentionOptions options_;
+  std::shared_ptr<dist::Communicator> comm_;
+  DistStrategy strategy_;
+  Generator dropout_generator_;
+  std::unique_ptr<PatternCache> patterns_ = std::make_unique<PatternCache>();
+};
+
+// [B, N / P, E] -> [B, N / P, E] on this rank's block: QKV projection, sequence-parallel
+// dilated attention, output projection. Parameters are drawn from `module_options.seed`, so
+// ranks built with one seed hold the same weights.
+class RingMultiheadDilatedAttention : public Module {
+ public:
+  RingMultiheadDilatedAttention(int64_t embed_dim, int64_t num_heads,
+                                DilatedAttentionOptions options,
+                                std::shared_ptr<dist::Communicator> comm,
+                                DistStrategy strategy = DistStrategy::kAuto,
+                                const MultiheadOptions& module_options = {});
+  Tensor forward(const Tensor& x);
+  int64_t embed_dim() const { return embed_dim_; }
+  int64_t num_heads() const { return num_heads_; }
+  const RingDilatedAttention& attention() const { return *attention_; }
+
+ private:
+  int64_t embed_dim_;
+  int64_t num_heads_;
+  std::shared_ptr<Linear> qkv_;
+  std::shared_ptr<RingDilatedAttention> attention_;
+  std::shared_ptr<Linear> out_;
+};
+
+}  // namespace rd::nn
