@@ -1,4 +1,4 @@
-// KernelBackend: the small interface every device implements (CPU now, CUDA next).
+// KernelBackend: the small interface every device implements (the CPU and CUDA).
 // It speaks raw StridedViews, never Tensors, so kernels stay below the tensor layer.
 #pragma once
 
