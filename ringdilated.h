@@ -22,4 +22,5 @@
 #include "ringdilated/tensor/generator.h"
 #include "ringdilated/tensor/ops.h"
 #include "ringdilated/tensor/safetensors.h"
+#include "ringdilated/tensor/stream.h"
 #include "ringdilated/tensor/tensor.h"

@@ -2,8 +2,11 @@
 // mailbox per (sender, receiver) for point-to-point transfers, and numbered rounds for
 // collectives, in which every rank posts its tensors, waits for the others, reads what it
 // needs, and leaves only when all have read (so no tensor dies while another rank reads it).
-// Data moves by tensor copies on the receiving thread; on a GPU, a rank synchronizes its own
-// stream before it exposes a tensor, so the reader sees finished data.
+// Data moves by tensor copies on the receiving thread. On a GPU every rank has its own
+// stream and nothing waits on the host: a rank records an event after the work that wrote a
+// tensor it exposes, the reader's stream waits for it before copying, and the owner's stream
+// waits for the reader's copy before it may write the tensor again (record_stream keeps the
+// memory from reuse meanwhile).
 #include "ringdilated/dist/in_process.h"
 
 #include <algorithm>
@@ -19,6 +22,7 @@
 #include "ringdilated/kernels/error.h"
 #include "ringdilated/tensor/device.h"
 #include "ringdilated/tensor/ops.h"
+#include "ringdilated/tensor/stream.h"
 
 namespace rd::dist {
 namespace {
@@ -31,6 +35,7 @@ struct Contribution {
   Tensor in;   // what others read (all_gather, reduce_scatter, all_reduce, broadcast)
   int root = 0;
   int color = 0, key = 0;  // split
+  Event ready;             // marks the work that wrote `in`
 };
 
 class InProcessComm;
@@ -48,11 +53,13 @@ class Group : public std::enable_shared_from_this<Group> {
   // --- point-to-point ---
   struct Message {
     Tensor data;
+    Event ready;   // the sender's work that wrote `data`
+    Event copied;  // the receiver's copy of it
     bool taken = false;
   };
 
-  std::shared_ptr<Message> post(int from, int to, const Tensor& data) {
-    auto message = std::make_shared<Message>(Message{data, false});
+  std::shared_ptr<Message> post(int from, int to, const Tensor& data, const Event& ready) {
+    auto message = std::make_shared<Message>(Message{data, ready, Event(), false});
     {
       std::lock_guard<std::mutex> lock(mu_);
       check_not_aborted();
@@ -75,28 +82,40 @@ class Group : public std::enable_shared_from_this<Group> {
              dtype_name(into.dtype()), " but rank ", from, " sent ", shape_str(data.shape()), " ",
              dtype_name(data.dtype()));
     lock.unlock();
+    const Stream stream = Stream::current(device_);
+    message->ready.block(stream);
     into.detach().copy_(data);
-    synchronize(device_);
+    record_stream(data, stream);
+    message->copied.record(stream);
     lock.lock();
     message->taken = true;
     cv_.notify_all();
   }
 
+  // Waits until the receiver has taken the message; the sender's stream then waits for the
+  // receiver's copy, so later writes to the sent tensor cannot overtake it.
   void wait_taken(int rank, int peer, const std::shared_ptr<Message>& message) {
     std::unique_lock<std::mutex> lock(mu_);
     wait(lock, rank, str_cat("rank ", peer, " to receive a send"), [&] { return message->taken; });
+    lock.unlock();
+    message->copied.block(Stream::current(device_));
   }
 
   // --- collectives ---
   // Runs one collective round for `rank`: posts `mine`, waits until every rank posted, runs
-  // `work` with all contributions (outside the lock), then waits until every rank finished
-  // its work. Returns nothing; `work` writes the rank's results.
+  // `work` with all contributions (outside the lock, after this rank's stream waited for
+  // each contribution's `ready` event), then waits until every rank finished its work, and
+  // makes this rank's stream wait for the others' reads, so that it cannot overwrite its
+  // contribution while they still read it.
   void round(int rank, uint64_t number, Contribution mine,
              const std::function<void(const std::vector<Contribution>&)>& work) {
     std::unique_lock<std::mutex> lock(mu_);
     check_not_aborted();
     Round& r = rounds_[number];
-    if (r.posts.empty()) r.posts.resize(static_cast<size_t>(size_));
+    if (r.posts.empty()) {
+      r.posts.resize(static_cast<size_t>(size_));
+      r.read.resize(static_cast<size_t>(size_));
+    }
     r.posts[static_cast<size_t>(rank)] = std::move(mine);
     r.posted.push_back(rank);
     cv_.notify_all();
@@ -111,14 +130,22 @@ class Group : public std::enable_shared_from_this<Group> {
     }
     const std::vector<Contribution> posts = r.posts;
     lock.unlock();
+    const Stream stream = Stream::current(device_);
+    for (const Contribution& c : posts) c.ready.block(stream);
     work(posts);
+    Event read;
+    read.record(stream);
     lock.lock();
+    r.read[static_cast<size_t>(rank)] = read;
     r.finished.push_back(rank);
     cv_.notify_all();
     wait(lock, rank, str_cat(posts[static_cast<size_t>(rank)].op, " (collective #", number,
                              ") to be read by every rank"),
          [&] { return static_cast<int>(r.finished.size()) == size_; }, &r.finished);
+    const std::vector<Event> reads = r.read;
     if (++r.left == size_) rounds_.erase(number);
+    lock.unlock();
+    for (const Event& e : reads) e.block(stream);
   }
 
   // A sub-group shared by the ranks of one color of one split round: the first to ask
@@ -143,6 +170,7 @@ class Group : public std::enable_shared_from_this<Group> {
  private:
   struct Round {
     std::vector<Contribution> posts;
+    std::vector<Event> read;  // per rank: its reads of the others' contributions
     std::vector<int> posted, finished;
     int left = 0;
     std::map<int, std::shared_ptr<Group>> subgroups;
@@ -272,9 +300,11 @@ class InProcessComm final : public Communicator {
   std::unique_ptr<Request> isend(const Tensor& tensor, int peer) override {
     check_peer(*this, "isend", peer);
     check_comm_tensor(*this, "isend", "tensor", tensor);
-    synchronize(device());
+    Event ready;
+    ready.record(Stream::current(device()));
     stats_.sent(nbytes_of(tensor));
-    return std::make_unique<SendRequest>(group_, rank_, peer, group_->post(rank_, peer, tensor));
+    return std::make_unique<SendRequest>(group_, rank_, peer,
+                                         group_->post(rank_, peer, tensor, ready));
   }
 
   std::unique_ptr<Request> irecv(const Tensor& tensor, int peer) override {
@@ -327,7 +357,7 @@ class InProcessComm final : public Communicator {
   void broadcast(const Tensor& tensor, int root) override {
     check_peer(*this, "broadcast", root);
     check_comm_tensor(*this, "broadcast", "tensor", tensor);
-    Contribution mine{"broadcast", tensor, root};
+    Contribution mine{"broadcast", tensor, root, 0, 0, Event()};
     collective(std::move(mine), [&](const std::vector<Contribution>& posts) {
       const Contribution& from = posts[static_cast<size_t>(root)];
       RD_CHECK(from.root == root, kInvalidArgument, "broadcast: rank ", rank_, " names root ",
@@ -345,7 +375,7 @@ class InProcessComm final : public Communicator {
   }
 
   std::shared_ptr<Communicator> split(int color, int key) override {
-    Contribution mine{"split", Tensor(), 0, color, key};
+    Contribution mine{"split", Tensor(), 0, color, key, Event()};
     const uint64_t number = next_round_;
     std::shared_ptr<Communicator> result;
     collective(std::move(mine), [&](const std::vector<Contribution>& posts) {
@@ -374,16 +404,13 @@ class InProcessComm final : public Communicator {
  private:
   void collective(const char* op, const Tensor& in,
                   const std::function<void(const std::vector<Contribution>&)>& work) {
-    collective(Contribution{op, in}, work);
+    collective(Contribution{op, in, 0, 0, 0, Event()}, work);
   }
 
   void collective(Contribution mine,
                   const std::function<void(const std::vector<Contribution>&)>& work) {
-    if (mine.in.defined()) synchronize(device());  // others read it from their threads
-    group_->round(rank_, next_round_++, std::move(mine), [&](const auto& posts) {
-      work(posts);
-      synchronize(device());  // our copies of their data are done before we let them go
-    });
+    mine.ready.record(Stream::current(device()));
+    group_->round(rank_, next_round_++, std::move(mine), work);
   }
 
   void check_same_layout(const char* op, const Tensor& theirs, const Tensor& mine, int j) const {
@@ -419,11 +446,17 @@ void run_in_process(int size, const std::function<void(Communicator& comm)>& bod
   const std::vector<std::shared_ptr<Communicator>> comms =
       make_in_process_group(size, device, options);
   std::vector<std::exception_ptr> errors(static_cast<size_t>(size));
+  // The ranks' streams do not wait for the caller's: let its work (their inputs) finish.
+  Stream::current(device).synchronize();
   std::vector<std::thread> threads;
   for (int r = 0; r < size; ++r) {
     threads.emplace_back([&, r] {
       try {
+        // Each rank queues its work on a stream of its own, as separate processes would.
+        const Stream stream = Stream::create(device);
+        const StreamGuard guard(stream);
         body(*comms[static_cast<size_t>(r)]);
+        stream.synchronize();  // the caller reads the results on its own stream
       } catch (const std::exception& e) {
         errors[static_cast<size_t>(r)] = std::current_exception();
         comms[static_cast<size_t>(r)]->abort(str_cat("failed: ", e.what()));

@@ -17,11 +17,13 @@ struct InProcessOptions {
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
 };
 
-// `size` communicators of one group: element i is rank i. Give each to its own thread.
+// `size` communicators of one group: element i is rank i. Give each to its own thread; on a
+// GPU, give each thread its own stream (a rank orders its exchanges by events on it).
 std::vector<std::shared_ptr<Communicator>> make_in_process_group(int size, Device device = {},
                                                                  InProcessOptions options = {});
 
-// Runs body(comm) on `size` threads, rank i on thread i, and waits for all. When a rank
+// Runs body(comm) on `size` threads, rank i on thread i (on a GPU with a stream of its own,
+// synchronized before the thread ends), and waits for all. When a rank
 // throws, the group is aborted, so the others fail fast (kAborted, naming the rank) instead
 // of waiting for it; the first failure (by rank) is then rethrown, its message prefixed with
 // its rank.

@@ -36,6 +36,8 @@ class Storage {
   void* data() const { return data_; }
   size_t nbytes() const { return nbytes_; }
   Device device() const { return device_; }
+  // True when the device's memory pool owns the bytes (not from_blob user memory).
+  bool pool_owned() const { return owned_; }
 
  private:
   void* data_ = nullptr;

@@ -30,9 +30,17 @@ void throw_cuda_error(cudaError_t status, const char* expression, const char* fi
 
 cudaStream_t current_stream(int device) { return stream_slot(device); }
 
+void set_current_stream(int device, cudaStream_t stream) {
+  RD_CHECK(stream != cudaStreamPerThread, kInvalidArgument, "cuda: device ", device,
+           ": cudaStreamPerThread cannot be a current stream (one handle, a different stream "
+           "on each thread, which caches keyed by stream cannot tell apart); create a stream "
+           "per thread (rd::Stream::create)");
+  stream_slot(device) = stream;
+}
+
 StreamGuard::StreamGuard(int device, cudaStream_t stream)
     : device_(device), previous_(stream_slot(device)) {
-  stream_slot(device) = stream;
+  set_current_stream(device, stream);
 }
 
 StreamGuard::~StreamGuard() { current_streams[device_] = previous_; }

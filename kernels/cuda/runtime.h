@@ -16,6 +16,12 @@ namespace rd::kernels::cuda {
 // unless a StreamGuard is active).
 cudaStream_t current_stream(int device);
 
+// Makes `stream` this thread's current stream of `device`. cudaStreamPerThread is refused
+// (kInvalidArgument): its one handle names a different stream on every thread, which the
+// caches keyed by stream (the allocator's free blocks, GEMM workspaces) cannot tell apart;
+// create a stream per thread instead.
+void set_current_stream(int device, cudaStream_t stream);
+
 // Makes `stream` the current stream of `device` on this thread for the guard's lifetime.
 class StreamGuard {
  public:
