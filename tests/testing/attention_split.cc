@@ -1,0 +1,187 @@
+// Attention calls split into row and key blocks (see attention_split.h).
+#include "testing/attention_split.h"
+
+#include <algorithm>
+#include <limits>
+#include <string>
+#include <utility>
+
+#include "ringdilated/kernels/attention_dropout.h"
+#include "ringdilated/kernels/backend.h"
+#include "ringdilated/kernels/philox.h"
+#include "ringdilated/tensor/dispatch.h"
+#include "testing/host_views.h"
+#include "testing/tensor_util.h"
+
+namespace rd::test {
+namespace {
+
+using kernels::AttentionBackwardArgs;
+using kernels::AttentionForwardArgs;
+using kernels::AttentionParams;
+using kernels::DropoutIndexing;
+
+constexpr const char* kOp = "run_split";
+
+kernels::StridedView view(const Tensor& t) { return kernel_view(t, kOp); }
+
+// [0, cut_1), [cut_1, cut_2), ..., [cut_n, length).
+std::vector<std::pair<int64_t, int64_t>> blocks(const std::vector<int64_t>& cuts, int64_t length) {
+  std::vector<std::pair<int64_t, int64_t>> result;
+  int64_t begin = 0;
+  for (int64_t cut : cuts) {
+    result.emplace_back(begin, cut);
+    begin = cut;
+  }
+  result.emplace_back(begin, length);
+  return result;
+}
+
+// The parameters of the block of rows from r0 and keys from c0 of a call with `params`,
+// whose resolved dropout numbering is `whole`.
+AttentionParams block_params(const AttentionParams& params, const DropoutIndexing& whole,
+                             int64_t r0, int64_t c0) {
+  AttentionParams p = params;
+  p.causal_offset = params.causal_offset + r0 - c0;
+  p.dropout_indexing = whole;
+  p.dropout_indexing.base = whole.base +
+                            static_cast<uint64_t>(r0) * static_cast<uint64_t>(whole.row_stride) +
+                            static_cast<uint64_t>(c0) * static_cast<uint64_t>(whole.col_stride);
+  return p;
+}
+
+}  // namespace
+
+SplitAttention make_split_attention(const SplitShape& shape, DType dtype, Device device,
+                                    const AttentionParams& params, std::mt19937_64& rng) {
+  const Shape q_shape = concat(shape.batch, {shape.lq, shape.d});
+  const Shape k_shape = concat(shape.batch, {shape.lk, shape.d});
+  const Shape lse_shape = concat(shape.batch, {shape.lq});
+  auto draw = [&](const Shape& s, DType t) {
+    return from_ref(random_values(s, Domain::kAny, t, rng), t, device);
+  };
+  SplitAttention a;
+  a.q = draw(q_shape, dtype);
+  a.k = draw(k_shape, dtype);
+  if (shape.one_hot_v) {
+    RefArray v = RefArray::filled(k_shape, 0.0);
+    for (int64_t row = 0; row < product(k_shape) / shape.d; ++row) {
+      v.data[static_cast<size_t>(row * shape.d + row % shape.lk)] = 1.0;
+    }
+    a.v = from_ref(v, dtype, device);
+  } else {
+    a.v = draw(k_shape, dtype);
+  }
+  a.params = params;
+  a.grad_out = draw(q_shape, accumulation_dtype(dtype));
+  a.grad_lse = draw(lse_shape, accumulation_dtype(dtype));
+  return a;
+}
+
+SplitResult run_split(const SplitAttention& a, kernels::AttentionKernel kernel,
+                      const std::vector<int64_t>& row_cuts, const std::vector<int64_t>& col_cuts,
+                      bool backward) {
+  const int nb = static_cast<int>(a.q.dim()) - 2;
+  const int64_t lq = a.q.size(nb), lk = a.k.size(nb);
+  const TensorOptions acc = TensorOptions(accumulation_dtype(a.q.dtype())).with_device(a.q.device());
+  const DropoutIndexing whole =
+      kernels::resolve_dropout_indexing(a.params.dropout_indexing, a.q.shape().data(), nb, lq, lk);
+  Shape lse_shape = a.q.shape();
+  lse_shape.pop_back();
+  SplitResult r;
+  r.out = zeros(a.q.shape(), acc);
+  r.lse = full(lse_shape, -std::numeric_limits<double>::infinity(), acc);
+  kernels::KernelBackend& backend = backend_for(a.q.device());
+  const auto row_blocks = blocks(row_cuts, lq), col_blocks = blocks(col_cuts, lk);
+  for (const auto& [r0, r1] : row_blocks) {
+    const Tensor out_rows = r.out.narrow(nb, r0, r1 - r0), lse_rows = r.lse.narrow(nb, r0, r1 - r0);
+    for (const auto& [c0, c1] : col_blocks) {
+      const Tensor part_out = zeros(out_rows.shape(), acc);
+      const Tensor part_lse = full(lse_rows.shape(), -std::numeric_limits<double>::infinity(), acc);
+      AttentionForwardArgs f;
+      f.q = view(a.q.narrow(nb, r0, r1 - r0));
+      f.k = view(a.k.narrow(nb, c0, c1 - c0));
+      f.v = view(a.v.narrow(nb, c0, c1 - c0));
+      f.out = view(part_out);
+      f.lse = view(part_lse);
+      f.params = block_params(a.params, whole, r0, c0);
+      backend.attention_forward(kernel, f);
+      backend.attention_merge(view(out_rows), view(lse_rows), view(part_out), view(part_lse));
+    }
+  }
+  if (!backward) return r;
+  r.grad_q = zeros(a.q.shape(), acc);
+  r.grad_k = zeros(a.k.shape(), acc);
+  r.grad_v = zeros(a.v.shape(), acc);
+  for (const auto& [r0, r1] : row_blocks) {
+    for (const auto& [c0, c1] : col_blocks) {
+      AttentionBackwardArgs b;
+      b.q = view(a.q.narrow(nb, r0, r1 - r0));
+      b.k = view(a.k.narrow(nb, c0, c1 - c0));
+      b.v = view(a.v.narrow(nb, c0, c1 - c0));
+      b.out = view(r.out.narrow(nb, r0, r1 - r0));
+      b.lse = view(r.lse.narrow(nb, r0, r1 - r0));
+      b.grad_out = view(a.grad_out.narrow(nb, r0, r1 - r0));
+      b.grad_lse = view(a.grad_lse.narrow(nb, r0, r1 - r0));
+      b.grad_q = view(r.grad_q.narrow(nb, r0, r1 - r0));
+      b.grad_k = view(r.grad_k.narrow(nb, c0, c1 - c0));
+      b.grad_v = view(r.grad_v.narrow(nb, c0, c1 - c0));
+      b.params = block_params(a.params, whole, r0, c0);
+      backend.attention_backward(kernel, b);
+    }
+  }
+  return r;
+}
+
+::testing::AssertionResult zeros_are_the_mask(const Tensor& out, const SplitAttention& a,
+                                              const kernels::DropoutIndexing& ix) {
+  const RefArray values = to_ref(out);
+  const Shape& shape = values.shape;
+  const int nb = static_cast<int>(shape.size()) - 2;
+  const int64_t d = shape[nb + 1], lk = a.k.size(nb);
+  const AttentionParams& p = a.params;
+  int64_t wrong = 0;
+  std::string first;
+  for (int64_t row = 0; row < values.numel() / d; ++row) {
+    const std::vector<int64_t> index = ref::unravel(row * d, shape);
+    const std::vector<int64_t> batch_index(index.begin(), index.begin() + nb);
+    const int64_t i = index[nb];
+    for (int64_t j = 0; j < lk; ++j) {
+      const bool visible = !p.causal || j - i <= p.causal_offset;
+      const bool kept = p.dropout == 0 ||
+                        dropout_keeps(p.seed, p.offset, p.dropout,
+                                      custom_dropout_number(ix, batch_index, i, j));
+      const double got = values.data[static_cast<size_t>(row * d + j)];
+      if ((got == 0.0) == (visible && kept)) {
+        if (wrong++ == 0) {
+          first = std::to_string(row) + ", key " + std::to_string(j) + ": got " +
+                  std::to_string(got) + ", visible " + std::to_string(visible) + ", kept " +
+                  std::to_string(kept);
+        }
+      }
+    }
+  }
+  if (wrong == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << wrong << " elements disagree with the mask; first at row "
+                                       << first;
+}
+
+uint64_t custom_dropout_number(const kernels::DropoutIndexing& ix,
+                               const std::vector<int64_t>& batch_index, int64_t i, int64_t j) {
+  uint64_t n = ix.base;
+  for (size_t d = 0; d < batch_index.size(); ++d) {
+    n += static_cast<uint64_t>(batch_index[d]) * static_cast<uint64_t>(ix.batch_strides[d]);
+  }
+  return n + static_cast<uint64_t>(i) * static_cast<uint64_t>(ix.row_stride) +
+         static_cast<uint64_t>(j) * static_cast<uint64_t>(ix.col_stride);
+}
+
+bool dropout_keeps(uint64_t seed, uint64_t offset, double p, uint64_t n) {
+  const uint64_t counter = offset + n;
+  const kernels::Philox4x32 block = kernels::philox4x32_10(
+      {{static_cast<uint32_t>(counter), static_cast<uint32_t>(counter >> 32), 0u, 0u}},
+      static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
+  return static_cast<double>(block.w[0] >> 8) / 16777216.0 < 1 - p;
+}
+
+}  // namespace rd::test
