@@ -7,9 +7,9 @@
 // splits on the CUDA kernels.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <limits>
-#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
@@ -25,7 +25,6 @@ namespace {
 
 using kernels::AttentionKernel;
 using kernels::AttentionParams;
-using kernels::DropoutIndexing;
 
 AttentionParams dropout_params(double p, uint64_t offset = 77) {
   AttentionParams params;
@@ -34,30 +33,6 @@ AttentionParams dropout_params(double p, uint64_t offset = 77) {
   params.seed = 0x9e3779b97f4a7c15ull;
   params.offset = offset;
   return params;
-}
-
-// The default numbering (b * lq + i) * lk + j for batch dims [b0, b1], written out as strides.
-DropoutIndexing default_as_custom(int64_t b1, int64_t lq, int64_t lk) {
-  DropoutIndexing ix;
-  ix.custom = true;
-  ix.batch_strides[0] = b1 * lq * lk;
-  ix.batch_strides[1] = lq * lk;
-  ix.row_stride = lk;
-  ix.col_stride = 1;
-  return ix;
-}
-
-// A numbering unlike the default: a base 40 below 2^64 (the numbers wrap around), a negative
-// batch stride, rows and columns spread apart (as the rows and keys of a dilated selection).
-DropoutIndexing scattered_numbering() {
-  DropoutIndexing ix;
-  ix.custom = true;
-  ix.base = std::numeric_limits<uint64_t>::max() - 39;
-  ix.batch_strides[0] = -1'000'003;
-  ix.batch_strides[1] = 40'009;
-  ix.row_stride = 613;
-  ix.col_stride = 3;
-  return ix;
 }
 
 ::testing::AssertionResult bitwise_equal(const Tensor& a, const Tensor& b) {
@@ -73,7 +48,7 @@ TEST(AttentionDropoutIndexing, DefaultStridesWrittenOutAreTheDefaultBitForBit) {
     a.params.causal = true;
     a.params.causal_offset = 4;
     const SplitResult by_default = run_split(a, AttentionKernel::kMath, {}, {}, true);
-    a.params.dropout_indexing = default_as_custom(3, shape.lq, shape.lk);
+    a.params.dropout_indexing = default_as_custom(shape.batch, shape.lq, shape.lk);
     const SplitResult custom = run_split(a, AttentionKernel::kMath, {}, {}, true);
     EXPECT_TRUE(bitwise_equal(by_default.out, custom.out));
     EXPECT_TRUE(bitwise_equal(by_default.lse, custom.lse));
@@ -99,36 +74,14 @@ TEST(AttentionDropoutIndexing, DefaultAndCustomNumberingsAreTheDocumentedFormula
     a.params.causal = true;
     a.params.causal_offset = 2;
     EXPECT_TRUE(zeros_are_the_mask(run_split(a, AttentionKernel::kMath, {}, {}, false).out, a,
-                                   default_as_custom(3, shape.lq, shape.lk)));
+                                   default_as_custom(shape.batch, shape.lq, shape.lk)));
     a.params.dropout_indexing = scattered_numbering();
     EXPECT_TRUE(zeros_are_the_mask(run_split(a, AttentionKernel::kMath, {}, {}, false).out, a,
                                    scattered_numbering()));
     // The test can fail: the default numbering's mask is not the scattered one's.
     EXPECT_FALSE(zeros_are_the_mask(run_split(a, AttentionKernel::kMath, {}, {}, false).out, a,
-                                    default_as_custom(3, shape.lq, shape.lk)));
+                                    default_as_custom(shape.batch, shape.lq, shape.lk)));
   }
-}
-
-// One case of the split table: a numbering, a causal setting and where to cut.
-struct SplitCase {
-  std::string name;
-  bool custom = false;
-  bool causal = false;
-  int64_t causal_offset = 0;
-  std::vector<int64_t> row_cuts, col_cuts;
-};
-
-void PrintTo(const SplitCase& c, std::ostream* os) { *os << c.name; }
-
-std::vector<SplitCase> split_cases() {
-  return {
-      {"rows_default", false, false, 0, {33}, {}},
-      {"keys_default", false, false, 0, {}, {64}},
-      {"rows_and_keys_custom", true, false, 0, {20, 45}, {50, 100}},
-      {"causal_rows_and_keys", true, true, 5, {33}, {64, 130}},
-      {"causal_negative_offset", false, true, -3, {10, 40}, {30}},
-      {"causal_offset_past_the_keys", true, true, 200, {32}, {1, 149}},
-  };
 }
 
 class AttentionDropoutSplit : public ::testing::TestWithParam<SplitCase> {};
@@ -139,19 +92,14 @@ TEST_P(AttentionDropoutSplit, BlocksNumberedByTheirPlaceGiveTheWholeCall) {
   for (DType dtype : {DType::kFloat64, DType::kFloat32}) {
     SCOPED_TRACE(dtype_name(dtype));
     std::mt19937_64 rng(13);
-    const SplitShape shape{{2, 2}, 70, 150, 16, false};
+    const SplitShape shape{{2, 2}, 70, 150, 16, false};  // the cases cut [70, 150]
     SplitAttention a = make_split_attention(shape, dtype, Device::cpu(), dropout_params(0.3), rng);
     a.params.causal = c.causal;
     a.params.causal_offset = c.causal_offset;
     if (c.custom) a.params.dropout_indexing = scattered_numbering();
     const SplitResult whole = run_split(a, AttentionKernel::kMath, {}, {}, true);
     const SplitResult split = run_split(a, AttentionKernel::kMath, c.row_cuts, c.col_cuts, true);
-    const Tolerance tol = tolerance_for(dtype, shape.lk + shape.d);
-    EXPECT_TRUE(values_close(to_ref(whole.out), to_ref(split.out), tol));
-    EXPECT_TRUE(values_close(to_ref(whole.lse), to_ref(split.lse), tol));
-    EXPECT_TRUE(values_close(to_ref(whole.grad_q), to_ref(split.grad_q), tol));
-    EXPECT_TRUE(values_close(to_ref(whole.grad_k), to_ref(split.grad_k), tol));
-    EXPECT_TRUE(values_close(to_ref(whole.grad_v), to_ref(split.grad_v), tol));
+    EXPECT_TRUE(split_results_close(whole, split, dtype, shape.d, shape.lk));
   }
 }
 
@@ -169,13 +117,40 @@ TEST_P(AttentionDropoutSplit, BlocksDrawTheWholeCallsMask) {
   const SplitResult split = run_split(a, AttentionKernel::kMath, c.row_cuts, c.col_cuts, false);
   EXPECT_TRUE(zeros_are_the_mask(split.out, a,
                                  c.custom ? scattered_numbering()
-                                          : default_as_custom(2, shape.lq, shape.lk)));
+                                          : default_as_custom(shape.batch, shape.lq, shape.lk)));
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, AttentionDropoutSplit, ::testing::ValuesIn(split_cases()),
                          [](const ::testing::TestParamInfo<SplitCase>& info) {
                            return info.param.name;
                          });
+
+// Offsets far outside [-(lq + 1), lk] are clamped: every key visible, or none, never an
+// overflow (what a block of a long split sequence may be given).
+TEST(AttentionCausalOffset, HugeOffsetsShowEveryKeyOrNone) {
+  std::mt19937_64 rng(15);
+  const SplitShape shape{{2, 2}, 40, 45, 48, /*one_hot_v=*/true};
+  const SplitAttention plain =
+      make_split_attention(shape, DType::kFloat32, Device::cpu(), dropout_params(0.2), rng);
+  const SplitResult all = run_split(plain, AttentionKernel::kMath, {}, {}, false);
+  for (int64_t offset : {std::numeric_limits<int64_t>::max(), int64_t{45}, int64_t{1} << 62}) {
+    SplitAttention a = plain;
+    a.params.causal = true;
+    a.params.causal_offset = offset;
+    EXPECT_TRUE(bitwise_equal(all.out, run_split(a, AttentionKernel::kMath, {}, {}, false).out))
+        << "offset " << offset;
+  }
+  for (int64_t offset : {std::numeric_limits<int64_t>::min(), int64_t{-41}, -(int64_t{1} << 62)}) {
+    SplitAttention a = plain;
+    a.params.causal = true;
+    a.params.causal_offset = offset;
+    const SplitResult none = run_split(a, AttentionKernel::kMath, {}, {}, false);
+    EXPECT_TRUE(zeros_are_the_mask(none.out, a, default_as_custom(shape.batch, 40, 45)))
+        << "offset " << offset;
+    EXPECT_TRUE(values_close(to_ref(none.lse), RefArray::filled(none.lse.shape(), -INFINITY),
+                             {0.0, 0.0}));
+  }
+}
 
 }  // namespace
 }  // namespace rd::test

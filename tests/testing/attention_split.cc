@@ -2,6 +2,7 @@
 #include "testing/attention_split.h"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <string>
 #include <utility>
@@ -164,6 +165,73 @@ SplitResult run_split(const SplitAttention& a, kernels::AttentionKernel kernel,
   if (wrong == 0) return ::testing::AssertionSuccess();
   return ::testing::AssertionFailure() << wrong << " elements disagree with the mask; first at row "
                                        << first;
+}
+
+std::vector<SplitCase> split_cases() {
+  return {
+      {"rows_default", false, false, 0, {33}, {}},
+      {"keys_default", false, false, 0, {}, {64}},
+      {"rows_and_keys_custom", true, false, 0, {20, 45}, {50, 100}},
+      {"causal_rows_and_keys", true, true, 5, {33}, {64, 130}},
+      {"causal_negative_offset", false, true, -3, {10, 40}, {30}},
+      {"causal_offset_past_the_keys", true, true, 200, {32}, {1, 149}},
+  };
+}
+
+kernels::DropoutIndexing default_as_custom(const std::vector<int64_t>& batch, int64_t lq,
+                                           int64_t lk) {
+  DropoutIndexing ix;
+  ix.custom = true;
+  int64_t stride = lq * lk;
+  for (size_t d = batch.size(); d-- > 0;) {
+    ix.batch_strides[d] = stride;
+    stride *= batch[d];
+  }
+  ix.row_stride = lk;
+  ix.col_stride = 1;
+  return ix;
+}
+
+kernels::DropoutIndexing scattered_numbering() {
+  DropoutIndexing ix;
+  ix.custom = true;
+  ix.base = std::numeric_limits<uint64_t>::max() - 39;
+  ix.batch_strides[0] = -1'000'003;
+  ix.batch_strides[1] = 40'009;
+  ix.row_stride = 613;
+  ix.col_stride = 3;
+  return ix;
+}
+
+::testing::AssertionResult split_results_close(const SplitResult& expected, const SplitResult& got,
+                                               DType dtype, int64_t d, int64_t lk) {
+  const Tolerance out_tol = tolerance_for(dtype, d + lk);
+  const Tolerance lse_tol = tolerance_for(accumulation_dtype(dtype), d + lk);
+  enum class Kind { kOut, kLse, kGrad };
+  const struct {
+    const char* name;
+    Kind kind;
+    const Tensor& want;
+    const Tensor& got;
+  } parts[] = {{"out", Kind::kOut, expected.out, got.out},
+               {"lse", Kind::kLse, expected.lse, got.lse},
+               {"grad_q", Kind::kGrad, expected.grad_q, got.grad_q},
+               {"grad_k", Kind::kGrad, expected.grad_k, got.grad_k},
+               {"grad_v", Kind::kGrad, expected.grad_v, got.grad_v}};
+  for (const auto& part : parts) {
+    if (!part.want.defined() || !part.got.defined()) continue;
+    const RefArray want = to_ref(part.want);
+    Tolerance tol{2 * out_tol.rtol, 2 * out_tol.atol};
+    if (part.kind == Kind::kLse) tol = lse_tol;
+    if (part.kind == Kind::kGrad) {
+      double largest = 0;
+      for (double x : want.data) largest = std::max(largest, std::abs(x));
+      tol = {4 * out_tol.rtol, 4 * out_tol.rtol * largest};
+    }
+    ::testing::AssertionResult ok = values_close(want, to_ref(part.got), tol);
+    if (!ok) return ::testing::AssertionFailure() << part.name << ": " << ok.message();
+  }
+  return ::testing::AssertionSuccess();
 }
 
 uint64_t custom_dropout_number(const kernels::DropoutIndexing& ix,

@@ -6,7 +6,9 @@
 #pragma once
 
 #include <cstdint>
+#include <ostream>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -54,6 +56,33 @@ struct SplitResult {
 SplitResult run_split(const SplitAttention& a, kernels::AttentionKernel kernel,
                       const std::vector<int64_t>& row_cuts, const std::vector<int64_t>& col_cuts,
                       bool backward);
+
+// One case of the split tables: the whole call's numbering (the default or
+// scattered_numbering()), a causal setting, and where to cut rows and keys of a
+// [2, 2, 70, 150] call (several CPU query blocks and key tiles, flash tiles on the GPU).
+struct SplitCase {
+  std::string name;
+  bool custom = false;
+  bool causal = false;
+  int64_t causal_offset = 0;
+  std::vector<int64_t> row_cuts, col_cuts;
+};
+inline void PrintTo(const SplitCase& c, std::ostream* os) { *os << c.name; }
+std::vector<SplitCase> split_cases();
+
+// The default numbering (b * lq + i) * lk + j written out as custom strides, for batch dims
+// `batch` (computed here, not by the library).
+kernels::DropoutIndexing default_as_custom(const std::vector<int64_t>& batch, int64_t lq,
+                                           int64_t lk);
+// A numbering unlike the default: a base 40 below 2^64 (the numbers wrap around), a negative
+// batch stride, rows and columns spread apart as in a dilated selection. Two batch dims.
+kernels::DropoutIndexing scattered_numbering();
+
+// Whether `got` matches `expected` (out, lse and, where both have them, the gradients) within
+// the rounding of `dtype` over d + lk terms; gradients, which cancel in the softmax
+// Jacobian, relative to their largest magnitude.
+::testing::AssertionResult split_results_close(const SplitResult& expected, const SplitResult& got,
+                                               DType dtype, int64_t d, int64_t lk);
 
 // Element number of (batch indices `batch_index`, i, j) by the formula of kernels/attention.h:
 // base + sum_d b_d * batch_strides[d] + i * row_stride + j * col_stride, mod 2^64.
