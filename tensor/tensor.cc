@@ -6,6 +6,7 @@
 #include <cstring>
 #include <limits>
 
+#include "ringdilated/kernels/error.h"
 #include "ringdilated/tensor/allocator.h"
 #include "ringdilated/tensor/autograd.h"
 #include "ringdilated/tensor/dispatch.h"
@@ -33,10 +34,15 @@ Storage::Storage(void* data, size_t nbytes, Device device, Deleter deleter, void
       context_(context) {}
 
 Storage::~Storage() {
+  // The pool or a user's deleter may throw (a failed CUDA call, a foreign pointer); that must
+  // not end the process from a destructor, so it is logged and the block leaked.
   if (owned_) {
-    allocator_for(device_).deallocate(data_);
+    release_in_destructor("Storage: returning its memory to the pool", [&] {
+      allocator_for(device_).deallocate(data_);
+    });
   } else if (deleter_ != nullptr) {
-    deleter_(data_, context_);
+    release_in_destructor("Storage: the deleter of a from_blob tensor",
+                          [&] { deleter_(data_, context_); });
   }
 }
 

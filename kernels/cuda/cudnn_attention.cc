@@ -494,7 +494,10 @@ class HandleLease {
               fe::detail::get_error_string(status));
     }
   }
-  ~HandleLease() { HandlePool::instance().release(device_, handle_); }
+  ~HandleLease() {
+    release_in_destructor("cuDNN attention: returning a handle to the pool",
+                          [&] { HandlePool::instance().release(device_, handle_); });
+  }
   HandleLease(const HandleLease&) = delete;
   HandleLease& operator=(const HandleLease&) = delete;
   cudnnHandle_t get() const { return handle_; }
