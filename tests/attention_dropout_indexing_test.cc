@@ -93,10 +93,8 @@ TEST_P(AttentionDropoutSplit, BlocksNumberedByTheirPlaceGiveTheWholeCall) {
     SCOPED_TRACE(dtype_name(dtype));
     std::mt19937_64 rng(13);
     const SplitShape shape{{2, 2}, 70, 150, 16, false};  // the cases cut [70, 150]
-    SplitAttention a = make_split_attention(shape, dtype, Device::cpu(), dropout_params(0.3), rng);
-    a.params.causal = c.causal;
-    a.params.causal_offset = c.causal_offset;
-    if (c.custom) a.params.dropout_indexing = scattered_numbering();
+    const SplitAttention a =
+        make_case_attention(c, shape, dtype, Device::cpu(), dropout_params(0.3), rng);
     const SplitResult whole = run_split(a, AttentionKernel::kMath, {}, {}, true);
     const SplitResult split = run_split(a, AttentionKernel::kMath, c.row_cuts, c.col_cuts, true);
     EXPECT_TRUE(split_results_close(whole, split, dtype, shape.d, shape.lk));
@@ -109,15 +107,10 @@ TEST_P(AttentionDropoutSplit, BlocksDrawTheWholeCallsMask) {
   const SplitCase& c = GetParam();
   std::mt19937_64 rng(14);
   const SplitShape shape{{2, 2}, 70, 150, 150, /*one_hot_v=*/true};
-  SplitAttention a =
-      make_split_attention(shape, DType::kFloat32, Device::cpu(), dropout_params(0.3), rng);
-  a.params.causal = c.causal;
-  a.params.causal_offset = c.causal_offset;
-  if (c.custom) a.params.dropout_indexing = scattered_numbering();
+  const SplitAttention a =
+      make_case_attention(c, shape, DType::kFloat32, Device::cpu(), dropout_params(0.3), rng);
   const SplitResult split = run_split(a, AttentionKernel::kMath, c.row_cuts, c.col_cuts, false);
-  EXPECT_TRUE(zeros_are_the_mask(split.out, a,
-                                 c.custom ? scattered_numbering()
-                                          : default_as_custom(shape.batch, shape.lq, shape.lk)));
+  EXPECT_TRUE(zeros_are_the_mask(split.out, a, case_numbering(c, shape)));
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, AttentionDropoutSplit, ::testing::ValuesIn(split_cases()),

@@ -64,55 +64,50 @@ SplitAttention on(const SplitAttention& a, Device device) {
   return b;
 }
 
-std::string label(const KernelDType& kd, const std::string& what) {
-  return str_cat(kernel_name(kd.kernel), " ", dtype_name(kd.dtype), " ", what);
+// Calls f(split case, kernel and dtype) for every case of the split table on every kernel and
+// dtype, traced by name.
+template <class F>
+void for_each_split(const F& f) {
+  for (const SplitCase& c : split_cases()) {
+    for (const KernelDType& kd : kKernelDTypes) {
+      SCOPED_TRACE(str_cat(kernel_name(kd.kernel), " ", dtype_name(kd.dtype), " ", c.name));
+      f(c, kd);
+    }
+  }
 }
 
 // Every split of the table, on each kernel and dtype, whole and split, forward and backward,
 // against the CPU's whole call.
 TEST_F(CudaAttentionBlocksTest, SplitsMatchTheCpuWholeCall) {
-  const Device gpu = Device::cuda(0);
-  for (const SplitCase& c : split_cases()) {
-    for (const KernelDType& kd : kKernelDTypes) {
-      SCOPED_TRACE(label(kd, c.name));
-      std::mt19937_64 rng(21);
-      const SplitShape shape{{2, 2}, 70, 150, 64, false};
-      SplitAttention cpu = make_split_attention(shape, kd.dtype, Device::cpu(), dropout_params(0.3), rng);
-      cpu.params.causal = c.causal;
-      cpu.params.causal_offset = c.causal_offset;
-      if (c.custom) cpu.params.dropout_indexing = scattered_numbering();
-      const SplitResult want = run_split(cpu, AttentionKernel::kMath, {}, {}, true);
-      const SplitAttention cuda = on(cpu, gpu);
-      EXPECT_TRUE(split_results_close(want, run_split(cuda, kd.kernel, {}, {}, true), kd.dtype,
-                                      shape.d, shape.lk))
-          << "whole";
-      EXPECT_TRUE(split_results_close(want, run_split(cuda, kd.kernel, c.row_cuts, c.col_cuts, true),
-                                      kd.dtype, shape.d, shape.lk))
-          << "split";
-    }
-  }
+  for_each_split([](const SplitCase& c, const KernelDType& kd) {
+    std::mt19937_64 rng(21);
+    const SplitShape shape{{2, 2}, 70, 150, 64, false};
+    const SplitAttention cpu =
+        make_case_attention(c, shape, kd.dtype, Device::cpu(), dropout_params(0.3), rng);
+    const SplitResult want = run_split(cpu, AttentionKernel::kMath, {}, {}, true);
+    const SplitAttention cuda = on(cpu, Device::cuda(0));
+    EXPECT_TRUE(split_results_close(want, run_split(cuda, kd.kernel, {}, {}, true), kd.dtype,
+                                    shape.d, shape.lk))
+        << "whole";
+    EXPECT_TRUE(split_results_close(want, run_split(cuda, kd.kernel, c.row_cuts, c.col_cuts, true),
+                                    kd.dtype, shape.d, shape.lk))
+        << "split";
+  });
 }
 
 // The mask itself, bit for bit: one-hot values (D = Lk = 150, a padded flash bucket).
 TEST_F(CudaAttentionBlocksTest, SplitsDrawTheWholeCallsMask) {
-  const Device gpu = Device::cuda(0);
-  for (const SplitCase& c : split_cases()) {
-    for (const KernelDType& kd : kKernelDTypes) {
-      SCOPED_TRACE(label(kd, c.name));
-      std::mt19937_64 rng(22);
-      const SplitShape shape{{2, 2}, 70, 150, 150, /*one_hot_v=*/true};
-      SplitAttention a = make_split_attention(shape, kd.dtype, gpu, dropout_params(0.3), rng);
-      a.params.causal = c.causal;
-      a.params.causal_offset = c.causal_offset;
-      if (c.custom) a.params.dropout_indexing = scattered_numbering();
-      const kernels::DropoutIndexing ix =
-          c.custom ? scattered_numbering() : default_as_custom(shape.batch, shape.lq, shape.lk);
-      EXPECT_TRUE(zeros_are_the_mask(run_split(a, kd.kernel, {}, {}, false).out, a, ix)) << "whole";
-      EXPECT_TRUE(zeros_are_the_mask(run_split(a, kd.kernel, c.row_cuts, c.col_cuts, false).out,
-                                     a, ix))
-          << "split";
-    }
-  }
+  for_each_split([](const SplitCase& c, const KernelDType& kd) {
+    std::mt19937_64 rng(22);
+    const SplitShape shape{{2, 2}, 70, 150, 150, /*one_hot_v=*/true};
+    const SplitAttention a =
+        make_case_attention(c, shape, kd.dtype, Device::cuda(0), dropout_params(0.3), rng);
+    const kernels::DropoutIndexing ix = case_numbering(c, shape);
+    EXPECT_TRUE(zeros_are_the_mask(run_split(a, kd.kernel, {}, {}, false).out, a, ix)) << "whole";
+    EXPECT_TRUE(zeros_are_the_mask(run_split(a, kd.kernel, c.row_cuts, c.col_cuts, false).out, a,
+                                   ix))
+        << "split";
+  });
 }
 
 // Offsets far outside [-(lq + 1), lk]: the flash kernels clamp them as the math kernels do

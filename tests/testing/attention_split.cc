@@ -203,6 +203,18 @@ kernels::DropoutIndexing scattered_numbering() {
   return ix;
 }
 
+SplitAttention make_case_attention(const SplitCase& c, const SplitShape& shape, DType dtype,
+                                   Device device, AttentionParams params, std::mt19937_64& rng) {
+  params.causal = c.causal;
+  params.causal_offset = c.causal_offset;
+  if (c.custom) params.dropout_indexing = scattered_numbering();
+  return make_split_attention(shape, dtype, device, params, rng);
+}
+
+kernels::DropoutIndexing case_numbering(const SplitCase& c, const SplitShape& shape) {
+  return c.custom ? scattered_numbering() : default_as_custom(shape.batch, shape.lq, shape.lk);
+}
+
 ::testing::AssertionResult split_results_close(const SplitResult& expected, const SplitResult& got,
                                                DType dtype, int64_t d, int64_t lk) {
   const Tolerance out_tol = tolerance_for(dtype, d + lk);

@@ -78,6 +78,13 @@ kernels::DropoutIndexing default_as_custom(const std::vector<int64_t>& batch, in
 // batch stride, rows and columns spread apart as in a dilated selection. Two batch dims.
 kernels::DropoutIndexing scattered_numbering();
 
+// make_split_attention with `params` set to the case's causal setting and numbering.
+SplitAttention make_case_attention(const SplitCase& c, const SplitShape& shape, DType dtype,
+                                   Device device, kernels::AttentionParams params,
+                                   std::mt19937_64& rng);
+// The case's numbering written out (what zeros_are_the_mask takes).
+kernels::DropoutIndexing case_numbering(const SplitCase& c, const SplitShape& shape);
+
 // Whether `got` matches `expected` (out, lse and, where both have them, the gradients) within
 // the rounding of `dtype` over d + lk terms; gradients, which cancel in the softmax
 // Jacobian, relative to their largest magnitude.
