@@ -105,14 +105,6 @@ AttentionForwardArgs forward_args(const Inputs& in, const PlannedCall& call, con
   return a;
 }
 
-// Advances the generator once per pair, in pair order, by the numbers a pair spans
-// (dropout_counters_per_pair): the first number of each pair's mask.
-std::vector<uint64_t> draw_pair_offsets(Generator& generator, int num_pairs, const Tensor& q) {
-  const uint64_t per_pair = dropout_counters_per_pair(q.size(0), q.size(2), q.size(1));
-  std::vector<uint64_t> offsets;
-  for (int i = 0; i < num_pairs; ++i) offsets.push_back(generator.advance(per_pair));
-  return offsets;
-}
 
 // The forward pass of the fixed variant. Returns out (q's dtype) and lse.
 std::pair<Tensor, Tensor> fixed_forward(const Inputs& in, Plan& plan, Generator* generator,
@@ -125,7 +117,8 @@ std::pair<Tensor, Tensor> fixed_forward(const Inputs& in, Plan& plan, Generator*
       TensorOptions(accumulation_dtype(q.dtype())).with_device(q.device());
   AttentionKernel slowest = AttentionKernel::kCudnn;
   if (in.params.dropout > 0) {
-    const std::vector<uint64_t> offsets = draw_pair_offsets(*generator, plan.num_pairs, q);
+    const std::vector<uint64_t> offsets =
+        draw_dropout_pair_offsets(*generator, plan.num_pairs, batch, heads, seq_len);
     for (PlannedCall& call : plan.calls) call.dropout_offset = offsets[static_cast<size_t>(call.pair)];
   }
   auto run_call = [&](const PlannedCall& call, const Tensor& out, const Tensor& lse) {
@@ -418,7 +411,9 @@ DilatedAttentionResult attend(const Tensor& q, const Tensor& k, const Tensor& v,
       global_groups(options, seq_len, heads, q.device(), patterns);
   // One offset per pair (also for a pair whose head group is empty), as the fixed variant.
   const std::vector<uint64_t> offsets =
-      dropout ? draw_pair_offsets(*context.generator, static_cast<int>(options.dilation_rates.size()), q)
+      dropout ? draw_dropout_pair_offsets(*context.generator,
+                                          static_cast<int>(options.dilation_rates.size()), batch,
+                                          heads, seq_len)
               : std::vector<uint64_t>(options.dilation_rates.size(), 0);
   AttentionKernel slowest = AttentionKernel::kCudnn;
   for (const GlobalGroup& g : groups) {

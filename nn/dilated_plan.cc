@@ -199,6 +199,14 @@ uint64_t dropout_counters_per_pair(int64_t batch, int64_t num_heads, int64_t seq
   return count;
 }
 
+std::vector<uint64_t> draw_dropout_pair_offsets(Generator& generator, int num_pairs, int64_t batch,
+                                                int64_t num_heads, int64_t seq_len) {
+  const uint64_t per_pair = dropout_counters_per_pair(batch, num_heads, seq_len);
+  std::vector<uint64_t> offsets;
+  for (int i = 0; i < num_pairs; ++i) offsets.push_back(generator.advance(per_pair));
+  return offsets;
+}
+
 kernels::DropoutIndexing dropout_indexing(const Selection& q, const Selection& k, int64_t seq_len,
                                           int64_t num_heads) {
   RD_CHECK(q.h0 == k.h0 && q.hs == k.hs && q.hc == k.hc && q.segments == k.segments,

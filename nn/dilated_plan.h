@@ -9,6 +9,7 @@
 #include "ringdilated/kernels/attention.h"
 #include "ringdilated/nn/dilated_attention.h"
 #include "ringdilated/nn/pattern_cache.h"
+#include "ringdilated/tensor/generator.h"
 #include "ringdilated/tensor/tensor.h"
 
 namespace rd::nn {
@@ -104,6 +105,13 @@ bool blocks_interact(const DilatedAttentionOptions& options, int64_t seq_len,
 // B * H * N * N: the numbers one pair spans. kUnimplemented when that passes 2^64 (distinct
 // elements would then share numbers).
 uint64_t dropout_counters_per_pair(int64_t batch, int64_t num_heads, int64_t seq_len);
+
+// Advances `generator` once per pair, in pair order, by dropout_counters_per_pair and returns
+// each pair's first counter: the AttentionParams::offset of every call of that pair (with
+// the generator's seed). Every rank of a split sequence, holding an identically seeded
+// generator, draws the same offsets.
+std::vector<uint64_t> draw_dropout_pair_offsets(Generator& generator, int num_pairs, int64_t batch,
+                                                int64_t num_heads, int64_t seq_len);
 
 // The numbering of the call whose queries are `q` and whose keys are `k`, both in GLOBAL
 // positions of a sequence of seq_len positions with num_heads heads (same heads and

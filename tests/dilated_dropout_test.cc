@@ -251,7 +251,9 @@ RefArray by_blocks(const Tensor& q, const Tensor& k, const Tensor& v,
   const TensorOptions f64 = TensorOptions(DType::kFloat64);
   const double inf = std::numeric_limits<double>::infinity();
   Tensor acc_out = zeros(q.shape(), f64), acc_lse = full({batch, heads, n}, -inf, f64);
-  const uint64_t per_pair = nn::dropout_counters_per_pair(batch, heads, n);
+  Generator gen(kSeed);  // as each rank holds one
+  const std::vector<uint64_t> pair_offsets = nn::draw_dropout_pair_offsets(
+      gen, static_cast<int>(o.dilation_rates.size()), batch, heads, n);
   const int64_t size = n / blocks;
   for (int64_t a = 0; a < blocks; ++a) {
     const nn::Block qb{a * size, (a + 1) * size};
@@ -269,7 +271,7 @@ RefArray by_blocks(const Tensor& q, const Tensor& k, const Tensor& v,
         args.params.causal = call.causal;
         args.params.dropout = o.dropout;
         args.params.seed = kSeed;
-        args.params.offset = static_cast<uint64_t>(call.pair) * per_pair;
+        args.params.offset = pair_offsets[static_cast<size_t>(call.pair)];
         args.params.dropout_indexing = nn::block_dropout_indexing(call, qb, kb, n, heads);
         backend_for(Device::cpu()).attention_forward(kernels::AttentionKernel::kMath, args);
         attention_merge_(acc_out, acc_lse, part_out, part_lse);
