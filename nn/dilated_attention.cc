@@ -119,7 +119,9 @@ std::pair<Tensor, Tensor> fixed_forward(const Inputs& in, Plan& plan, Generator*
   if (in.params.dropout > 0) {
     const std::vector<uint64_t> offsets =
         draw_dropout_pair_offsets(*generator, plan.num_pairs, batch, heads, seq_len);
-    for (PlannedCall& call : plan.calls) call.dropout_offset = offsets[static_cast<size_t>(call.pair)];
+    for (PlannedCall& call : plan.calls) {
+      call.dropout_offset = offsets[static_cast<size_t>(call.pair)];
+    }
   }
   auto run_call = [&](const PlannedCall& call, const Tensor& out, const Tensor& lse) {
     const AttentionForwardArgs args = forward_args(in, call, out, lse);
@@ -264,7 +266,8 @@ std::vector<GlobalGroup> global_groups(const DilatedAttentionOptions& o, int64_t
   for (int64_t i = 0; i < pairs; ++i) {
     const int64_t r = o.dilation_rates[i];
     if (groups[i].hc == 0) continue;
-    result.push_back({static_cast<int>(i), groups[i], cycled_indices(cache, seq_len, r, i % r, device),
+    result.push_back({static_cast<int>(i), groups[i],
+                      cycled_indices(cache, seq_len, r, i % r, device),
                       o.use_hilbert ? hilbert_indices(cache, seq_len, device) : Tensor()});
   }
   return result;

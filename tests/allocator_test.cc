@@ -488,7 +488,10 @@ TEST(DestructorTest, AThrowingDeleterIsLoggedNotFatal) {
   EXPECT_NE(first.find("the user's deleter failed"), std::string::npos) << first;
   // The same failure again: logged once per process, so nothing new.
   ::testing::internal::CaptureStderr();
-  { Tensor again = from_blob(data, {4}, DType::kFloat32, {}, Device::cpu(), &throwing_deleter, &calls); }
+  {
+    Tensor again =
+        from_blob(data, {4}, DType::kFloat32, {}, Device::cpu(), &throwing_deleter, &calls);
+  }
   EXPECT_EQ(::testing::internal::GetCapturedStderr(), "");
   EXPECT_EQ(calls.count, 2);
 }

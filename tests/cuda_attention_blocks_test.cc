@@ -132,7 +132,8 @@ TEST_F(CudaAttentionBlocksTest, FlashClampsCausalOffsetsLikeTheMathKernel) {
         SCOPED_TRACE(str_cat(dtype_name(dtype), " dropout ", p, " offset ", offset));
         std::mt19937_64 rng(23);
         const SplitShape shape{{2, 2}, lq, lk, 64, false};
-        SplitAttention cpu = make_split_attention(shape, dtype, Device::cpu(), dropout_params(p), rng);
+        SplitAttention cpu =
+            make_split_attention(shape, dtype, Device::cpu(), dropout_params(p), rng);
         cpu.params.causal = true;
         cpu.params.causal_offset = offset;
         const SplitResult want = run_split(cpu, AttentionKernel::kMath, {}, {}, true);
