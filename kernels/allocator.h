@@ -8,6 +8,7 @@
 #include <string>
 
 #include "ringdilated/kernels/device.h"
+#include "ringdilated/kernels/error.h"
 
 namespace rd {
 
@@ -52,7 +53,10 @@ class ScratchBuffer {
  public:
   ScratchBuffer(Allocator& allocator, size_t bytes)
       : allocator_(allocator), ptr_(allocator.allocate(bytes)) {}
-  ~ScratchBuffer() { allocator_.deallocate(ptr_); }
+  ~ScratchBuffer() {
+    release_in_destructor("ScratchBuffer: returning kernel scratch memory",
+                          [&] { allocator_.deallocate(ptr_); });
+  }
   ScratchBuffer(const ScratchBuffer&) = delete;
   ScratchBuffer& operator=(const ScratchBuffer&) = delete;
   void* get() const { return ptr_; }

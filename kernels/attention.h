@@ -32,14 +32,33 @@ constexpr const char* kernel_name(AttentionKernel kernel) {
 //   lse[b, i] = logsumexp_j s[i, j]      (-inf when no key is visible)
 //   p[i, j] = exp(s[i, j] - lse[b, i])   then dropout: p * keep(b, i, j) / (1 - dropout)
 //   out[b, i] = sum_j p[i, j] v[b, j]    (0 when no key is visible: never NaN)
-// keep(b, i, j) is philox_bernoulli(1 - dropout) of the Philox block of element
-// (b * Lq + i) * Lk + j of the stream (seed, offset): the same mask on every device.
+// keep(b, i, j) is philox_bernoulli(1 - dropout) of the Philox block of element number
+// e(b, i, j) of the stream (seed, offset): the same mask on every device. By default
+// e = (b * Lq + i) * Lk + j; a custom DropoutIndexing numbers the elements by their place in
+// a larger attention the call is a block of (see below).
 //
 // key_order, when set, changes only the order in which a query row visits its keys (step t
 // visits key key_order[t]): the mask, the dropout mask and hence the result are those of
 // the natural order, up to float rounding of the sums. It is how dilated attention's
 // Hilbert ordering reaches the kernels. Only the math kernels implement it (a flash tile or
 // a cuDNN graph reads keys through strides); the others report it as unsupported.
+// The dropout element numbering of a call. With `custom`, element (b, i, j) is number
+//   e = base + sum_d b_d * batch_strides[d] + i * row_stride + j * col_stride  (mod 2^64)
+// where b_0, ..., b_{n-1} are the indices of the call's n batch dims (the flattened batch
+// index b unravelled over q's batch shape, row-major) and the arithmetic wraps around in
+// uint64. So a block of a split attention (some rows, some keys, some heads) draws exactly
+// the mask the whole attention draws for those elements: give it the whole one's strides
+// and, as base, the number of its first element. Without `custom` the numbering is the
+// default above, which is this formula with base 0, row-major batch strides times Lq * Lk,
+// row_stride Lk and col_stride 1 (kernels/attention_dropout.h resolves it so).
+struct DropoutIndexing {
+  bool custom = false;
+  uint64_t base = 0;
+  int64_t batch_strides[kMaxDims - 2] = {};
+  int64_t row_stride = 0;
+  int64_t col_stride = 0;
+};
+
 struct AttentionParams {
   double scale = 1.0;
   bool causal = false;
@@ -51,6 +70,8 @@ struct AttentionParams {
   // on the CPU); nullptr visits keys in their natural order. Not checked by the kernels:
   // the caller guarantees it is a permutation.
   const int64_t* key_order = nullptr;
+  // How the dropout mask numbers its elements (only read when dropout > 0).
+  DropoutIndexing dropout_indexing;
 };
 
 struct AttentionForwardArgs {

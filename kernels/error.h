@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <exception>
 #include <span>
 #include <sstream>
 #include <stdexcept>
@@ -60,6 +61,29 @@ inline std::string shape_str(std::span<const int64_t> shape) {
 }
 inline std::string shape_str(const std::vector<int64_t>& shape) {
   return shape_str(std::span<const int64_t>(shape));
+}
+
+// Writes "[ringdilated] <message>" to stderr the first time the process logs this message;
+// repeats are dropped, so a warning does not flood a long run. Thread-safe. The library's
+// one log (path fallbacks, failures in destructors).
+void log_once(const std::string& message);
+
+// Logs, once per distinct text, that `what` failed in a destructor for `reason`. Never
+// throws: what it cannot log it drops.
+void log_destructor_failure(const char* what, const char* reason) noexcept;
+
+// For destructors, which must not throw (an exception leaving one ends the process through
+// std::terminate): runs `release` and turns anything it throws into a log line naming `what`
+// (e.g. "Storage: returning 4096 bytes to the cpu pool"). The resource is then leaked.
+template <class F>
+void release_in_destructor(const char* what, F&& release) noexcept {
+  try {
+    release();
+  } catch (const std::exception& e) {
+    log_destructor_failure(what, e.what());
+  } catch (...) {
+    log_destructor_failure(what, "an exception that is not a std::exception");
+  }
 }
 
 }  // namespace rd

@@ -1,10 +1,7 @@
 // Attention path policy (see attention_path.h).
 #include "ringdilated/nn/attention_path.h"
 
-#include <cstdio>
 #include <cstdlib>
-#include <mutex>
-#include <set>
 #include <string>
 
 #include "ringdilated/kernels/error.h"
@@ -59,19 +56,6 @@ std::vector<AttentionKernel> candidate_kernels(AttentionPath requested, Device d
     default: return {AttentionKernel::kCudnn, AttentionKernel::kFlash, AttentionKernel::kMath};
   }
 }
-
-namespace {
-
-// Writes each distinct fallback message to stderr once per process: a long run would
-// otherwise repeat it for every layer and step.
-void log_once(const std::string& message) {
-  static std::mutex mutex;
-  static std::set<std::string>* const seen = new std::set<std::string>();
-  std::lock_guard<std::mutex> lock(mutex);
-  if (seen->insert(message).second) std::fprintf(stderr, "[ringdilated] %s\n", message.c_str());
-}
-
-}  // namespace
 
 AttentionKernel run_with_fallback(kernels::KernelBackend& backend,
                                   const std::vector<AttentionKernel>& kernels,

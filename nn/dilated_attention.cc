@@ -42,11 +42,11 @@ kernels::StridedView view_of(const Tensor& t) { return kernel_view(t, kOp); }
 // ---------------------------------------------------------------------------------------
 // Execution.
 
-// One planned call: its selection, the Philox counters of its dropout mask and, with
+// One planned call: its selection, the Philox offset of its pair's dropout mask and, with
 // use_hilbert, the order its queries visit the selection's keys in.
 struct PlannedCall {
   Selection sel;
-  uint64_t dropout_offset = 0;
+  uint64_t dropout_offset = 0;  // of the pair (set by the forward, which draws the offsets)
   int pair = 0;  // which (w, r) pair (for the merge of all-heads mixing)
   Tensor key_order;  // int64 [sel.n] on the inputs' device, or undefined: natural order
 };
@@ -96,10 +96,15 @@ AttentionForwardArgs forward_args(const Inputs& in, const PlannedCall& call, con
   a.out = view_of(select_bnhd(out, s));
   a.lse = view_of(select_bhn(lse, s));
   a.params = in.params;
-  a.params.offset += call.dropout_offset;
+  if (in.params.dropout > 0) {
+    // Numbered by global position: a piece of the call (or another split) draws its mask.
+    a.params.offset += call.dropout_offset;
+    a.params.dropout_indexing = dropout_indexing(s, s, in.q.size(1), in.q.size(2));
+  }
   a.params.key_order = key_order_data(call.key_order);
   return a;
 }
+
 
 // The forward pass of the fixed variant. Returns out (q's dtype) and lse.
 std::pair<Tensor, Tensor> fixed_forward(const Inputs& in, Plan& plan, Generator* generator,
@@ -111,12 +116,14 @@ std::pair<Tensor, Tensor> fixed_forward(const Inputs& in, Plan& plan, Generator*
   const TensorOptions acc_options =
       TensorOptions(accumulation_dtype(q.dtype())).with_device(q.device());
   AttentionKernel slowest = AttentionKernel::kCudnn;
-  auto run_call = [&](PlannedCall& call, const Tensor& out, const Tensor& lse) {
-    if (in.params.dropout > 0) {
-      const Selection& s = call.sel;
-      call.dropout_offset = generator->advance(
-          static_cast<uint64_t>(batch * s.segments * s.hc) * static_cast<uint64_t>(s.n * s.n));
+  if (in.params.dropout > 0) {
+    const std::vector<uint64_t> offsets =
+        draw_dropout_pair_offsets(*generator, plan.num_pairs, batch, heads, seq_len);
+    for (PlannedCall& call : plan.calls) {
+      call.dropout_offset = offsets[static_cast<size_t>(call.pair)];
     }
+  }
+  auto run_call = [&](const PlannedCall& call, const Tensor& out, const Tensor& lse) {
     const AttentionForwardArgs args = forward_args(in, call, out, lse);
     const AttentionKernel used =
         run_with_fallback(backend, in.kernels, args, /*backward=*/nullptr, in.forced, kOp,
@@ -129,7 +136,7 @@ std::pair<Tensor, Tensor> fixed_forward(const Inputs& in, Plan& plan, Generator*
     // Head groups: every (position, head) belongs to at most one call, which writes it.
     out = zeros({batch, seq_len, heads, q.size(3)}, TensorOptions(q.dtype()).with_device(q.device()));
     lse = full({batch, heads, seq_len}, kNegInf, acc_options);
-    for (PlannedCall& call : plan.calls) run_call(call, out, lse);
+    for (const PlannedCall& call : plan.calls) run_call(call, out, lse);
   } else {
     // All heads: each pair's partial in q's dtype (what every kernel, cuDNN included,
     // writes; rounded once), merged through the LSE into a float32 accumulator.
@@ -140,7 +147,7 @@ std::pair<Tensor, Tensor> fixed_forward(const Inputs& in, Plan& plan, Generator*
     for (int pair = 0; pair < plan.num_pairs; ++pair) {
       out_i.zero_();
       lse_i.fill_(kNegInf);
-      for (PlannedCall& call : plan.calls) {
+      for (const PlannedCall& call : plan.calls) {
         if (call.pair == pair) run_call(call, out_i, lse_i);
       }
       attention_merge_(acc_out, acc_lse, out_i, lse_i);
@@ -191,12 +198,12 @@ struct Differentiated {
 // The backward of a call in pieces of whole segments, each of at most `piece_elements` q
 // elements (AttentionCallContext::backward_piece_elements): cuDNN's backward takes a float32
 // dQ workspace twice the size of its q, which for one large call would sit on top of the
-// memory peak. Not with dropout: its mask is numbered by the call's own flattened batch index.
+// memory peak. With dropout too: a piece numbers its mask by global position, as the call.
 std::vector<PlannedCall> backward_pieces(const PlannedCall& call, int64_t batch, int64_t head_dim,
-                                         bool dropout, int64_t piece_elements) {
+                                         int64_t piece_elements) {
   const Selection& s = call.sel;
   const int64_t per_segment = batch * s.hc * s.n * head_dim;
-  if (dropout || per_segment * s.segments <= piece_elements) return {call};
+  if (per_segment * s.segments <= piece_elements) return {call};
   const int64_t segments_per_piece = std::max<int64_t>(1, piece_elements / per_segment);
   std::vector<PlannedCall> pieces;
   for (int64_t first = 0; first < s.segments; first += segments_per_piece) {
@@ -217,8 +224,7 @@ void fixed_backward(const Inputs& in, const Plan& plan, const Tensor& out, const
   std::vector<PlannedCall> pieces;
   for (const PlannedCall& call : plan.calls) {
     for (const PlannedCall& piece :
-         backward_pieces(call, in.q.size(0), in.q.size(3), in.params.dropout > 0,
-                         in.backward_piece_elements)) {
+         backward_pieces(call, in.q.size(0), in.q.size(3), in.backward_piece_elements)) {
       pieces.push_back(piece);
     }
   }
@@ -249,6 +255,7 @@ Tensor cycled_indices(PatternCache& cache, int64_t seq_len, int64_t r, int64_t o
 }
 
 struct GlobalGroup {
+  int pair = 0;
   Heads heads;
   Tensor indices;    // int64 [N]
   Tensor key_order;  // int64 [N] Hilbert order of the gathered keys, or undefined
@@ -262,10 +269,25 @@ std::vector<GlobalGroup> global_groups(const DilatedAttentionOptions& o, int64_t
   for (int64_t i = 0; i < pairs; ++i) {
     const int64_t r = o.dilation_rates[i];
     if (groups[i].hc == 0) continue;
-    result.push_back({groups[i], cycled_indices(cache, seq_len, r, i % r, device),
+    result.push_back({static_cast<int>(i), groups[i],
+                      cycled_indices(cache, seq_len, r, i % r, device),
                       o.use_hilbert ? hilbert_indices(cache, seq_len, device) : Tensor()});
   }
   return result;
+}
+
+// The global variant's numbering: query row j and key list index m of head h = h0 + t (the
+// [B, hc, N, N] scores) are number ((b * H + h) * N + j) * N + m.
+kernels::DropoutIndexing global_dropout_indexing(const Tensor& q, const GlobalGroup& g) {
+  const auto n = static_cast<uint64_t>(q.size(1)), heads = static_cast<uint64_t>(q.size(2));
+  kernels::DropoutIndexing ix;
+  ix.custom = true;
+  ix.base = static_cast<uint64_t>(g.heads.h0) * n * n;
+  ix.batch_strides[0] = static_cast<int64_t>(heads * n * n);
+  ix.batch_strides[1] = static_cast<int64_t>(n * n);
+  ix.row_stride = static_cast<int64_t>(n);
+  ix.col_stride = 1;
+  return ix;
 }
 
 // [B, hc, N, D] attention layout of the gathered rows of t's heads.
@@ -286,6 +308,7 @@ AttentionForwardArgs global_args(const Inputs& in, const GlobalGroup& g, const T
   a.lse = view_of(lse.narrow(1, g.heads.h0, g.heads.hc));
   a.params = in.params;
   a.params.key_order = key_order_data(g.key_order);
+  if (in.params.dropout > 0) a.params.dropout_indexing = global_dropout_indexing(in.q, g);
   return a;
 }
 
@@ -392,16 +415,17 @@ DilatedAttentionResult attend(const Tensor& q, const Tensor& k, const Tensor& v,
                     TensorOptions(accumulation_dtype(q.dtype())).with_device(q.device()));
   const std::vector<GlobalGroup> groups =
       global_groups(options, seq_len, heads, q.device(), patterns);
-  std::vector<uint64_t> offsets;
+  // One offset per pair (also for a pair whose head group is empty), as the fixed variant.
+  const std::vector<uint64_t> offsets =
+      dropout ? draw_dropout_pair_offsets(*context.generator,
+                                          static_cast<int>(options.dilation_rates.size()), batch,
+                                          heads, seq_len)
+              : std::vector<uint64_t>(options.dilation_rates.size(), 0);
   AttentionKernel slowest = AttentionKernel::kCudnn;
   for (const GlobalGroup& g : groups) {
     std::vector<Tensor> keep;
     AttentionForwardArgs args = global_args(in, g, out, lse, &keep);
-    if (dropout) {
-      args.params.offset = context.generator->advance(static_cast<uint64_t>(batch * g.heads.hc) *
-                                                      static_cast<uint64_t>(seq_len * seq_len));
-    }
-    offsets.push_back(args.params.offset);
+    args.params.offset += offsets[static_cast<size_t>(g.pair)];
     const AttentionKernel used =
         run_with_fallback(backend, in.kernels, args, /*backward=*/nullptr, in.forced, kOp,
                           [&](AttentionKernel kk) { backend.attention_forward(kk, args); });
@@ -423,11 +447,10 @@ DilatedAttentionResult attend(const Tensor& q, const Tensor& k, const Tensor& v,
           const DType acc = accumulation_dtype(out.dtype());
           const TensorOptions opts = TensorOptions(acc).with_device(out.device());
           const GradBuffers result_grads = zero_grads(out.shape(), acc, out.device(), packed);
-          for (size_t gi = 0; gi < groups.size(); ++gi) {
-            const GlobalGroup& g = groups[gi];
+          for (const GlobalGroup& g : groups) {
             std::vector<Tensor> keep;
             AttentionForwardArgs fwd = global_args(in, g, out, lse, &keep);
-            fwd.params.offset = offsets[gi];
+            fwd.params.offset += offsets[static_cast<size_t>(g.pair)];
             const Shape gathered_shape{out.size(0), g.heads.hc, out.size(1), out.size(3)};
             std::vector<Tensor> gathered_grads{zeros(gathered_shape, opts),
                                                zeros(gathered_shape, opts),

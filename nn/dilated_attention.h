@@ -56,9 +56,10 @@ struct AttentionCallContext {
   bool training = false;
   Generator* generator = nullptr;
   PatternCache* patterns = nullptr;
-  // The fixed variant's backward (without dropout) runs each attention call in pieces of
-  // whole segments of at most this many q elements, bounding the kernels' per-call
-  // workspace (cuDNN's float32 dQ accumulator is twice the piece's q). Must be >= 1.
+  // The fixed variant's backward runs each attention call in pieces of whole segments of at
+  // most this many q elements, bounding the kernels' per-call workspace (cuDNN's float32 dQ
+  // accumulator is twice the piece's q); with dropout the pieces draw the call's mask. Must
+  // be >= 1.
   int64_t backward_piece_elements = int64_t{1} << 26;
 };
 

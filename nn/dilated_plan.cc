@@ -187,6 +187,56 @@ std::vector<BlockCall> plan_block_calls(const DilatedAttentionOptions& options, 
   return calls;
 }
 
+uint64_t dropout_counters_per_pair(int64_t batch, int64_t num_heads, int64_t seq_len) {
+  uint64_t count = 1;
+  for (int64_t factor : {batch, num_heads, seq_len, seq_len}) {
+    RD_CHECK(factor >= 0, kInvalidArgument, "dilated_attention: dropout numbering of B = ", batch,
+             ", H = ", num_heads, ", N = ", seq_len, " needs non-negative sizes");
+    RD_CHECK(!__builtin_mul_overflow(count, static_cast<uint64_t>(factor), &count),
+             kUnimplemented, "dilated_attention: dropout numbers B * H * N * N of B = ", batch,
+             ", H = ", num_heads, ", N = ", seq_len, " pass 2^64 (one Philox counter each)");
+  }
+  return count;
+}
+
+std::vector<uint64_t> draw_dropout_pair_offsets(Generator& generator, int num_pairs, int64_t batch,
+                                                int64_t num_heads, int64_t seq_len) {
+  const uint64_t per_pair = dropout_counters_per_pair(batch, num_heads, seq_len);
+  std::vector<uint64_t> offsets;
+  for (int i = 0; i < num_pairs; ++i) offsets.push_back(generator.advance(per_pair));
+  return offsets;
+}
+
+kernels::DropoutIndexing dropout_indexing(const Selection& q, const Selection& k, int64_t seq_len,
+                                          int64_t num_heads) {
+  RD_CHECK(q.h0 == k.h0 && q.hs == k.hs && q.hc == k.hc && q.segments == k.segments,
+           kInvalidArgument, "dropout_indexing: q and k must select the same heads and segments, "
+           "got heads (", q.h0, ", ", q.hs, ", ", q.hc, ") x ", q.segments, " and (", k.h0, ", ",
+           k.hs, ", ", k.hc, ") x ", k.segments);
+  // uint64 arithmetic wraps around, as the kernels' does.
+  const auto n = static_cast<uint64_t>(seq_len);
+  const uint64_t head_stride = n * n;
+  kernels::DropoutIndexing ix;
+  ix.custom = true;
+  ix.base = static_cast<uint64_t>(q.h0) * head_stride + static_cast<uint64_t>(q.p0) * n +
+            static_cast<uint64_t>(k.p0);
+  ix.batch_strides[0] = static_cast<int64_t>(static_cast<uint64_t>(num_heads) * head_stride);
+  ix.batch_strides[1] = static_cast<int64_t>(static_cast<uint64_t>(q.ss) * n +
+                                             static_cast<uint64_t>(k.ss));
+  ix.batch_strides[2] = static_cast<int64_t>(static_cast<uint64_t>(q.hs) * head_stride);
+  ix.row_stride = static_cast<int64_t>(static_cast<uint64_t>(q.r) * n);
+  ix.col_stride = k.r;
+  return ix;
+}
+
+kernels::DropoutIndexing block_dropout_indexing(const BlockCall& call, Block qb, Block kb,
+                                                int64_t seq_len, int64_t num_heads) {
+  Selection q = call.q, k = call.k;
+  q.p0 += qb.begin;
+  k.p0 += kb.begin;
+  return dropout_indexing(q, k, seq_len, num_heads);
+}
+
 bool blocks_interact(const DilatedAttentionOptions& options, int64_t seq_len,
                      int64_t num_heads, Block qb, Block kb) {
   return !plan_block_calls(options, seq_len, num_heads, qb, kb).empty();

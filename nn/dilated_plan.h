@@ -1,12 +1,15 @@
 // The planner of dilated attention: which heads and positions each attention call covers,
-// for a whole sequence on one device and for one (query block, key block) of a split one.
+// for a whole sequence on one device and for one (query block, key block) of a split one,
+// and how each call numbers its dropout elements so that every split draws one mask.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
+#include "ringdilated/kernels/attention.h"
 #include "ringdilated/nn/dilated_attention.h"
 #include "ringdilated/nn/pattern_cache.h"
+#include "ringdilated/tensor/generator.h"
 #include "ringdilated/tensor/tensor.h"
 
 namespace rd::nn {
@@ -91,5 +94,36 @@ std::vector<BlockCall> plan_block_calls(const DilatedAttentionOptions& options, 
 // Whether query block qb needs anything from key block kb: plan_block_calls is not empty.
 bool blocks_interact(const DilatedAttentionOptions& options, int64_t seq_len,
                      int64_t num_heads, Block qb, Block kb);
+
+// ---------------------------------------------------------------------------------------
+// Dropout numbering (docs/dilated-attention.md): pair i draws from its own Philox offset, the
+// generator advanced by dropout_counters_per_pair once per pair in pair order, and numbers
+// element (batch b, head h, query position p, key position m) by its GLOBAL place,
+//   ((b * H + h) * N + p) * N + m,
+// so a call, a piece of one, or a block of a split sequence draws the whole call's mask.
+
+// B * H * N * N: the numbers one pair spans. kUnimplemented when that passes 2^64 (distinct
+// elements would then share numbers).
+uint64_t dropout_counters_per_pair(int64_t batch, int64_t num_heads, int64_t seq_len);
+
+// Advances `generator` once per pair, in pair order, by dropout_counters_per_pair and returns
+// each pair's first counter: the AttentionParams::offset of every call of that pair (with
+// the generator's seed). Every rank of a split sequence, holding an identically seeded
+// generator, draws the same offsets.
+std::vector<uint64_t> draw_dropout_pair_offsets(Generator& generator, int num_pairs, int64_t batch,
+                                                int64_t num_heads, int64_t seq_len);
+
+// The numbering of the call whose queries are `q` and whose keys are `k`, both in GLOBAL
+// positions of a sequence of seq_len positions with num_heads heads (same heads and
+// segments): its q view is [B, segments, hc, q.n, D], so element (b, s, t, i, j) is query
+// p = q.p0 + s q.ss + i q.r, key m = k.p0 + s k.ss + j k.r, head h = q.h0 + t q.hs.
+kernels::DropoutIndexing dropout_indexing(const Selection& q, const Selection& k, int64_t seq_len,
+                                          int64_t num_heads);
+
+// The numbering of a BlockCall between query block qb and key block kb (its selections are
+// relative to the blocks; this shifts them to global positions first). Sequence-parallel
+// callers pass it to the kernel as it is, whatever coordinates the keys are read from.
+kernels::DropoutIndexing block_dropout_indexing(const BlockCall& call, Block qb, Block kb,
+                                                int64_t seq_len, int64_t num_heads);
 
 }  // namespace rd::nn

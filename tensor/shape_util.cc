@@ -28,10 +28,36 @@ std::vector<int64_t> normalize_dims(const std::vector<int64_t>& dims, int64_t nd
   return out;
 }
 
-int64_t shape_numel(const Shape& shape) {
+int64_t shape_numel(const Shape& shape, const char* op) {
+  if (std::find(shape.begin(), shape.end(), 0) != shape.end()) return 0;
   int64_t n = 1;
-  for (int64_t s : shape) n *= s;
+  for (int64_t s : shape) {
+    RD_CHECK(!__builtin_mul_overflow(n, s, &n), kInvalidArgument, op, ": shape ",
+             shape_str(shape), " has more than 2^63 - 1 elements");
+  }
   return n;
+}
+
+void check_new_shape(const Shape& shape, const char* op) {
+  int64_t extent = 1;
+  for (int64_t s : shape) {
+    RD_CHECK(s >= 0, kInvalidArgument, op, ": sizes must be non-negative, got ", shape_str(shape));
+    RD_CHECK(!__builtin_mul_overflow(extent, std::max<int64_t>(s, 1), &extent), kInvalidArgument,
+             op, ": shape ", shape_str(shape), " is too large: its sizes multiply past 2^63 - 1");
+  }
+}
+
+int64_t last_element_offset(const Shape& shape, const Shape& strides, const char* op) {
+  if (shape_numel(shape, op) == 0) return -1;
+  int64_t last = 0;
+  for (size_t i = 0; i < shape.size(); ++i) {
+    int64_t step = 0;
+    RD_CHECK(!__builtin_mul_overflow(shape[i] - 1, strides[i], &step) &&
+                 !__builtin_add_overflow(last, step, &last),
+             kInvalidArgument, op, ": shape ", shape_str(shape), " with strides ",
+             shape_str(strides), " reaches past element 2^63 - 1");
+  }
+  return last;
 }
 
 Shape contiguous_strides(const Shape& shape) {

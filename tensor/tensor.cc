@@ -4,7 +4,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
+#include "ringdilated/kernels/error.h"
 #include "ringdilated/tensor/allocator.h"
 #include "ringdilated/tensor/autograd.h"
 #include "ringdilated/tensor/dispatch.h"
@@ -32,10 +34,15 @@ Storage::Storage(void* data, size_t nbytes, Device device, Deleter deleter, void
       context_(context) {}
 
 Storage::~Storage() {
+  // The pool or a user's deleter may throw (a failed CUDA call, a foreign pointer); that must
+  // not end the process from a destructor, so it is logged and the block leaked.
   if (owned_) {
-    allocator_for(device_).deallocate(data_);
+    release_in_destructor("Storage: returning its memory to the pool", [&] {
+      allocator_for(device_).deallocate(data_);
+    });
   } else if (deleter_ != nullptr) {
-    deleter_(data_, context_);
+    release_in_destructor("Storage: the deleter of a from_blob tensor",
+                          [&] { deleter_(data_, context_); });
   }
 }
 
@@ -59,13 +66,6 @@ std::shared_ptr<TensorImpl> new_impl(std::shared_ptr<Storage> storage, Shape sha
 Tensor alias(const Tensor& base, Shape shape, Shape strides, int64_t offset) {
   return Tensor(new_impl(base.storage(), std::move(shape), std::move(strides), offset,
                          base.dtype()));
-}
-
-void check_shape_valid(const Shape& shape, const char* op) {
-  for (int64_t s : shape) {
-    RD_CHECK(s >= 0, kInvalidArgument, op, ": sizes must be non-negative, got ",
-             shape_str(shape));
-  }
 }
 
 // Refuses in-place writes that would silently corrupt autograd's saved values.
@@ -203,7 +203,8 @@ Shape infer_shape(Shape shape, const Shape& input_shape, const char* op) {
       infer_at = static_cast<int64_t>(i);
     } else {
       RD_CHECK(shape[i] >= 0, kInvalidArgument, op, ": invalid size in ", shape_str(shape));
-      known *= shape[i];
+      RD_CHECK(!__builtin_mul_overflow(known, shape[i], &known), kInvalidArgument, op, ": shape ",
+               shape_str(shape), " has more than 2^63 - 1 elements");
     }
   }
   if (infer_at >= 0) {
@@ -387,6 +388,7 @@ Tensor Tensor::expand(Shape shape) const {
                shape_str(this->shape()), " to ", shape_str(shape), " (dim ", i, ")");
     }
   }
+  shape_numel(shape, "expand");  // the view's element count must fit, as a new tensor's
   Tensor out = alias(*this, shape, strides, offset());
   if (autograd::needs_grad({this})) {
     Shape in_shape = this->shape();
@@ -451,17 +453,18 @@ Tensor Tensor::view_as_reshape_of_same_layout(const Shape& shape) const {
 Tensor Tensor::as_strided(Shape shape, Shape strides, std::optional<int64_t> offset) const {
   RD_CHECK(shape.size() == strides.size(), kInvalidArgument, "as_strided: shape ",
            shape_str(shape), " and strides ", shape_str(strides), " differ in length");
-  check_shape_valid(shape, "as_strided");
+  check_new_shape(shape, "as_strided");
   int64_t new_offset = offset.value_or(this->offset());
   int64_t storage_elems =
       static_cast<int64_t>(storage()->nbytes() / dtype_size(dtype()));
-  int64_t last = new_offset;
-  for (size_t i = 0; i < shape.size(); ++i) {
-    RD_CHECK(strides[i] >= 0, kInvalidArgument, "as_strided: strides must be non-negative, got ",
+  for (int64_t s : strides) {
+    RD_CHECK(s >= 0, kInvalidArgument, "as_strided: strides must be non-negative, got ",
              shape_str(strides));
-    if (shape[i] == 0) last = -1;
-    if (last >= 0) last += (shape[i] - 1) * strides[i];
   }
+  int64_t last = last_element_offset(shape, strides, "as_strided");
+  RD_CHECK(last < 0 || !__builtin_add_overflow(last, new_offset, &last), kInvalidArgument,
+           "as_strided: offset ", new_offset, " past the last element of shape ", shape_str(shape),
+           " with strides ", shape_str(strides), " passes 2^63 - 1");
   RD_CHECK(new_offset >= 0 && last < storage_elems, kOutOfRange, "as_strided: shape ",
            shape_str(shape), ", strides ", shape_str(strides), " and offset ", new_offset,
            " reach element ", last, " but the storage holds ", storage_elems);
@@ -620,27 +623,50 @@ Tensor Tensor::detach() const {
 // ---------------------------------------------------------------------------------------
 // Creation
 
-Tensor empty(Shape shape, TensorOptions options) {
-  check_shape_valid(shape, "empty");
-  int64_t numel = shape_numel(shape);
-  auto storage = std::make_shared<Storage>(
-      static_cast<size_t>(numel) * dtype_size(options.dtype), options.device);
+namespace {
+
+// A new contiguous tensor of `shape`, uninitialized; errors name `op` (the creation function
+// the caller called) and the shape.
+Tensor new_tensor(const Shape& shape, TensorOptions options, const char* op) {
+  check_new_shape(shape, op);
+  const auto numel = static_cast<uint64_t>(shape_numel(shape, op));
+  const size_t item = dtype_size(options.dtype);
+  RD_CHECK(numel <= std::numeric_limits<size_t>::max() / item, kOutOfMemory, op, ": shape ",
+           shape_str(shape), " of ", dtype_name(options.dtype), " needs ", numel, " x ", item,
+           " bytes, more than the address space holds");
+  std::shared_ptr<Storage> storage;
+  try {
+    storage = std::make_shared<Storage>(static_cast<size_t>(numel) * item, options.device);
+  } catch (const Error& e) {
+    // The allocator names bytes and its statistics; say which tensor asked for them.
+    if (e.code() != ErrorCode::kOutOfMemory) throw;
+    RD_FAIL(kOutOfMemory, op, ": shape ", shape_str(shape), " of ", dtype_name(options.dtype),
+            ": ", e.what());
+  }
   Tensor out(new_impl(std::move(storage), shape, contiguous_strides(shape), 0, options.dtype));
   if (options.requires_grad) out.set_requires_grad(true);
   return out;
 }
 
-Tensor full(Shape shape, double value, TensorOptions options) {
+Tensor filled(const Shape& shape, double value, TensorOptions options, const char* op) {
   bool requires_grad = options.requires_grad;
   options.requires_grad = false;
-  Tensor out = empty(std::move(shape), options);
+  Tensor out = new_tensor(shape, options, op);
   out.fill_(value);
   if (requires_grad) out.set_requires_grad(true);
   return out;
 }
 
-Tensor zeros(Shape shape, TensorOptions options) { return full(std::move(shape), 0.0, options); }
-Tensor ones(Shape shape, TensorOptions options) { return full(std::move(shape), 1.0, options); }
+}  // namespace
+
+Tensor empty(Shape shape, TensorOptions options) { return new_tensor(shape, options, "empty"); }
+
+Tensor full(Shape shape, double value, TensorOptions options) {
+  return filled(shape, value, options, "full");
+}
+
+Tensor zeros(Shape shape, TensorOptions options) { return filled(shape, 0.0, options, "zeros"); }
+Tensor ones(Shape shape, TensorOptions options) { return filled(shape, 1.0, options, "ones"); }
 
 Tensor empty_like(const Tensor& t) {
   return empty(t.shape(), TensorOptions(t.dtype()).with_device(t.device()));
@@ -696,16 +722,18 @@ Tensor randn(Shape shape, Generator& gen, TensorOptions options) {
 
 Tensor from_blob(void* data, Shape shape, DType dtype, Shape strides, Device device,
                  Storage::Deleter deleter, void* deleter_context) {
-  check_shape_valid(shape, "from_blob");
+  check_new_shape(shape, "from_blob");
   if (strides.empty()) strides = contiguous_strides(shape);
   RD_CHECK(strides.size() == shape.size(), kInvalidArgument, "from_blob: shape ",
            shape_str(shape), " and strides ", shape_str(strides), " differ in length");
-  int64_t extent = shape_numel(shape) == 0 ? 0 : 1;
-  for (size_t i = 0; i < shape.size() && extent > 0; ++i) {
-    RD_CHECK(strides[i] >= 0, kInvalidArgument, "from_blob: strides must be non-negative, got ",
+  for (int64_t s : strides) {
+    RD_CHECK(s >= 0, kInvalidArgument, "from_blob: strides must be non-negative, got ",
              shape_str(strides));
-    extent += (shape[i] - 1) * strides[i];
   }
+  const int64_t extent = last_element_offset(shape, strides, "from_blob") + 1;
+  RD_CHECK(static_cast<uint64_t>(extent) <= std::numeric_limits<size_t>::max() / dtype_size(dtype),
+           kInvalidArgument, "from_blob: shape ", shape_str(shape), " with strides ",
+           shape_str(strides), " of ", dtype_name(dtype), " spans more bytes than memory holds");
   RD_CHECK(data != nullptr || extent == 0, kInvalidArgument,
            "from_blob: null data for a non-empty shape ", shape_str(shape));
   auto storage = std::make_shared<Storage>(data, static_cast<size_t>(extent) * dtype_size(dtype),
@@ -715,7 +743,7 @@ Tensor from_blob(void* data, Shape shape, DType dtype, Shape strides, Device dev
 
 template <class T>
 Tensor from_vector(std::vector<T> values, std::vector<int64_t> shape) {
-  check_shape_valid(shape, "from_vector");
+  check_new_shape(shape, "from_vector");
   RD_CHECK(static_cast<int64_t>(values.size()) == shape_numel(shape), kShapeMismatch,
            "from_vector: ", values.size(), " values do not fill shape ", shape_str(shape), " (",
            shape_numel(shape), " elements)");

@@ -4,6 +4,8 @@
 #include <cstring>
 #include <random>
 #include <set>
+#include <stdexcept>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -458,6 +460,69 @@ TEST(AllocatorForTest, TensorStorageComesFromTheCpuPool) {
     EXPECT_EQ(pool.stats().allocated_bytes - before.allocated_bytes, block);
   }
   EXPECT_EQ(pool.stats().allocated_bytes, before.allocated_bytes);
+}
+
+// ---------------------------------------------------------------------------------------
+// Destructors never throw: a release that fails is logged once and leaked, not fatal.
+
+struct DeleterCalls {
+  int count = 0;
+};
+
+void throwing_deleter(void* /*ptr*/, void* context) {
+  ++static_cast<DeleterCalls*>(context)->count;
+  throw std::runtime_error("the user's deleter failed");
+}
+
+TEST(DestructorTest, AThrowingDeleterIsLoggedNotFatal) {
+  alignas(16) float data[4] = {1, 2, 3, 4};
+  DeleterCalls calls;
+  ::testing::internal::CaptureStderr();
+  {
+    Tensor t = from_blob(data, {4}, DType::kFloat32, {}, Device::cpu(), &throwing_deleter, &calls);
+    Tensor view = t.narrow(0, 1, 2);  // the last owner runs the deleter
+  }
+  const std::string first = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(calls.count, 1);
+  EXPECT_NE(first.find("Storage"), std::string::npos) << first;
+  EXPECT_NE(first.find("the user's deleter failed"), std::string::npos) << first;
+  // The same failure again: logged once per process, so nothing new.
+  ::testing::internal::CaptureStderr();
+  {
+    Tensor again =
+        from_blob(data, {4}, DType::kFloat32, {}, Device::cpu(), &throwing_deleter, &calls);
+  }
+  EXPECT_EQ(::testing::internal::GetCapturedStderr(), "");
+  EXPECT_EQ(calls.count, 2);
+}
+
+// An allocator whose deallocate throws, as a pool that was handed a foreign pointer does.
+class ThrowingDeallocator : public Allocator {
+ public:
+  Device device() const override { return Device::cpu(); }
+  void* allocate(size_t nbytes) override { return nbytes == 0 ? nullptr : &block_; }
+  void deallocate(void* ptr) override {
+    if (ptr == nullptr) return;
+    ++deallocations;
+    RD_FAIL(kInternal, "ThrowingDeallocator::deallocate: refused pointer");
+  }
+  MemoryStats stats() const override { return {}; }
+  void reset_peak_stats() override {}
+  void empty_cache() override {}
+  int deallocations = 0;
+
+ private:
+  alignas(64) char block_[64] = {};
+};
+
+TEST(DestructorTest, AScratchBufferWhoseReleaseThrowsIsLoggedNotFatal) {
+  ThrowingDeallocator allocator;
+  ::testing::internal::CaptureStderr();
+  { ScratchBuffer scratch(allocator, 64); }
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(allocator.deallocations, 1);
+  EXPECT_NE(log.find("ScratchBuffer"), std::string::npos) << log;
+  EXPECT_NE(log.find("refused pointer"), std::string::npos) << log;
 }
 
 }  // namespace

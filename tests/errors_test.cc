@@ -148,6 +148,37 @@ TEST(Errors, IndexTensorsMustBeIntegers) {
                      {ErrorCode::kDTypeMismatch}, {"where", "float32"}));
 }
 
+// Sizes whose products pass int64 (or whose bytes pass the address space) are refused with
+// the op and the shape named, never wrapped around into a small allocation.
+TEST(Errors, HugeShapesAreRefusedNotWrappedAround) {
+  const int64_t big = int64_t{1} << 32;  // big * big = 2^64 wraps to 0 in int64
+  EXPECT_TRUE(raises([&] { empty({big, big}); }, {ErrorCode::kInvalidArgument},
+                     {"empty", "[4294967296, 4294967296]", "2^63 - 1"}));
+  EXPECT_TRUE(raises([&] { zeros({3, big, big / 2}, DType::kBFloat16); },
+                     {ErrorCode::kInvalidArgument}, {"zeros", "[3, 4294967296, 2147483648]"}));
+  // No elements, but the contiguous strides would multiply the other sizes.
+  EXPECT_TRUE(raises([&] { empty({0, big, big}); }, {ErrorCode::kInvalidArgument},
+                     {"empty", "[0, 4294967296, 4294967296]"}));
+  EXPECT_EQ(empty({0, big}).numel(), 0);
+  // 2^62 float64 elements fit in int64, their 2^65 bytes in no address space.
+  const int64_t half = int64_t{1} << 31;
+  EXPECT_TRUE(raises([&] { empty({half, half}, DType::kFloat64); }, {ErrorCode::kOutOfMemory},
+                     {"empty", "[2147483648, 2147483648]", "float64"}));
+  // 2^63 bytes: past the largest request the pool takes (it never asks the system).
+  EXPECT_TRUE(raises([&] { empty({half, half / 2}, DType::kFloat32); }, {ErrorCode::kOutOfMemory},
+                     {"empty", "[2147483648, 1073741824]", "float32"}));
+  // Views: the new shape's element count must fit too.
+  EXPECT_TRUE(raises([&] { floats({1, 2}).expand({big, big, 2}); },
+                     {ErrorCode::kInvalidArgument}, {"expand", "[4294967296, 4294967296, 2]"}));
+  EXPECT_TRUE(raises([&] { floats({0}).reshape({big, big, 0, -1}); },
+                     {ErrorCode::kInvalidArgument, ErrorCode::kShapeMismatch},
+                     {"reshape", "[4294967296, 4294967296, 0, -1]"}));
+  EXPECT_TRUE(raises([&] { floats({4}).as_strided({2, big}, {big, big}, 0); },
+                     {ErrorCode::kInvalidArgument}, {"as_strided", "[2, 4294967296]"}));
+  EXPECT_TRUE(raises([&] { from_vector<float>({}, {big, big, 0}); },
+                     {ErrorCode::kInvalidArgument}, {"from_vector", "[4294967296, 4294967296, 0]"}));
+}
+
 TEST(Errors, ViewsAndReshapes) {
   EXPECT_TRUE(raises(
       [] {

@@ -126,13 +126,17 @@ struct Operand {
 
 struct Geometry {
   int batch_dims = 0;
+  int64_t batch_shape[kMaxDropoutBatchDims] = {};
   int64_t batch = 1, lq = 0, lk = 0, d = 0;
 };
 
 Geometry geometry_of(const StridedView& q, const StridedView& k) {
   Geometry g;
   g.batch_dims = q.ndim - 2;
-  for (int d = 0; d < g.batch_dims; ++d) g.batch *= q.shape[d];
+  for (int d = 0; d < g.batch_dims; ++d) {
+    g.batch_shape[d] = q.shape[d];
+    g.batch *= q.shape[d];
+  }
   g.lq = q.shape[q.ndim - 2];
   g.lk = k.shape[k.ndim - 2];
   g.d = q.shape[q.ndim - 1];
@@ -152,6 +156,8 @@ struct Mask {
   double keep_probability = 1;
   A keep_scale = 1;
   uint64_t seed = 0, stream_offset = 0;
+  DropoutIndexing numbering;  // resolved: always in the affine form
+  Geometry geometry;
   const int64_t* key_order = nullptr;
 
   Mask(const AttentionParams& p, const Geometry& g)
@@ -164,6 +170,9 @@ struct Mask {
         keep_scale(static_cast<A>(1 / (1 - p.dropout))),
         seed(p.seed),
         stream_offset(p.offset),
+        numbering(resolve_dropout_indexing(p.dropout_indexing, g.batch_shape, g.batch_dims, g.lq,
+                                           g.lk)),
+        geometry(g),
         key_order(p.key_order) {}
 
   // Query i sees keys [0, keys_for(i)).
@@ -178,12 +187,17 @@ struct Mask {
   int64_t first_query_for(int64_t j) const {
     return causal ? std::clamp<int64_t>(j - offset, 0, lq) : 0;
   }
-  // What p[i, j] is multiplied by: 1 without dropout, else 0 for a dropped element and
-  // 1 / (1 - dropout) for a kept one (the mask of kernels/attention.h).
-  A factor(int64_t b, int64_t i, int64_t j) const {
+  // The dropout number of element (b, 0, 0): what factor() takes, once per batch.
+  uint64_t batch_base(int64_t b) const {
+    return dropout_batch_base(numbering, geometry.batch_shape, geometry.batch_dims, b);
+  }
+  // What p[i, j] of the batch whose batch_base() is `base` is multiplied by: 1 without
+  // dropout, else 0 for a dropped element and 1 / (1 - dropout) for a kept one (the mask of
+  // kernels/attention.h).
+  A factor(uint64_t base, int64_t i, int64_t j) const {
     if (!dropout) return A(1);
-    return attention_keeps(seed, stream_offset, keep_probability, lq, lk, b, i, j) ? keep_scale
-                                                                                  : A(0);
+    const uint64_t element = dropout_element(numbering, base, i, j);
+    return attention_keeps(seed, stream_offset, keep_probability, element) ? keep_scale : A(0);
   }
 };
 
@@ -253,6 +267,7 @@ void forward_rows(const ForwardPlan<A>& p, int64_t b, int64_t i0) {
   const int64_t d = p.g.d;
   const int64_t nq = std::min(kQueryBlock, p.g.lq - i0);
   const Matrix km = ordered(p.k.at(b), p.mask), vm = ordered(p.v.at(b), p.mask);
+  const uint64_t batch_base = p.mask.batch_base(b);
   std::vector<A> queries(nq * d), keys_t(kKeyBlock * d), values(kKeyBlock * d), scores(kKeyBlock);
   std::vector<A> acc(nq * d, A(0)), row_max(nq, kNegInf<A>), row_sum(nq, A(0));
   p.q.load(queries.data(), p.q.at(b), i0, nq, d);
@@ -282,7 +297,7 @@ void forward_rows(const ForwardPlan<A>& p, int64_t b, int64_t i0) {
       for (int64_t jj = 0; jj < n; ++jj) {
         const A prob = std::exp(scores[jj] - new_max);
         tile_sum += prob;  // the softmax denominator ignores dropout
-        const A weight = prob * p.mask.factor(b, i, p.mask.key_at(j0 + jj));
+        const A weight = prob * p.mask.factor(batch_base, i, p.mask.key_at(j0 + jj));
         if (weight != A(0)) axpy(acc_row, weight, values.data() + jj * d, d);
       }
       row_sum[r] = row_sum[r] * rescale + tile_sum;
@@ -376,6 +391,7 @@ void grad_q_rows(const BackwardPlan<A>& p, int64_t b, int64_t i0) {
   const int64_t d = p.g.d;
   const int64_t nq = std::min(kQueryBlock, p.g.lq - i0);
   const Matrix km = ordered(p.k.at(b), p.mask), vm = ordered(p.v.at(b), p.mask);
+  const uint64_t batch_base = p.mask.batch_base(b);
   std::vector<A> queries(nq * d), grad_out(nq * d), keys(kKeyBlock * d), keys_t(kKeyBlock * d);
   std::vector<A> values_t(kKeyBlock * d), scores(kKeyBlock), dp(kKeyBlock), dq(nq * d, A(0));
   p.q.load(queries.data(), p.q.at(b), i0, nq, d);
@@ -397,7 +413,7 @@ void grad_q_rows(const BackwardPlan<A>& p, int64_t b, int64_t i0) {
         const int64_t j = p.mask.key_at(j0 + jj);
         if (!p.mask.sees(i, j)) continue;
         const A prob = std::exp(p.scale * scores[jj] - lse);
-        const A ds = prob * (p.mask.factor(b, i, j) * dp[jj] - delta);
+        const A ds = prob * (p.mask.factor(batch_base, i, j) * dp[jj] - delta);
         if (ds != A(0)) axpy(dq.data() + r * d, ds, keys.data() + jj * d, d);
       }
     }
@@ -410,6 +426,7 @@ void grad_kv_rows(const BackwardPlan<A>& p, int64_t b, int64_t j0) {
   const int64_t d = p.g.d;
   const int64_t nk = std::min(kKeyBlock, p.g.lk - j0);
   const Matrix qm = p.q.at(b), gm = p.grad_out.at(b);
+  const uint64_t batch_base = p.mask.batch_base(b);
   std::vector<A> keys_t(nk * d), values_t(nk * d), queries(kQueryBlock * d);
   std::vector<A> grad_out(kQueryBlock * d), scores(nk), dp(nk), dk(nk * d, A(0)), dv(nk * d, A(0));
   p.k.load_transposed(keys_t.data(), p.k.at(b), j0, nk, d);
@@ -429,7 +446,7 @@ void grad_kv_rows(const BackwardPlan<A>& p, int64_t b, int64_t j0) {
       tile_dots(go, values_t.data(), nk, n, d, dp.data());
       for (int64_t jj = 0; jj < n; ++jj) {
         const A prob = std::exp(p.scale * scores[jj] - lse);
-        const A f = p.mask.factor(b, i, j0 + jj);
+        const A f = p.mask.factor(batch_base, i, j0 + jj);
         const A ds = prob * (f * dp[jj] - delta);
         const A kept = prob * f;
         if (kept != A(0)) axpy(dv.data() + jj * d, kept, go, d);

@@ -33,7 +33,9 @@ CpuAllocatorOptions with_default_hooks(CpuAllocatorOptions options) {
 CpuCachingAllocator::CpuCachingAllocator(CpuAllocatorOptions options)
     : options_(with_default_hooks(options)) {}
 
-CpuCachingAllocator::~CpuCachingAllocator() { empty_cache(); }
+CpuCachingAllocator::~CpuCachingAllocator() {
+  release_in_destructor("CpuCachingAllocator: freeing cached blocks", [&] { empty_cache(); });
+}
 
 size_t CpuCachingAllocator::block_size(size_t nbytes) {
   if (nbytes <= kAlignment) return kAlignment;

@@ -71,6 +71,7 @@ struct Call {
   bool dropout = false;
   double keep_probability = 1, keep_scale = 1;
   uint64_t seed = 0, offset = 0;
+  DropoutIndexing numbering;  // resolved (kernels/attention_dropout.h)
   const int64_t* key_order = nullptr;  // device memory; nullptr: natural order
 };
 
@@ -150,12 +151,19 @@ __device__ __forceinline__ int64_t first_query_for(const Call& c, int64_t j) {
   return i < 0 ? 0 : (i > c.lq ? c.lq : i);
 }
 
-// What p[i, j] is multiplied by: 1 without dropout, else 0 (dropped) or 1 / (1 - dropout);
-// the mask of kernels/attention.h, bit for bit the CPU's.
+// The dropout number of element (b, 0, 0), once per row: it divides.
+__device__ __forceinline__ uint64_t dropout_base(const Call& c, int64_t b) {
+  return dropout_batch_base(c.numbering, c.batch_sizes, c.batch_dims, b);
+}
+
+// What p[i, j] of the batch whose dropout_base is `base` is multiplied by: 1 without
+// dropout, else 0 (dropped) or 1 / (1 - dropout); the mask of kernels/attention.h, bit for
+// bit the CPU's.
 template <class A>
-__device__ __forceinline__ A dropout_factor(const Call& c, int64_t b, int64_t i, int64_t j) {
+__device__ __forceinline__ A dropout_factor(const Call& c, uint64_t base, int64_t i, int64_t j) {
   if (!c.dropout) return A(1);
-  return attention_keeps(c.seed, c.offset, c.keep_probability, c.lq, c.lk, b, i, j)
+  return attention_keeps(c.seed, c.offset, c.keep_probability,
+                         dropout_element(c.numbering, base, i, j))
              ? static_cast<A>(c.keep_scale)
              : A(0);
 }
@@ -195,6 +203,7 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const ForwardParams p
     const int64_t q_row = row_offset(p.q, c, b, i);
     const int64_t k_base = row_offset(p.k, c, b, 0), v_base = row_offset(p.v, c, b, 0);
     const int64_t out_row = row_offset(p.out, c, b, i);
+    const uint64_t drop_base = c.dropout ? dropout_base(c, b) : 0;
     const int64_t keys = visit_end(c, i);
     for (int64_t pass = 0; pass < passes; ++pass) {
       const int64_t col0 = pass * kPassColumns + lane;
@@ -212,7 +221,7 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const ForwardParams p
         const A rescale = exp_of(row_max - new_max);  // 0 for the first tile
         const A prob = valid ? exp_of(score - new_max) : A(0);
         row_sum = row_sum * rescale + warp_sum(prob);  // the denominator ignores dropout
-        const A weight = valid ? prob * dropout_factor<A>(c, b, i, j) : A(0);
+        const A weight = valid ? prob * dropout_factor<A>(c, drop_base, i, j) : A(0);
 #pragma unroll
         for (int t = 0; t < kSlots; ++t) acc[t] *= rescale;
         const int n = keys - j0 < kWarp ? static_cast<int>(keys - j0) : kWarp;
@@ -307,6 +316,7 @@ __global__ void __launch_bounds__(kThreads) grad_q_kernel(const BackwardParams p
     if (lse == kNegInf) continue;  // the row saw no key anywhere: no gradient
     const int64_t q_row = row_offset(p.q, c, b, i), g_row = row_offset(p.grad_out, c, b, i);
     const int64_t k_base = row_offset(p.k, c, b, 0), v_base = row_offset(p.v, c, b, 0);
+    const uint64_t drop_base = c.dropout ? dropout_base(c, b) : 0;
     const int64_t keys = visit_end(c, i);
     for (int64_t pass = 0; pass < passes; ++pass) {
       const int64_t col0 = pass * kPassColumns + lane;
@@ -319,7 +329,7 @@ __global__ void __launch_bounds__(kThreads) grad_q_kernel(const BackwardParams p
         if (j0 + lane < keys && sees(c, i, j)) {
           const A s = scale * row_dot<T, A>(p.q, q_row, p.k, k_base + j * p.k.row_stride, c.d);
           const A prob = exp_of(s - lse);
-          const A f = dropout_factor<A>(c, b, i, j);
+          const A f = dropout_factor<A>(c, drop_base, i, j);
           const A dp = f == A(0) ? A(0)
                                  : f * row_dot<T, A>(p.grad_out, g_row, p.v,
                                                      v_base + j * p.v.row_stride, c.d);
@@ -356,6 +366,7 @@ __global__ void __launch_bounds__(kThreads) grad_kv_kernel(const BackwardParams 
     const int64_t b = row / c.lk, j = row - b * c.lk;
     const int64_t k_row = row_offset(p.k, c, b, j), v_row = row_offset(p.v, c, b, j);
     const int64_t q_base = row_offset(p.q, c, b, 0), g_base = row_offset(p.grad_out, c, b, 0);
+    const uint64_t drop_base = c.dropout ? dropout_base(c, b) : 0;
     const int64_t first = first_query_for(c, j);
     for (int64_t pass = 0; pass < passes; ++pass) {
       const int64_t col0 = pass * kPassColumns + lane;
@@ -372,7 +383,7 @@ __global__ void __launch_bounds__(kThreads) grad_kv_kernel(const BackwardParams 
             const A s =
                 scale * row_dot<T, A>(p.q, q_base + i * p.q.row_stride, p.k, k_row, c.d);
             const A prob = exp_of(s - lse);
-            const A f = dropout_factor<A>(c, b, i, j);
+            const A f = dropout_factor<A>(c, drop_base, i, j);
             const A dp = f == A(0) ? A(0)
                                    : f * row_dot<T, A>(p.grad_out, g_base + i * p.grad_out.row_stride,
                                                        p.v, v_row, c.d);
@@ -435,6 +446,8 @@ Call call_of(const StridedView& q, const StridedView& k, const AttentionParams& 
   c.keep_scale = 1 / (1 - params.dropout);
   c.seed = params.seed;
   c.offset = params.offset;
+  c.numbering = resolve_dropout_indexing(params.dropout_indexing, c.batch_sizes, c.batch_dims,
+                                         c.lq, c.lk);
   c.key_order = params.key_order;
   return c;
 }

@@ -45,11 +45,9 @@ CudaCachingAllocator::CudaCachingAllocator(int device) : device_(device) {}
 
 CudaCachingAllocator::~CudaCachingAllocator() {
   absl::MutexLock lock(&mu_);
-  try {
-    release_cached_segments();
-  } catch (const Error&) {
-    // Destructors must not throw; at worst the cached segments stay reserved.
-  }
+  // At worst the cached segments stay reserved.
+  release_in_destructor("CudaCachingAllocator: releasing cached segments",
+                        [&] { release_cached_segments(); });
   for (cudaEvent_t event : spare_events_) static_cast<void>(cudaEventDestroy(event));
   // What is left: handed-out blocks (leaked with their segments, see the class comment),
   // the free remainders of those segments, and blocks whose events could not be waited on.

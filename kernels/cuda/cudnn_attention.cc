@@ -256,8 +256,11 @@ std::string common_problem(const StridedView& q, const StridedView& k, const Str
     return str_cat("head dim ", head, " is not a multiple of ", kHeadDimMultiple, " in [",
                    kHeadDimMultiple, ", ", kMaxHeadDim, "]");
   }
+  // Any dropout, with the default or a custom numbering (AttentionParams::dropout_indexing,
+  // which without dropout draws nothing and so is no reason to refuse).
   if (params.dropout != 0.0) {
     return str_cat("dropout ", params.dropout,
+                   params.dropout_indexing.custom ? " with a custom element numbering" : "",
                    " (cuDNN's own dropout mask cannot reproduce ours; use the flash path)");
   }
   if (params.key_order != nullptr) {
@@ -491,7 +494,10 @@ class HandleLease {
               fe::detail::get_error_string(status));
     }
   }
-  ~HandleLease() { HandlePool::instance().release(device_, handle_); }
+  ~HandleLease() {
+    release_in_destructor("cuDNN attention: returning a handle to the pool",
+                          [&] { HandlePool::instance().release(device_, handle_); });
+  }
   HandleLease(const HandleLease&) = delete;
   HandleLease& operator=(const HandleLease&) = delete;
   cudnnHandle_t get() const { return handle_; }

@@ -9,8 +9,8 @@
 // - bf16 or fp16 q/k/v on sm_80 or newer; out in the same dtype (forward); head dim a
 //   multiple of 8, at most 256; at least one key.
 // - No dropout: cuDNN draws its own Philox mask, which cannot reproduce ours
-//   (philox_bernoulli of element (b * Lq + i) * Lk + j of the stream (seed, offset)), so a
-//   cuDNN run with dropout would differ from every other path.
+//   (philox_bernoulli of element number e(b, i, j) of the stream (seed, offset), by default
+//   or custom numbering), so a cuDNN run with dropout would differ from every other path.
 // - Causal with causal_offset >= 0: cuDNN's diagonal band with top-left alignment keeps key j
 //   for query i iff j <= i + right_bound, which is our rule with right_bound =
 //   causal_offset. Negative offsets (whole rows masked) are refused by cuDNN.

@@ -99,7 +99,10 @@ Problem make_problem(const StridedView& q, const StridedView& k, const Attention
   pr.scale = static_cast<float>(params.scale);
   pr.scale_log2 = static_cast<float>(params.scale * 1.4426950408889634);
   pr.causal = params.causal;
-  pr.causal_offset = params.causal_offset;
+  // As the math kernels: an offset of lk or more shows every key, one of -(lq + 1) or less
+  // none, so clamping keeps the mask and keeps the kernels' index arithmetic from
+  // overflowing on huge offsets.
+  pr.causal_offset = std::clamp<int64_t>(params.causal_offset, -(pr.lq + 1), pr.lk);
   pr.dropout = params.dropout > 0.0;
   if (pr.dropout) {
     // philox_bernoulli(1 - dropout) keeps iff (w0 >> 8) * 2^-24 < 1 - dropout, i.e. iff the
@@ -110,6 +113,8 @@ Problem make_problem(const StridedView& q, const StridedView& k, const Attention
   }
   pr.seed = params.seed;
   pr.offset = params.offset;
+  pr.numbering = resolve_dropout_indexing(params.dropout_indexing, pr.batch.shape, pr.batch.ndim,
+                                          pr.lq, pr.lk);
   return pr;
 }
 

@@ -47,9 +47,15 @@
 // dK and dV are added into grad_k/grad_v with plain read-modify-writes (one owner each).
 //
 // Dropout: keep(b, i, j) is computed in the kernel for every visible (row, key) element
-// with philox_for_element(seed, offset, (b * Lq + i) * Lk + j) and the threshold test of
+// with philox_for_element(seed, offset, e(b, i, j)) and the threshold test of
 // philox_bernoulli(1 - dropout), as the integer compare (w0 >> 8) < ceil((1 - p) * 2^24):
-// the same bits as every other device. Forward and backward draw the same mask.
+// the same bits as every other device. Forward and backward draw the same mask. The element
+// number e is the affine numbering of AttentionParams::dropout_indexing (default
+// (b * Lq + i) * Lk + j), resolved on the host; a block computes its batch's number once and
+// each lane steps its elements' numbers by the row and column strides (no division).
+//
+// Causal offsets are clamped to [-(Lq + 1), Lk] as in the math kernels (the same mask), so
+// the tile arithmetic cannot overflow on offsets near the int64 limits.
 //
 // Fully masked rows (nothing visible: causal with a negative offset, Lk = 0) give out 0 and
 // lse -inf; in the backward a row with lse -inf has P = 0. Never NaN.

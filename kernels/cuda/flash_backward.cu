@@ -186,6 +186,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) backward_kernel(const BackwardP
   }
 
   const BatchIndex bi = batch_index(pr.batch, b);
+  const uint64_t drop_base = batch_dropout_base(pr, b);
   const T* q = static_cast<const T*>(p.q.data) + batch_offset(bi, p.q);
   const T* k = static_cast<const T*>(p.k.data) + batch_offset(bi, p.k);
   const T* v = static_cast<const T*>(p.v.data) + batch_offset(bi, p.v);
@@ -249,8 +250,9 @@ __global__ void __launch_bounds__(Cfg::kThreads) backward_kernel(const BackwardP
       const int diag = static_cast<int>(
           std::clamp<int64_t>(m0 + pr.causal_offset - n0, -(int64_t{1} << 30), int64_t{1} << 30));
       const bool need_mask = rows_left < kBM || kv_left < kBN || (pr.causal && kBN - 1 > diag);
-      const uint64_t keep =
-          pr.dropout ? dropout_keep_mask<SG::kMT, SG::kNT>(pr, b, m0 + s_row0, n0 + s_col0) : 0;
+      const uint64_t keep = pr.dropout ? dropout_keep_mask<SG::kMT, SG::kNT>(
+                                             pr, drop_base, m0 + s_row0, n0 + s_col0)
+                                       : 0;
       // P, Z (P with dropout) and dS into shared memory. kMasked (a type tag) selects the
       // variant with the per-element visibility test; most tiles take the plain one.
       auto write_p_ds = [&](auto masked_tag) {

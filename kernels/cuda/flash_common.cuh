@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "ringdilated/kernels/attention_dropout.h"
 #include "ringdilated/kernels/dtype.h"
 #include "ringdilated/kernels/error.h"
 #include "ringdilated/kernels/philox.h"
@@ -59,11 +60,12 @@ struct Problem {
   float scale = 1.0f;       // softmax scale
   float scale_log2 = 1.0f;  // scale * log2(e): p = exp2(scale_log2 * s - max), one FFMA
   bool causal = false;
-  int64_t causal_offset = 0;
+  int64_t causal_offset = 0;  // clamped to [-(lq + 1), lk]: the same mask, no overflow
   bool dropout = false;
   uint32_t keep_threshold = 0;  // keep iff (Philox word 0 >> 8) < keep_threshold
   float keep_rescale = 1.0f;    // 1 / (1 - dropout), 1 without dropout
   uint64_t seed = 0, offset = 0;
+  DropoutIndexing numbering;  // resolved (kernels/attention_dropout.h)
 };
 
 struct ForwardParams {
@@ -485,40 +487,59 @@ __device__ __forceinline__ bool dropout_keep(uint64_t seed, uint64_t offset, uin
 }
 
 // Bit (mt * NT + nt) * 4 + i is set when element i of the warp's accumulator tile (mt, nt)
-// survives dropout; the tile grid starts at (row0, col0) of batch b, whose element (i, j) is
-// number (b * lq + i) * lk + j of the Philox stream. Elements outside [0, lq) x [0, lk)
-// count as kept. Not inlined, with a rolled loop: one Philox call per element without
-// unrolling it 64 times into the caller or holding every element's indices in registers.
+// survives dropout. `first` is the dropout number of the lane's first element (row
+// row0 + g, column col0 + 2 t); rows advance the number by row_stride, columns by
+// col_stride, added up as the loops go (no multiplication or division per element).
+// Elements outside [0, lq) x [0, lk) count as kept. Not inlined, with rolled loops: one
+// Philox call per element without unrolling it 64 times into the caller or holding every
+// element's number in registers.
 template <int MT, int NT>
 __device__ __noinline__ uint64_t dropout_keep_mask(uint64_t seed, uint64_t offset,
                                                    uint32_t threshold, int64_t lq, int64_t lk,
-                                                   int64_t b, int64_t row0, int64_t col0) {
+                                                   int64_t row0, int64_t col0, uint64_t first,
+                                                   uint64_t row_stride, uint64_t col_stride) {
   static_assert(MT * NT * 4 <= 64, "dropout_keep_mask: at most 64 elements a lane");
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   uint64_t mask = 0;
+  // Rows of the lane: row0 + g + 8 * half, half = 2 * mt + h (h: the tile's upper or lower 8).
+  int64_t row = row0 + g;
+  uint64_t row_number = first;
 #pragma unroll 1
-  for (int bit = 0; bit < MT * NT * 4; ++bit) {
-    const int i = bit & 3, tile = bit >> 2;
-    const int64_t row = row0 + (tile / NT) * 16 + g + 8 * (i >> 1);
-    const int64_t col = col0 + (tile % NT) * 8 + 2 * t + (i & 1);
-    bool keep = true;
-    if (row < lq && col < lk) {
-      const uint64_t element =
-          (static_cast<uint64_t>(b) * static_cast<uint64_t>(lq) + static_cast<uint64_t>(row)) *
-              static_cast<uint64_t>(lk) +
-          static_cast<uint64_t>(col);
-      keep = dropout_keep(seed, offset, threshold, element);
+  for (int half = 0; half < 2 * MT; ++half, row += 8, row_number += 8 * row_stride) {
+    int64_t col = col0 + 2 * t;
+    uint64_t number = row_number;
+#pragma unroll 1
+    for (int nt = 0; nt < NT; ++nt, col += 8, number += 8 * col_stride) {
+      uint64_t element = number;
+#pragma unroll 1
+      for (int e = 0; e < 2; ++e, element += col_stride) {
+        bool keep = true;
+        if (row < lq && col + e < lk) keep = dropout_keep(seed, offset, threshold, element);
+        const int bit = ((half >> 1) * NT + nt) * 4 + 2 * (half & 1) + e;
+        mask |= static_cast<uint64_t>(keep) << bit;
+      }
     }
-    mask |= static_cast<uint64_t>(keep) << bit;
   }
   return mask;
 }
 
+// The keep mask of the warp's accumulator tiles starting at (row0, col0) of the batch whose
+// dropout number of element (0, 0) is `batch_base` (dropout_batch_base, once per block).
 template <int MT, int NT>
-__device__ __forceinline__ uint64_t dropout_keep_mask(const Problem& pr, int64_t b, int64_t row0,
-                                                      int64_t col0) {
-  return dropout_keep_mask<MT, NT>(pr.seed, pr.offset, pr.keep_threshold, pr.lq, pr.lk, b, row0,
-                                   col0);
+__device__ __forceinline__ uint64_t dropout_keep_mask(const Problem& pr, uint64_t batch_base,
+                                                      int64_t row0, int64_t col0) {
+  const int lane = threadIdx.x & 31;
+  const uint64_t first =
+      dropout_element(pr.numbering, batch_base, row0 + (lane >> 2), col0 + 2 * (lane & 3));
+  return dropout_keep_mask<MT, NT>(pr.seed, pr.offset, pr.keep_threshold, pr.lq, pr.lk, row0,
+                                   col0, first, static_cast<uint64_t>(pr.numbering.row_stride),
+                                   static_cast<uint64_t>(pr.numbering.col_stride));
+}
+
+// The dropout number of element (0, 0) of flattened batch b (0 without dropout).
+__device__ __forceinline__ uint64_t batch_dropout_base(const Problem& pr, int64_t b) {
+  return pr.dropout ? kernels::dropout_batch_base(pr.numbering, pr.batch.shape, pr.batch.ndim, b)
+                    : 0;
 }
 
 }  // namespace rd::kernels::cuda::flash

@@ -104,6 +104,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kBlocksPerSM)
   const int64_t m0 = m_block * kBM;
 
   const BatchIndex bi = batch_index(pr.batch, b);
+  const uint64_t drop_base = batch_dropout_base(pr, b);
   const T* q = static_cast<const T*>(p.q.data) + batch_offset(bi, p.q);
   const T* k = static_cast<const T*>(p.k.data) + batch_offset(bi, p.k);
   const T* v = static_cast<const T*>(p.v.data) + batch_offset(bi, p.v);
@@ -255,7 +256,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kBlocksPerSM)
       }
     }
     if constexpr (kDropout) {
-      const uint64_t keep = dropout_keep_mask<kMT, kNT>(pr, b, m0 + warp_row0, n0);
+      const uint64_t keep = dropout_keep_mask<kMT, kNT>(pr, drop_base, m0 + warp_row0, n0);
 #pragma unroll
       for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll

@@ -13,11 +13,8 @@ namespace rd::kernels::cuda {
 PinnedHostPool::PinnedHostPool(size_t max_cached_bytes) : max_cached_bytes_(max_cached_bytes) {}
 
 PinnedHostPool::~PinnedHostPool() {
-  try {
-    empty_cache();
-  } catch (const Error&) {
-    // Destructors must not throw; at worst the cached buffers stay pinned.
-  }
+  // At worst the cached buffers stay pinned.
+  release_in_destructor("PinnedHostPool: unpinning cached buffers", [&] { empty_cache(); });
   absl::MutexLock lock(&mu_);
   for (auto& [device, events] : spare_events_) {
     for (cudaEvent_t event : events) static_cast<void>(cudaEventDestroy(event));

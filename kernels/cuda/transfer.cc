@@ -22,11 +22,8 @@ class StagingBuffer {
   explicit StagingBuffer(size_t nbytes) : ptr_(pinned_host_pool().allocate(nbytes)) {}
   ~StagingBuffer() {
     if (ptr_ == nullptr) return;
-    try {
-      pinned_host_pool().release(ptr_);
-    } catch (const Error&) {
-      // Destructors must not throw; the buffer stays pinned at worst.
-    }
+    release_in_destructor("StagingBuffer: returning a pinned buffer",
+                          [&] { pinned_host_pool().release(ptr_); });
   }
   StagingBuffer(const StagingBuffer&) = delete;
   StagingBuffer& operator=(const StagingBuffer&) = delete;
