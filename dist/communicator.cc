@@ -1,4 +1,5 @@
-// Communicator helpers shared by every backend: argument checks and the paired send/receive.
+// Communicator helpers shared by every backend: argument checks, traffic counters and the
+// paired send/receive.
 #include "ringdilated/dist/communicator.h"
 
 #include <vector>
@@ -14,6 +15,42 @@ const char* reduce_op_name(ReduceOp op) {
     case ReduceOp::kMin: return "min";
   }
   return "?";
+}
+
+void StatsCounter::count_send(int64_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.bytes_sent += bytes;
+  ++stats_.sends;
+}
+
+void StatsCounter::count_receive(int64_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.bytes_received += bytes;
+  ++stats_.receives;
+}
+
+void StatsCounter::count_ring(int64_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.bytes_sent += bytes;
+  stats_.bytes_received += bytes;
+}
+
+void StatsCounter::count_collective() {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++stats_.collectives;
+}
+
+CommStats StatsCounter::get() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+void wait_quietly(Request& request, bool waited) noexcept {
+  if (waited) return;
+  try {
+    request.wait();
+  } catch (...) {  // see the declaration
+  }
 }
 
 void send_recv(Communicator& comm, const Tensor& send, int to, const Tensor& recv, int from) {

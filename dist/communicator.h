@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "ringdilated/tensor/tensor.h"
@@ -25,6 +26,21 @@ struct CommStats {
   int64_t sends = 0;
   int64_t receives = 0;
   int64_t collectives = 0;
+};
+
+// The counters of one communicator, kept as CommStats says. Thread-safe: stats() may be read
+// from any thread, and abort() may come from another one.
+class StatsCounter {
+ public:
+  void count_send(int64_t bytes);     // a send (a broadcast's root: every copy it sends)
+  void count_receive(int64_t bytes);  // a receive (a broadcast's other ranks)
+  void count_ring(int64_t bytes);     // a collective's ring traffic, sent and received
+  void count_collective();
+  CommStats get() const;
+
+ private:
+  mutable std::mutex mu_;
+  CommStats stats_;
 };
 
 // A pending isend or irecv. wait() returns once a send's tensor may be reused or a receive's
@@ -75,6 +91,10 @@ class Communicator {
 
   virtual CommStats stats() const = 0;
 };
+
+// For Request destructors: waits unless the request was waited for already, swallowing any
+// error (a destructor must not throw; wait()'s callers got the error when there were any).
+void wait_quietly(Request& request, bool waited) noexcept;
 
 // Sends `send` to rank `to` while receiving `recv` from rank `from`, both in flight at once
 // (the step of a ring), and waits for both.

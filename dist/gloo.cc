@@ -170,24 +170,15 @@ gloo::AllreduceOptions::Func reduce_function(ReduceOp op) {
 void gloo_allreduce(const std::shared_ptr<gloo::Context>& context, const Tensor& work,
                     ReduceOp op, uint32_t tag, milliseconds timeout) {
   gloo::AllreduceOptions o(context);
-  const auto elements = static_cast<size_t>(work.numel());
+  auto in_place = [&]<class T>(T*) {
+    o.setOutput(work.data_ptr<T>(), static_cast<size_t>(work.numel()));
+    o.setReduceFunction(reduce_function<T>(op));
+  };
   switch (work.dtype()) {
-    case DType::kFloat32:
-      o.setOutput(work.data_ptr<float>(), elements);
-      o.setReduceFunction(reduce_function<float>(op));
-      break;
-    case DType::kFloat64:
-      o.setOutput(work.data_ptr<double>(), elements);
-      o.setReduceFunction(reduce_function<double>(op));
-      break;
-    case DType::kInt32:
-      o.setOutput(work.data_ptr<int32_t>(), elements);
-      o.setReduceFunction(reduce_function<int32_t>(op));
-      break;
-    case DType::kInt64:
-      o.setOutput(work.data_ptr<int64_t>(), elements);
-      o.setReduceFunction(reduce_function<int64_t>(op));
-      break;
+    case DType::kFloat32: in_place(static_cast<float*>(nullptr)); break;
+    case DType::kFloat64: in_place(static_cast<double*>(nullptr)); break;
+    case DType::kInt32: in_place(static_cast<int32_t*>(nullptr)); break;
+    case DType::kInt64: in_place(static_cast<int64_t*>(nullptr)); break;
     default: RD_FAIL(kInternal, "gloo_allreduce: no native reduction for ", dtype_name(work.dtype()));
   }
   o.setTag(tag);
@@ -265,7 +256,7 @@ class GlooComm final : public Communicator, public std::enable_shared_from_this<
       o.setTimeout(timeout());
       gloo::allgather(o);
     });
-    count_ring(nbytes_of(out) * (size() - 1) / size());
+    stats_.count_ring(nbytes_of(out) * (size() - 1) / size());
   }
 
   // Gloo's reduce-scatter is the old bound-buffer API over float types only; an allreduce of
@@ -279,7 +270,7 @@ class GlooComm final : public Communicator, public std::enable_shared_from_this<
                  const Tensor work = reduce_copy(in, op, tag);
                  out.detach().copy_(work.select(0, rank_));
                });
-    count_ring(nbytes_of(in) * (size() - 1) / size());
+    stats_.count_ring(nbytes_of(in) * (size() - 1) / size());
   }
 
   void all_reduce(const Tensor& tensor, ReduceOp op) override {
@@ -292,7 +283,7 @@ class GlooComm final : public Communicator, public std::enable_shared_from_this<
                    tensor.detach().copy_(reduce_copy(tensor, op, tag));
                  }
                });
-    count_ring(2 * nbytes_of(tensor) * (size() - 1) / size());
+    stats_.count_ring(2 * nbytes_of(tensor) * (size() - 1) / size());
   }
 
   void broadcast(const Tensor& tensor, int root) override {
@@ -309,9 +300,9 @@ class GlooComm final : public Communicator, public std::enable_shared_from_this<
       gloo::broadcast(o);
     });
     if (rank_ != root) {
-      count_receive(nbytes_of(tensor));
+      stats_.count_receive(nbytes_of(tensor));
     } else {
-      count_send(nbytes_of(tensor) * (size() - 1));
+      stats_.count_send(nbytes_of(tensor) * (size() - 1));
     }
   }
 
@@ -326,10 +317,7 @@ class GlooComm final : public Communicator, public std::enable_shared_from_this<
     record_failure(kAbortRecord, str_cat(world_name(), " aborted: ", reason));
   }
 
-  CommStats stats() const override {
-    std::lock_guard<std::mutex> lock(mu_);
-    return stats_;
-  }
+  CommStats stats() const override { return stats_.get(); }
 
   // --- used by the requests ---
   milliseconds timeout() const { return process_->options.timeout; }
@@ -398,8 +386,7 @@ class GlooComm final : public Communicator, public std::enable_shared_from_this<
       check_signatures(all, number);
       body(2 * number + 1, all);
     });
-    std::lock_guard<std::mutex> lock(mu_);
-    ++stats_.collectives;
+    stats_.count_collective();
   }
 
   std::vector<Signature> exchange(const Signature& mine, uint32_t tag) {
@@ -560,21 +547,6 @@ class GlooComm final : public Communicator, public std::enable_shared_from_this<
     }
   }
 
-  void count_send(int64_t bytes) {
-    std::lock_guard<std::mutex> lock(mu_);
-    stats_.bytes_sent += bytes;
-    ++stats_.sends;
-  }
-  void count_receive(int64_t bytes) {
-    std::lock_guard<std::mutex> lock(mu_);
-    stats_.bytes_received += bytes;
-    ++stats_.receives;
-  }
-  void count_ring(int64_t bytes) {
-    std::lock_guard<std::mutex> lock(mu_);
-    stats_.bytes_sent += bytes;
-    stats_.bytes_received += bytes;
-  }
 
   std::shared_ptr<Process> process_;
   std::string group_;             // "world", or "world/split<n>/color<c>" and so on
@@ -584,9 +556,9 @@ class GlooComm final : public Communicator, public std::enable_shared_from_this<
   uint32_t next_collective_ = 0;
   // Per peer, the irecvs whose payload receive is not posted yet, in irecv order.
   std::map<int, std::deque<std::shared_ptr<Incoming>>> unposted_;
-  mutable std::mutex mu_;  // failure_ and stats_: abort() may come from another thread
+  mutable std::mutex mu_;  // failure_: abort() may come from another thread
   std::optional<Failure> failure_;
-  CommStats stats_;
+  StatsCounter stats_;
 };
 
 // An isend: the header and the payload are both posted at once.
@@ -603,14 +575,7 @@ class SendRequest final : public Request {
       payload_buffer_->send(peer, kPayloadSlot);
     }
   }
-  ~SendRequest() override {
-    if (!done_) {
-      try {
-        wait();
-      } catch (...) {  // destructors must not throw; the error reached wait()'s callers
-      }
-    }
-  }
+  ~SendRequest() override { wait_quietly(*this, done_); }
   void wait() override {
     done_ = true;
     comm_->guarded(str_cat("isend to rank ", peer_), [&] {
@@ -632,14 +597,7 @@ class RecvRequest final : public Request {
  public:
   RecvRequest(std::shared_ptr<GlooComm> comm, std::shared_ptr<Incoming> incoming)
       : comm_(std::move(comm)), incoming_(std::move(incoming)) {}
-  ~RecvRequest() override {
-    if (!done_) {
-      try {
-        wait();
-      } catch (...) {  // destructors must not throw
-      }
-    }
-  }
+  ~RecvRequest() override { wait_quietly(*this, done_); }
   void wait() override {
     done_ = true;
     comm_->finish_recv(*incoming_);
@@ -660,7 +618,7 @@ std::unique_ptr<Request> GlooComm::isend(const Tensor& tensor, int peer) {
   guarded(str_cat("isend to rank ", peer), [&] {
     request = std::make_unique<SendRequest>(shared_from_this(), peer, tensor, context_);
   });
-  count_send(nbytes_of(tensor));
+  stats_.count_send(nbytes_of(tensor));
   return request;
 }
 
@@ -678,7 +636,7 @@ std::unique_ptr<Request> GlooComm::irecv(const Tensor& tensor, int peer) {
     incoming->header_buffer->recv(peer, kHeaderSlot);
   });
   unposted_[peer].push_back(incoming);
-  count_receive(nbytes_of(tensor));
+  stats_.count_receive(nbytes_of(tensor));
   return std::make_unique<RecvRequest>(shared_from_this(), std::move(incoming));
 }
 

@@ -205,14 +205,7 @@ class SendRequest final : public Request {
   SendRequest(std::shared_ptr<Group> group, int rank, int peer,
               std::shared_ptr<Group::Message> message)
       : group_(std::move(group)), rank_(rank), peer_(peer), message_(std::move(message)) {}
-  ~SendRequest() override {
-    if (!done_) {
-      try {
-        wait();
-      } catch (...) {  // destructors must not throw; the error reached wait()'s callers
-      }
-    }
-  }
+  ~SendRequest() override { wait_quietly(*this, done_); }
   void wait() override {
     done_ = true;
     group_->wait_taken(rank_, peer_, message_);
@@ -229,14 +222,7 @@ class RecvRequest final : public Request {
  public:
   RecvRequest(std::shared_ptr<Group> group, int rank, int peer, Tensor into)
       : group_(std::move(group)), rank_(rank), peer_(peer), into_(std::move(into)) {}
-  ~RecvRequest() override {
-    if (!done_) {
-      try {
-        wait();
-      } catch (...) {  // destructors must not throw
-      }
-    }
-  }
+  ~RecvRequest() override { wait_quietly(*this, done_); }
   void wait() override {
     done_ = true;
     group_->take(peer_, rank_, into_);
@@ -277,14 +263,14 @@ class InProcessComm final : public Communicator {
     check_peer(*this, "isend", peer);
     check_comm_tensor(*this, "isend", "tensor", tensor);
     synchronize(device());
-    count_send(nbytes_of(tensor));
+    stats_.count_send(nbytes_of(tensor));
     return std::make_unique<SendRequest>(group_, rank_, peer, group_->post(rank_, peer, tensor));
   }
 
   std::unique_ptr<Request> irecv(const Tensor& tensor, int peer) override {
     check_peer(*this, "irecv", peer);
     check_comm_tensor(*this, "irecv", "tensor", tensor);
-    count_receive(nbytes_of(tensor));
+    stats_.count_receive(nbytes_of(tensor));
     return std::make_unique<RecvRequest>(group_, rank_, peer, tensor);
   }
 
@@ -296,7 +282,7 @@ class InProcessComm final : public Communicator {
         out.select(0, j).copy_(posts[static_cast<size_t>(j)].in);
       }
     });
-    count_ring(nbytes_of(out) * (size() - 1) / size());
+    stats_.count_ring(nbytes_of(out) * (size() - 1) / size());
   }
 
   void reduce_scatter(const Tensor& out, const Tensor& in, ReduceOp op) override {
@@ -309,7 +295,7 @@ class InProcessComm final : public Communicator {
       }
       reduce_into(out, parts, op);
     });
-    count_ring(nbytes_of(in) * (size() - 1) / size());
+    stats_.count_ring(nbytes_of(in) * (size() - 1) / size());
   }
 
   void all_reduce(const Tensor& tensor, ReduceOp op) override {
@@ -325,7 +311,7 @@ class InProcessComm final : public Communicator {
       reduce_into(result, parts, op);
     });
     tensor.detach().copy_(result);
-    count_ring(2 * nbytes_of(tensor) * (size() - 1) / size());
+    stats_.count_ring(2 * nbytes_of(tensor) * (size() - 1) / size());
   }
 
   void broadcast(const Tensor& tensor, int root) override {
@@ -341,9 +327,9 @@ class InProcessComm final : public Communicator {
       if (rank_ != root) tensor.detach().copy_(from.in);
     });
     if (rank_ != root) {
-      count_receive(nbytes_of(tensor));
+      stats_.count_receive(nbytes_of(tensor));
     } else {
-      count_send(nbytes_of(tensor) * (size() - 1));
+      stats_.count_send(nbytes_of(tensor) * (size() - 1));
     }
   }
 
@@ -376,10 +362,7 @@ class InProcessComm final : public Communicator {
     group_->abort(str_cat("rank ", rank_, ": ", reason));
   }
 
-  CommStats stats() const override {
-    std::lock_guard<std::mutex> lock(stats_mu_);
-    return stats_;
-  }
+  CommStats stats() const override { return stats_.get(); }
 
  private:
   void collective(const char* op, const Tensor& in,
@@ -394,8 +377,7 @@ class InProcessComm final : public Communicator {
       work(posts);
       synchronize(device());  // our copies of their data are done before we let them go
     });
-    std::lock_guard<std::mutex> lock(stats_mu_);
-    ++stats_.collectives;
+    stats_.count_collective();
   }
 
   void check_same_layout(const char* op, const Tensor& theirs, const Tensor& mine, int j) const {
@@ -405,27 +387,11 @@ class InProcessComm final : public Communicator {
              " ", dtype_name(theirs.dtype()));
   }
 
-  void count_send(int64_t bytes) {
-    std::lock_guard<std::mutex> lock(stats_mu_);
-    stats_.bytes_sent += bytes;
-    ++stats_.sends;
-  }
-  void count_receive(int64_t bytes) {
-    std::lock_guard<std::mutex> lock(stats_mu_);
-    stats_.bytes_received += bytes;
-    ++stats_.receives;
-  }
-  void count_ring(int64_t bytes) {
-    std::lock_guard<std::mutex> lock(stats_mu_);
-    stats_.bytes_sent += bytes;
-    stats_.bytes_received += bytes;
-  }
 
   std::shared_ptr<Group> group_;
   int rank_;
   uint64_t next_round_ = 0;
-  mutable std::mutex stats_mu_;
-  CommStats stats_;
+  StatsCounter stats_;
 };
 
 }  // namespace
