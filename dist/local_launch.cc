@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <thread>
@@ -69,10 +70,29 @@ struct Child {
   int status = 0;
 };
 
-// Forks rank `rank`: its stdout and stderr go to the write ends given, stdin is /dev/null,
-// it leads its own process group, and it receives SIGKILL when the launcher dies.
+// The file `program` names: itself when it has a slash, else the first executable of that
+// name in PATH (found before fork, since the child may only make async-signal-safe calls),
+// else itself (exec then fails with ENOENT, which the child reports).
+std::string resolve_program(const std::string& program) {
+  if (program.find('/') != std::string::npos) return program;
+  const char* path = std::getenv("PATH");
+  std::string dirs = path != nullptr ? path : "/usr/local/bin:/usr/bin:/bin";
+  size_t begin = 0;
+  while (begin <= dirs.size()) {
+    const size_t end = std::min(dirs.find(':', begin), dirs.size());
+    const std::string dir = end > begin ? dirs.substr(begin, end - begin) : ".";
+    const std::string candidate = dir + "/" + program;
+    if (::access(candidate.c_str(), X_OK) == 0) return candidate;
+    begin = end + 1;
+  }
+  return program;
+}
+
+// Forks a rank: its stdout and stderr go to the write ends given, stdin is /dev/null, it
+// leads its own process group, and it receives SIGKILL when the launcher dies.
 pid_t spawn(std::vector<std::string> argv, std::vector<std::string> envp, int out_fd,
             int err_fd) {
+  std::string file = resolve_program(argv[0]);
   std::vector<char*> c_argv = c_strings(argv);
   std::vector<char*> c_envp = c_strings(envp);
   const pid_t parent = ::getpid();
@@ -90,7 +110,7 @@ pid_t spawn(std::vector<std::string> argv, std::vector<std::string> envp, int ou
   ::dup2(null_fd, 0);
   ::dup2(out_fd, 1);
   ::dup2(err_fd, 2);
-  ::execvpe(c_argv[0], c_argv.data(), c_envp.data());
+  ::execve(file.c_str(), c_argv.data(), c_envp.data());
   const char* reason = std::strerror(errno);
   const char prefix[] = "launch_local: cannot run ";
   (void)!::write(2, prefix, sizeof(prefix) - 1);
@@ -104,6 +124,22 @@ pid_t spawn(std::vector<std::string> argv, std::vector<std::string> envp, int ou
 class Job {
  public:
   explicit Job(const LocalLaunchOptions& options) : options_(options) {}
+  Job(const Job&) = delete;
+  Job& operator=(const Job&) = delete;
+
+  // After an exception (a failed start, a throwing on_line) ranks may still run: none outlives
+  // the job.
+  ~Job() {
+    for (Child& c : children_) {
+      if (!c.running) continue;
+      ::kill(-c.pid, SIGKILL);
+      ::kill(c.pid, SIGKILL);
+      ::waitpid(c.pid, &c.status, 0);
+    }
+    for (Stream& s : streams_) {
+      if (s.fd >= 0) ::close(s.fd);
+    }
+  }
 
   LocalLaunchResult run() {
     start();
