@@ -229,8 +229,9 @@ class GlooComm final : public Communicator, public std::enable_shared_from_this<
                                 (e.code() == ErrorCode::kTimeout
                                      ? str_cat(" (did all ", size(), " ranks start?)")
                                      : std::string()));
-    } catch (const std::exception& e) {
-      RD_FAIL(kIo, what, e.what());
+    } catch (const std::exception& e) {  // Gloo's own: a peer that never connected, ...
+      throw Error(is_gloo_timeout(e.what()) ? ErrorCode::kTimeout : ErrorCode::kIo,
+                  what + e.what());
     }
     context->setTimeout(o.timeout);
     context_ = std::move(context);
