@@ -7,7 +7,6 @@
 #include <cstdlib>
 
 #include "ringdilated/dist/gloo.h"
-#include "ringdilated/dist/tcp_store.h"
 #include "ringdilated/kernels/error.h"
 
 namespace rd::dist {
@@ -98,6 +97,17 @@ LaunchEnv launch_env_from_environment(const GetEnv& getenv_arg) {
   return env;
 }
 
+std::shared_ptr<TcpStore> connect_store(const LaunchEnv& env, const ProcessGroupOptions& options) {
+  TcpStoreOptions store_options;
+  store_options.host = env.master_addr;
+  store_options.port = env.master_port;
+  store_options.is_server = env.rank == 0;
+  store_options.rank = env.rank;
+  store_options.connect_timeout = options.rendezvous_timeout;
+  store_options.timeout = options.timeout;
+  return std::make_shared<TcpStore>(store_options);
+}
+
 std::shared_ptr<Communicator> init_process_group(const ProcessGroupOptions& options) {
   return init_process_group(launch_env_from_environment(), options);
 }
@@ -110,14 +120,7 @@ std::shared_ptr<Communicator> init_process_group(const LaunchEnv& env,
            "(libgloo-dev was not found when it was configured)");
   const std::string who = str_cat(kOp, ": rank ", env.rank, " of ", env.world_size, ": ");
   try {
-    TcpStoreOptions store_options;
-    store_options.host = env.master_addr;
-    store_options.port = env.master_port;
-    store_options.is_server = env.rank == 0;
-    store_options.rank = env.rank;
-    store_options.connect_timeout = options.rendezvous_timeout;
-    store_options.timeout = options.timeout;
-    auto store = std::make_shared<TcpStore>(store_options);
+    std::shared_ptr<TcpStore> store = connect_store(env, options);
     GlooOptions gloo_options;
     gloo_options.timeout = options.timeout;
     gloo_options.rendezvous_timeout = options.rendezvous_timeout;

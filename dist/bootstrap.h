@@ -10,6 +10,7 @@
 #include <string>
 
 #include "ringdilated/dist/communicator.h"
+#include "ringdilated/dist/tcp_store.h"
 
 namespace rd::dist {
 
@@ -41,6 +42,13 @@ struct ProcessGroupOptions {
   // loopback address, else this machine's host name.
   std::string hostname;
 };
+
+// This rank's connection to the job's TCP store, as init_process_group makes it: rank 0
+// serves it on MASTER_ADDR:MASTER_PORT; every rank retries connecting until
+// rendezvous_timeout (then kTimeout naming the address) and announces its rank (so the
+// others learn when its process is gone). For what a backend must exchange before it can
+// start, e.g. an NCCL unique id.
+std::shared_ptr<TcpStore> connect_store(const LaunchEnv& env, const ProcessGroupOptions& options);
 
 // Builds this process's communicator of the whole job: rank 0 serves the TCP store on
 // MASTER_ADDR:MASTER_PORT, every rank connects to it (retrying until rendezvous_timeout, then
