@@ -31,8 +31,8 @@ int int_var(const GetEnv& getenv, const char* name, int min, int max, const char
   errno = 0;
   const long value = std::strtol(text.c_str(), &end, 10);
   RD_CHECK(errno == 0 && end != text.c_str() && *end == '\0' && value >= min && value <= max,
-           kInvalidArgument, kOp, ": environment variable ", name,
-           " must be an integer in [", min, ", ", max, "], got '", text, "'");
+           kInvalidArgument, kOp, ": environment variable ", name, " must be an integer in [", min,
+           ", ", max, "], got '", text, "'");
   return static_cast<int>(value);
 }
 
@@ -70,8 +70,7 @@ LaunchEnv launch_env_from_environment(const GetEnv& getenv_arg) {
     env.launcher = "Open MPI";
     env.world_size = int_var(getenv, "OMPI_COMM_WORLD_SIZE", 1, kMaxWorld, kLauncherHint);
     env.rank = int_var(getenv, "OMPI_COMM_WORLD_RANK", 0, kMaxWorld - 1, kLauncherHint);
-    env.local_rank = int_var(getenv, "OMPI_COMM_WORLD_LOCAL_RANK", 0, kMaxWorld - 1,
-                             kLauncherHint);
+    env.local_rank = int_var(getenv, "OMPI_COMM_WORLD_LOCAL_RANK", 0, kMaxWorld - 1, kLauncherHint);
   } else {
     RD_FAIL(kInvalidArgument, kOp, ": no launcher environment: neither RANK nor ",
             "OMPI_COMM_WORLD_RANK is set (", kLauncherHint, ")");
@@ -114,8 +113,8 @@ std::shared_ptr<Communicator> init_process_group(const ProcessGroupOptions& opti
 
 std::shared_ptr<Communicator> init_process_group(const LaunchEnv& env,
                                                  const ProcessGroupOptions& options) {
-  RD_CHECK(options.backend == "gloo", kInvalidArgument, kOp, ": unknown backend '",
-           options.backend, "' (this build offers: gloo)");
+  RD_CHECK(options.backend == "gloo", kInvalidArgument, kOp, ": unknown backend '", options.backend,
+           "' (this build offers: gloo)");
   RD_CHECK(gloo_available(), kUnimplemented, kOp, ": backend 'gloo' is not in this build ",
            "(libgloo-dev was not found when it was configured)");
   const std::string who = str_cat(kOp, ": rank ", env.rank, " of ", env.world_size, ": ");

@@ -18,10 +18,10 @@ namespace rd::dist {
 struct LaunchEnv {
   int rank = 0;
   int world_size = 1;
-  int local_rank = 0;        // rank among the processes on this machine (picks the GPU)
-  std::string master_addr;   // rank 0's host: the store is served there
-  int master_port = 0;       // the store's port (RD_STORE_PORT when set, see below)
-  std::string launcher;      // "torchrun-style" or "Open MPI": which variables were read
+  int local_rank = 0;       // rank among the processes on this machine (picks the GPU)
+  std::string master_addr;  // rank 0's host: the store is served there
+  int master_port = 0;      // the store's port (RD_STORE_PORT when set, see below)
+  std::string launcher;     // "torchrun-style" or "Open MPI": which variables were read
 };
 
 // Reads the launcher's variables through `getenv` (std::getenv by default). RANK wins over

@@ -85,7 +85,12 @@ struct Layout {
 };
 
 enum class CollectiveOp : int32_t {
-  kAllGather, kReduceScatter, kAllReduce, kBroadcast, kBarrier, kSplit
+  kAllGather,
+  kReduceScatter,
+  kAllReduce,
+  kBroadcast,
+  kBarrier,
+  kSplit
 };
 
 const char* collective_name(CollectiveOp op) {
@@ -167,8 +172,8 @@ gloo::AllreduceOptions::Func reduce_function(ReduceOp op) {
 }
 
 // Gloo's allreduce on a contiguous CPU tensor of a dtype Gloo can add natively.
-void gloo_allreduce(const std::shared_ptr<gloo::Context>& context, const Tensor& work,
-                    ReduceOp op, uint32_t tag, milliseconds timeout) {
+void gloo_allreduce(const std::shared_ptr<gloo::Context>& context, const Tensor& work, ReduceOp op,
+                    uint32_t tag, milliseconds timeout) {
   gloo::AllreduceOptions o(context);
   auto in_place = [&]<class T>(T*) {
     o.setOutput(work.data_ptr<T>(), static_cast<size_t>(work.numel()));
@@ -179,7 +184,8 @@ void gloo_allreduce(const std::shared_ptr<gloo::Context>& context, const Tensor&
     case DType::kFloat64: in_place(static_cast<double*>(nullptr)); break;
     case DType::kInt32: in_place(static_cast<int32_t*>(nullptr)); break;
     case DType::kInt64: in_place(static_cast<int64_t*>(nullptr)); break;
-    default: RD_FAIL(kInternal, "gloo_allreduce: no native reduction for ", dtype_name(work.dtype()));
+    default:
+      RD_FAIL(kInternal, "gloo_allreduce: no native reduction for ", dtype_name(work.dtype()));
   }
   o.setTag(tag);
   o.setTimeout(timeout);
@@ -189,8 +195,7 @@ void gloo_allreduce(const std::shared_ptr<gloo::Context>& context, const Tensor&
 // 16-bit floats and bools reduce in float32, as the in-process backend does (16-bit sums
 // would round at every step); the other dtypes natively.
 bool reduces_natively(DType d) {
-  return d == DType::kFloat32 || d == DType::kFloat64 || d == DType::kInt32 ||
-         d == DType::kInt64;
+  return d == DType::kFloat32 || d == DType::kFloat64 || d == DType::kInt32 || d == DType::kInt64;
 }
 
 class GlooComm;
@@ -219,9 +224,9 @@ class GlooComm final : public Communicator, public std::enable_shared_from_this<
     auto context = std::make_shared<gloo::rendezvous::Context>(rank_, size());
     context->setTimeout(o.rendezvous_timeout);
     StoreAdapter store(process_->store, str_cat("rd/gloo/", group_, "/"), o.rendezvous_timeout);
-    const std::string what = str_cat("gloo communicator: ", who(), " could not join group '",
-                                     group_, "' (", size(), " ranks) through the store at ",
-                                     process_->store->address(), ": ");
+    const std::string what =
+        str_cat("gloo communicator: ", who(), " could not join group '", group_, "' (", size(),
+                " ranks) through the store at ", process_->store->address(), ": ");
     try {
       context->connectFullMesh(store, process_->device);
     } catch (const Error& e) {
@@ -413,18 +418,18 @@ class GlooComm final : public Communicator, public std::enable_shared_from_this<
     const char* op = collective_name(mine.op);
     for (int j = 0; j < size(); ++j) {
       const Signature& theirs = all[static_cast<size_t>(j)];
-      RD_CHECK(theirs.op == mine.op, kInvalidArgument, "gloo communicator: collective #",
-               number, " is ", op, " on rank ", rank_, " but ", collective_name(theirs.op),
-               " on rank ", j, ": every rank must call the same collectives in the same order");
+      RD_CHECK(theirs.op == mine.op, kInvalidArgument, "gloo communicator: collective #", number,
+               " is ", op, " on rank ", rank_, " but ", collective_name(theirs.op), " on rank ", j,
+               ": every rank must call the same collectives in the same order");
       RD_CHECK(theirs.layout == mine.layout, kShapeMismatch, op, ": rank ", rank_, " passed ",
                mine.layout.str(), " but rank ", j, " passed ", theirs.layout.str());
       if (mine.op == CollectiveOp::kBroadcast) {
         RD_CHECK(theirs.arg == mine.arg, kInvalidArgument, "broadcast: rank ", rank_,
                  " names root ", mine.arg, " but rank ", j, " names ", theirs.arg);
       } else if (mine.op == CollectiveOp::kAllReduce || mine.op == CollectiveOp::kReduceScatter) {
-        RD_CHECK(theirs.arg == mine.arg, kInvalidArgument, op, ": rank ", rank_,
-                 " reduces with ", reduce_op_name(static_cast<ReduceOp>(mine.arg)), " but rank ",
-                 j, " with ", reduce_op_name(static_cast<ReduceOp>(theirs.arg)));
+        RD_CHECK(theirs.arg == mine.arg, kInvalidArgument, op, ": rank ", rank_, " reduces with ",
+                 reduce_op_name(static_cast<ReduceOp>(mine.arg)), " but rank ", j, " with ",
+                 reduce_op_name(static_cast<ReduceOp>(theirs.arg)));
       }
     }
   }
@@ -441,8 +446,8 @@ class GlooComm final : public Communicator, public std::enable_shared_from_this<
     wait_recv(*in.header_buffer);
     if (!(in.header == in.expected)) {
       const std::string message =
-          str_cat("irecv: rank ", rank_, " posted a receive of ", in.expected.str(),
-                  " but rank ", in.peer, " sent ", in.header.str());
+          str_cat("irecv: rank ", rank_, " posted a receive of ", in.expected.str(), " but rank ",
+                  in.peer, " sent ", in.header.str());
       // The payload that follows has nowhere to go: this stream, and so the group, is broken.
       record_failure(kAbortRecord, str_cat(world_name(), " aborted: ", message));
       RD_FAIL(kShapeMismatch, message);
@@ -470,8 +475,8 @@ class GlooComm final : public Communicator, public std::enable_shared_from_this<
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (failure_) return false;
-      failure_ = Failure{kind == kTimeoutRecord ? ErrorCode::kTimeout : ErrorCode::kAborted,
-                         message};
+      failure_ =
+          Failure{kind == kTimeoutRecord ? ErrorCode::kTimeout : ErrorCode::kAborted, message};
     }
     try {
       process_->store->set(str_cat(kFailedPrefix, world_rank()), std::string(1, kind) + message);
@@ -500,16 +505,15 @@ class GlooComm final : public Communicator, public std::enable_shared_from_this<
   [[noreturn]] void fail(const std::string& what, const std::string& gloo_message) {
     throw_if_failed(what);  // this rank aborted (or failed) while the operation ran
     if (is_gloo_timeout(gloo_message)) {
-      const std::string message = str_cat(world_name(), " timed out after ", timeout().count(),
-                                          " ms in ", what);
+      const std::string message =
+          str_cat(world_name(), " timed out after ", timeout().count(), " ms in ", what);
       record_failure(kTimeoutRecord, message);
       RD_FAIL(kTimeout, "gloo communicator: ", who(), " waited more than ", timeout().count(),
               " ms in ", what, " for the other ranks (gloo: ", gloo_message, ")");
     }
     const std::optional<Failure> cause = first_recorded_failure();
-    const Failure failure = cause.value_or(
-        Failure{ErrorCode::kAborted,
-                "a connection to another rank broke and no rank recorded a failure"});
+    const Failure failure = cause.value_or(Failure{
+        ErrorCode::kAborted, "a connection to another rank broke and no rank recorded a failure"});
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (!failure_) failure_ = failure;
@@ -547,7 +551,6 @@ class GlooComm final : public Communicator, public std::enable_shared_from_this<
       std::this_thread::sleep_for(milliseconds(20));
     }
   }
-
 
   std::shared_ptr<Process> process_;
   std::string group_;             // "world", or "world/split<n>/color<c>" and so on
@@ -662,8 +665,9 @@ std::shared_ptr<Communicator> GlooComm::split(int color, int key) {
       world_ranks.push_back(world_ranks_[static_cast<size_t>(members[i].second)]);
       if (members[i].second == rank_) new_rank = static_cast<int>(i);
     }
-    result = std::make_shared<GlooComm>(process_, str_cat(group_, "/split", number, "/color", color),
-                                        std::move(world_ranks), new_rank);
+    result =
+        std::make_shared<GlooComm>(process_, str_cat(group_, "/split", number, "/color", color),
+                                   std::move(world_ranks), new_rank);
     result->connect();
   });
   return result;
@@ -686,12 +690,12 @@ bool gloo_available() { return true; }
 std::shared_ptr<Communicator> make_gloo_communicator(std::shared_ptr<TcpStore> store, int rank,
                                                      int size, const GlooOptions& options) {
   RD_CHECK(store != nullptr, kInvalidArgument, "make_gloo_communicator: argument 'store' is null");
-  RD_CHECK(size >= 1 && rank >= 0 && rank < size, kInvalidArgument,
-           "make_gloo_communicator: rank ", rank, " is outside a group of ", size, " ranks");
+  RD_CHECK(size >= 1 && rank >= 0 && rank < size, kInvalidArgument, "make_gloo_communicator: rank ",
+           rank, " is outside a group of ", size, " ranks");
   RD_CHECK(options.timeout.count() > 0 && options.rendezvous_timeout.count() > 0, kInvalidArgument,
            "make_gloo_communicator: options 'timeout' and 'rendezvous_timeout' must be "
-           "positive, got ", options.timeout.count(), " and ", options.rendezvous_timeout.count(),
-           " ms");
+           "positive, got ",
+           options.timeout.count(), " and ", options.rendezvous_timeout.count(), " ms");
   ignore_sigpipe_if_default();
   auto process = std::make_shared<Process>();
   process->store = std::move(store);

@@ -90,8 +90,7 @@ std::string resolve_program(const std::string& program) {
 
 // Forks a rank: its stdout and stderr go to the write ends given, stdin is /dev/null, it
 // leads its own process group, and it receives SIGKILL when the launcher dies.
-pid_t spawn(std::vector<std::string> argv, std::vector<std::string> envp, int out_fd,
-            int err_fd) {
+pid_t spawn(std::vector<std::string> argv, std::vector<std::string> envp, int out_fd, int err_fd) {
   std::string file = resolve_program(argv[0]);
   std::vector<char*> c_argv = c_strings(argv);
   std::vector<char*> c_envp = c_strings(envp);
@@ -203,9 +202,9 @@ class Job {
     for (size_t i = 0; i < fds.size(); ++i) {
       if (fds[i].revents != 0) read_stream(streams_[i]);
     }
-    streams_.erase(std::remove_if(streams_.begin(), streams_.end(),
-                                  [](const Stream& s) { return s.fd < 0; }),
-                   streams_.end());
+    streams_.erase(
+        std::remove_if(streams_.begin(), streams_.end(), [](const Stream& s) { return s.fd < 0; }),
+        streams_.end());
   }
 
   void read_stream(Stream& s) {
@@ -276,9 +275,8 @@ class Job {
 }  // namespace
 
 bool LocalLaunchResult::ok() const {
-  return std::all_of(wait_statuses.begin(), wait_statuses.end(), [](int status) {
-    return WIFEXITED(status) && WEXITSTATUS(status) == 0;
-  });
+  return std::all_of(wait_statuses.begin(), wait_statuses.end(),
+                     [](int status) { return WIFEXITED(status) && WEXITSTATUS(status) == 0; });
 }
 
 std::string LocalLaunchResult::status_str(int rank) const {
@@ -295,10 +293,10 @@ LocalLaunchResult launch_local(const LocalLaunchOptions& options) {
   RD_CHECK(!options.command.empty(), kInvalidArgument, "launch_local: no command given");
   RD_CHECK(options.nprocs >= 1, kInvalidArgument,
            "launch_local: option 'nprocs' must be >= 1, got ", options.nprocs);
-  RD_CHECK(options.grace.count() >= 0 && options.timeout.count() >= 0 &&
-               options.settle.count() >= 0,
-           kInvalidArgument, "launch_local: options 'grace', 'settle' and 'timeout' must not be ",
-           "negative");
+  RD_CHECK(
+      options.grace.count() >= 0 && options.timeout.count() >= 0 && options.settle.count() >= 0,
+      kInvalidArgument, "launch_local: options 'grace', 'settle' and 'timeout' must not be ",
+      "negative");
   return Job(options).run();
 }
 
@@ -322,12 +320,9 @@ int pick_free_port(const std::string& host) {
 std::vector<std::pair<std::string, std::string>> local_rank_env(int rank, int nprocs,
                                                                 const std::string& master_addr,
                                                                 int master_port) {
-  return {{"RANK", std::to_string(rank)},
-          {"WORLD_SIZE", std::to_string(nprocs)},
-          {"LOCAL_RANK", std::to_string(rank)},
-          {"LOCAL_WORLD_SIZE", std::to_string(nprocs)},
-          {"MASTER_ADDR", master_addr},
-          {"MASTER_PORT", std::to_string(master_port)}};
+  return {{"RANK", std::to_string(rank)},       {"WORLD_SIZE", std::to_string(nprocs)},
+          {"LOCAL_RANK", std::to_string(rank)}, {"LOCAL_WORLD_SIZE", std::to_string(nprocs)},
+          {"MASTER_ADDR", master_addr},         {"MASTER_PORT", std::to_string(master_port)}};
 }
 
 }  // namespace rd::dist

@@ -175,8 +175,8 @@ AddrInfo resolve(const std::string& host, int port, bool passive) {
   addrinfo* result = nullptr;
   const std::string service = std::to_string(port);
   const int rc = ::getaddrinfo(host.c_str(), service.c_str(), &hints, &result);
-  RD_CHECK(rc == 0, kInvalidArgument, "tcp store: cannot resolve host '", host, "': ",
-           ::gai_strerror(rc));
+  RD_CHECK(rc == 0, kInvalidArgument, "tcp store: cannot resolve host '", host,
+           "': ", ::gai_strerror(rc));
   return AddrInfo(result);
 }
 
@@ -235,13 +235,13 @@ class TcpStore::Server {
     sockaddr_storage bound{};
     socklen_t len = sizeof(bound);
     ::getsockname(listen_.get(), reinterpret_cast<sockaddr*>(&bound), &len);
-    port_ = ntohs(bound.ss_family == AF_INET6
-                      ? reinterpret_cast<const sockaddr_in6*>(&bound)->sin6_port
-                      : reinterpret_cast<const sockaddr_in*>(&bound)->sin_port);
+    port_ =
+        ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<const sockaddr_in6*>(&bound)->sin6_port
+                                          : reinterpret_cast<const sockaddr_in*>(&bound)->sin_port);
     set_nonblocking(listen_.get());
     int pipe_fds[2];
-    RD_CHECK(::pipe2(pipe_fds, O_CLOEXEC | O_NONBLOCK) == 0, kIo, "tcp store: pipe: ",
-             errno_str(errno));
+    RD_CHECK(::pipe2(pipe_fds, O_CLOEXEC | O_NONBLOCK) == 0, kIo,
+             "tcp store: pipe: ", errno_str(errno));
     wake_read_ = Fd(pipe_fds[0]);
     wake_write_ = Fd(pipe_fds[1]);
     thread_ = std::thread([this] { loop(); });
@@ -374,9 +374,8 @@ class TcpStore::Server {
   }
 
   bool all_set(const std::vector<std::string>& keys) const {
-    return std::all_of(keys.begin(), keys.end(), [&](const std::string& k) {
-      return data_.count(k) != 0;
-    });
+    return std::all_of(keys.begin(), keys.end(),
+                       [&](const std::string& k) { return data_.count(k) != 0; });
   }
 
   void append_list(std::string& reply, const std::string& prefix) const {
@@ -524,9 +523,9 @@ class TcpStore::Connection {
       RD_CHECK(retry, kIo, "tcp store: cannot connect to ", endpoint(host, port), ": ",
                errno_str(error), " (the process serving the store, rank 0, may have exited)");
       const Clock::time_point now = Clock::now();
-      RD_CHECK(now < deadline, kTimeout, "tcp store: could not connect to ",
-               endpoint(host, port), " within ", connect_timeout.count(), " ms (last error: ",
-               errno_str(error), "): is rank 0 running, and do all ranks name the same ",
+      RD_CHECK(now < deadline, kTimeout, "tcp store: could not connect to ", endpoint(host, port),
+               " within ", connect_timeout.count(), " ms (last error: ", errno_str(error),
+               "): is rank 0 running, and do all ranks name the same ",
                "MASTER_ADDR and MASTER_PORT?");
       std::this_thread::sleep_for(std::min<Clock::duration>(pause, deadline - now));
       pause = std::min(pause * 2, milliseconds(500));
@@ -558,8 +557,8 @@ TcpStore::TcpStore(TcpStoreOptions options) : options_(std::move(options)) {
            "TcpStore: option 'port' must be in [0, 65535], got ", options_.port);
   RD_CHECK(options_.is_server || options_.port > 0, kInvalidArgument,
            "TcpStore: a client needs the server's port, got 0");
-  RD_CHECK(options_.timeout.count() > 0 && options_.connect_timeout.count() > 0,
-           kInvalidArgument, "TcpStore: options 'timeout' and 'connect_timeout' must be positive");
+  RD_CHECK(options_.timeout.count() > 0 && options_.connect_timeout.count() > 0, kInvalidArgument,
+           "TcpStore: options 'timeout' and 'connect_timeout' must be positive");
   port_ = options_.port;
   if (options_.is_server) {
     server_ = std::make_unique<Server>(options_.host, options_.port);
@@ -621,8 +620,8 @@ std::string TcpStore::get(const std::string& key, milliseconds timeout) {
   put_i64(request, timeout.count());
   const std::string what = str_cat("get '", key, "'");
   Reply reply = call(what, request, Clock::now() + timeout + kReplyGrace);
-  RD_CHECK(reply.status == kOk, kTimeout, "tcp store ", address(), ": ", what,
-           " waited more than ", timeout.count(), " ms for the key to be set");
+  RD_CHECK(reply.status == kOk, kTimeout, "tcp store ", address(), ": ", what, " waited more than ",
+           timeout.count(), " ms for the key to be set");
   Reader r(reply.body);
   std::string value = r.str();
   RD_CHECK(!r.bad(), kIo, "tcp store ", address(), ": ", what, ": malformed reply");
@@ -652,8 +651,8 @@ void TcpStore::wait(const std::vector<std::string>& keys, milliseconds timeout) 
   put_i64(request, timeout.count());
   const std::string what = str_cat("wait for ", keys_str(keys));
   Reply reply = call(what, request, Clock::now() + timeout + kReplyGrace);
-  RD_CHECK(reply.status == kOk, kTimeout, "tcp store ", address(), ": ", what,
-           " waited more than ", timeout.count(), " ms for the keys to be set");
+  RD_CHECK(reply.status == kOk, kTimeout, "tcp store ", address(), ": ", what, " waited more than ",
+           timeout.count(), " ms for the keys to be set");
 }
 
 bool TcpStore::check(const std::vector<std::string>& keys) {

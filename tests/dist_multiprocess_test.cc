@@ -4,14 +4,13 @@
 // others wait in a collective, a rank that joins too late, and a rendezvous that never
 // completes. Each job takes seconds, and every job has a deadline: none can hang.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 
 #include <chrono>
 #include <cstdlib>
 #include <functional>
 #include <string>
 #include <vector>
-
-#include <sys/wait.h>
 
 #include "ringdilated/dist/gloo.h"
 #include "ringdilated/dist/local_launch.h"
@@ -23,10 +22,10 @@ namespace {
 using Env = std::vector<std::pair<std::string, std::string>>;
 using Clock = std::chrono::steady_clock;
 
-#define SKIP_WITHOUT_GLOO()                                                                 \
-  if (!dist::gloo_available()) {                                                            \
+#define SKIP_WITHOUT_GLOO()                                                                  \
+  if (!dist::gloo_available()) {                                                             \
     GTEST_SKIP() << "this build has no Gloo backend (libgloo-dev was not found when it was " \
-                    "configured)";                                                          \
+                    "configured)";                                                           \
   }
 
 struct Job {
@@ -151,8 +150,10 @@ TEST_P(ThroughRdLaunch, EveryRankNamesTheRankThatAborted) {
   EXPECT_EQ(job.exit_code(0), 1) << job.all();
   for (int r = 0; r < P; ++r) {
     const std::string out = job.of_rank(r);
-    EXPECT_TRUE(contains(out, "error (Aborted)") && contains(out, "rank 1 aborted: injected failure"))
-        << "rank " << r << ":\n" << job.all();
+    EXPECT_TRUE(contains(out, "error (Aborted)") &&
+                contains(out, "rank 1 aborted: injected failure"))
+        << "rank " << r << ":\n"
+        << job.all();
     EXPECT_LT(error_seconds(out), 10.0) << job.all();
   }
   EXPECT_TRUE(contains(job.all(), "rd_launch: rank 1 exited with status 2")) << job.all();
@@ -171,7 +172,8 @@ TEST_P(ThroughRdLaunch, EveryRankNamesTheRankThatExited) {
     if (r == 1) continue;
     const std::string out = job.of_rank(r);
     EXPECT_TRUE(contains(out, "error (Aborted)") && contains(out, "because rank 1 left"))
-        << "rank " << r << ":\n" << job.all();
+        << "rank " << r << ":\n"
+        << job.all();
     EXPECT_LT(error_seconds(out), 10.0) << job.all();
     EXPECT_TRUE(contains(job.all(), str_cat("rd_launch: rank ", r, " exited with status 2")));
   }
@@ -189,7 +191,8 @@ TEST_P(ThroughRdLaunch, RanksLeftWaitingTimeOut) {
     const std::string out = job.of_rank(r);
     EXPECT_TRUE(contains(out, "error (Timeout)") && contains(out, "2000 ms") &&
                 contains(out, "all_reduce (collective #1)"))
-        << "rank " << r << ":\n" << job.all();
+        << "rank " << r << ":\n"
+        << job.all();
     const double seconds = error_seconds(out);
     EXPECT_GE(seconds, 1.9) << job.all();
     EXPECT_LT(seconds, 6.0) << job.all();
@@ -222,22 +225,24 @@ TEST(ByHand, TorchrunStyleVariables) {
   SKIP_WITHOUT_GLOO();
   const int port = dist::pick_free_port();
   // localhost: the store resolves names, and a loopback master keeps gloo on 127.0.0.1.
-  expect_all_ok(by_hand(4, [&](int r) { return torchrun_env(r, 4, "localhost", port); },
-                        {"collectives"}),
-                4, "collectives");
+  expect_all_ok(
+      by_hand(4, [&](int r) { return torchrun_env(r, 4, "localhost", port); }, {"collectives"}), 4,
+      "collectives");
 }
 
 TEST(ByHand, OpenMpiVariables) {
   SKIP_WITHOUT_GLOO();
   const int port = dist::pick_free_port();
-  const Job job = by_hand(
-      2,
-      [&](int r) {
-        return Env{{"OMPI_COMM_WORLD_RANK", std::to_string(r)}, {"OMPI_COMM_WORLD_SIZE", "2"},
-                   {"OMPI_COMM_WORLD_LOCAL_RANK", std::to_string(r)}, {"RANK", ""},
-                   {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", std::to_string(port)}};
-      },
-      {"ring"});
+  const Job job = by_hand(2,
+                          [&](int r) {
+                            return Env{{"OMPI_COMM_WORLD_RANK", std::to_string(r)},
+                                       {"OMPI_COMM_WORLD_SIZE", "2"},
+                                       {"OMPI_COMM_WORLD_LOCAL_RANK", std::to_string(r)},
+                                       {"RANK", ""},
+                                       {"MASTER_ADDR", "127.0.0.1"},
+                                       {"MASTER_PORT", std::to_string(port)}};
+                          },
+                          {"ring"});
   expect_all_ok(job, 2, "ring");
 }
 
@@ -279,17 +284,15 @@ TEST(ByHand, RendezvousWithoutRankZeroTimesOutNamingTheAddress) {
 }
 
 TEST(ByHand, AMissingVariableIsNamed) {
-  const Job job = by_hand(
-      1,
-      [&](int) {
-        Env env = torchrun_env(0, 1, "127.0.0.1", 1234);
-        env.push_back({"MASTER_PORT", ""});
-        return env;
-      },
-      {"barrier"});
+  const Job job = by_hand(1,
+                          [&](int) {
+                            Env env = torchrun_env(0, 1, "127.0.0.1", 1234);
+                            env.push_back({"MASTER_PORT", ""});
+                            return env;
+                          },
+                          {"barrier"});
   EXPECT_EQ(job.exit_code(0), 2) << job.all();
-  EXPECT_TRUE(contains(job.of_rank(0), "environment variable MASTER_PORT is not set"))
-      << job.all();
+  EXPECT_TRUE(contains(job.of_rank(0), "environment variable MASTER_PORT is not set")) << job.all();
 }
 
 }  // namespace

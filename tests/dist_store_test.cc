@@ -103,12 +103,15 @@ TEST(TcpStore, GetAndWaitTimeOutNamingTheKeyAndTheAddress) {
   TcpStore client(client_of(server));
   const std::string address = str_cat("127.0.0.1:", server.port());
   const Clock::time_point start = Clock::now();
-  EXPECT_TRUE(test::raises([&] { client.get("missing", milliseconds(200)); },
-                           {ErrorCode::kTimeout}, {address, "get 'missing'", "200 ms"}));
+  EXPECT_TRUE(test::raises([&] { client.get("missing", milliseconds(200)); }, {ErrorCode::kTimeout},
+                           {address, "get 'missing'", "200 ms"}));
   EXPECT_GE(seconds_since(start), 0.19);
   EXPECT_LT(seconds_since(start), 3.0);
-  EXPECT_TRUE(test::raises([&] { client.wait({"a", "b"}, milliseconds(100)); },
-                           {ErrorCode::kTimeout}, {address, "'a', 'b'", "100 ms"}));
+  EXPECT_TRUE(test::raises(
+      [&] {
+        client.wait({"a", "b"}, milliseconds(100));
+      },
+      {ErrorCode::kTimeout}, {address, "'a', 'b'", "100 ms"}));
   client.set("after", "1");  // the connections are still in step after timeouts
   EXPECT_EQ(client.get("after"), "1");
 }
@@ -169,8 +172,8 @@ TEST(TcpStore, BadOptionsAndBusyPorts) {
   EXPECT_TRUE(test::raises([&] { TcpStore s(o); }, {ErrorCode::kInvalidArgument},
                            {"TcpStore", "port", "70000"}));
   o.port = 0;
-  EXPECT_TRUE(test::raises([&] { TcpStore s(o); }, {ErrorCode::kInvalidArgument},
-                           {"client", "port"}));
+  EXPECT_TRUE(
+      test::raises([&] { TcpStore s(o); }, {ErrorCode::kInvalidArgument}, {"client", "port"}));
   TcpStore server(server_options());
   TcpStoreOptions twice = server_options();
   twice.port = server.port();
@@ -187,9 +190,11 @@ dist::GetEnv env_of(std::map<std::string, std::string> vars) {
   };
 }
 
-const std::map<std::string, std::string> kTorchrun = {
-    {"RANK", "2"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "1"}, {"MASTER_ADDR", "10.0.0.1"},
-    {"MASTER_PORT", "29500"}};
+const std::map<std::string, std::string> kTorchrun = {{"RANK", "2"},
+                                                      {"WORLD_SIZE", "4"},
+                                                      {"LOCAL_RANK", "1"},
+                                                      {"MASTER_ADDR", "10.0.0.1"},
+                                                      {"MASTER_PORT", "29500"}};
 
 TEST(LaunchEnv, TorchrunStyleVariables) {
   const dist::LaunchEnv env = dist::launch_env_from_environment(env_of(kTorchrun));
@@ -202,9 +207,12 @@ TEST(LaunchEnv, TorchrunStyleVariables) {
 }
 
 TEST(LaunchEnv, OpenMpiVariables) {
-  const dist::LaunchEnv env = dist::launch_env_from_environment(env_of(
-      {{"OMPI_COMM_WORLD_RANK", "3"}, {"OMPI_COMM_WORLD_SIZE", "8"},
-       {"OMPI_COMM_WORLD_LOCAL_RANK", "0"}, {"MASTER_ADDR", "node0"}, {"MASTER_PORT", "1234"}}));
+  const dist::LaunchEnv env =
+      dist::launch_env_from_environment(env_of({{"OMPI_COMM_WORLD_RANK", "3"},
+                                                {"OMPI_COMM_WORLD_SIZE", "8"},
+                                                {"OMPI_COMM_WORLD_LOCAL_RANK", "0"},
+                                                {"MASTER_ADDR", "node0"},
+                                                {"MASTER_PORT", "1234"}}));
   EXPECT_EQ(env.rank, 3);
   EXPECT_EQ(env.world_size, 8);
   EXPECT_EQ(env.local_rank, 0);
@@ -288,18 +296,21 @@ TEST(InitProcessGroup, OneRankGlooGroupRunsEveryOperation) {
   comm->broadcast(t, 0);
   comm->barrier();
   EXPECT_EQ(t.to(DType::kFloat64).to_vector<double>(), (std::vector<double>{2.5, 2.5, 2.5}));
-  EXPECT_TRUE(test::raises([&] { comm->isend(t, 0); }, {ErrorCode::kInvalidArgument},
-                           {"isend", "itself"}));
-  EXPECT_TRUE(test::raises([&] { comm->all_reduce(t.expand({2, 3}).t()); },
-                           {ErrorCode::kInvalidArgument}, {"all_reduce", "contiguous"}));
+  EXPECT_TRUE(
+      test::raises([&] { comm->isend(t, 0); }, {ErrorCode::kInvalidArgument}, {"isend", "itself"}));
+  EXPECT_TRUE(test::raises(
+      [&] {
+        comm->all_reduce(t.expand({2, 3}).t());
+      },
+      {ErrorCode::kInvalidArgument}, {"all_reduce", "contiguous"}));
   std::shared_ptr<dist::Communicator> sub = comm->split(5, 0);
   ASSERT_NE(sub, nullptr);
   sub->barrier();
   EXPECT_EQ(comm->split(-1, 0), nullptr);
   EXPECT_EQ(comm->stats().collectives, 7);
   comm->abort("done here");
-  EXPECT_TRUE(test::raises([&] { comm->barrier(); }, {ErrorCode::kAborted},
-                           {"rank 0 aborted: done here"}));
+  EXPECT_TRUE(
+      test::raises([&] { comm->barrier(); }, {ErrorCode::kAborted}, {"rank 0 aborted: done here"}));
 }
 
 }  // namespace

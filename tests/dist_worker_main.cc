@@ -68,7 +68,8 @@ class Checks {
 // Rank `rank`'s data number `tag`: n non-zero integers in [-20, 20]. Integers keep sums exact
 // in every dtype used here, 16-bit floats included (|a sum of 4| <= 80 < 256).
 std::vector<double> values(int rank, int tag, int64_t n) {
-  std::mt19937_64 gen(1000003ULL * static_cast<uint64_t>(rank) + 7919ULL * static_cast<uint64_t>(tag));
+  std::mt19937_64 gen(1000003ULL * static_cast<uint64_t>(rank) +
+                      7919ULL * static_cast<uint64_t>(tag));
   std::uniform_int_distribution<int> magnitude(1, 20), sign(0, 1);
   std::vector<double> out(static_cast<size_t>(n));
   for (double& v : out) v = magnitude(gen) * (sign(gen) ? 1.0 : -1.0);
@@ -98,7 +99,9 @@ std::vector<double> reduced(ReduceOp op, int size, int tag, int64_t n, int64_t o
   std::vector<double> out;
   for (int64_t i = 0; i < count; ++i) {
     double acc = values(0, tag, n)[static_cast<size_t>(offset + i)];
-    for (int j = 1; j < size; ++j) acc = reduce(op, acc, values(j, tag, n)[static_cast<size_t>(offset + i)]);
+    for (int j = 1; j < size; ++j) {
+      acc = reduce(op, acc, values(j, tag, n)[static_cast<size_t>(offset + i)]);
+    }
     out.push_back(acc);
   }
   return out;
@@ -113,8 +116,8 @@ std::string name_of(DType d, ReduceOp op) {
 constexpr ReduceOp kOps[] = {ReduceOp::kSum, ReduceOp::kMax, ReduceOp::kMin};
 
 void check_all_reduce(Communicator& comm, Checks& checks, int& tag) {
-  for (DType d : {DType::kFloat32, DType::kFloat64, DType::kInt32, DType::kInt64,
-                  DType::kBFloat16, DType::kFloat16}) {
+  for (DType d : {DType::kFloat32, DType::kFloat64, DType::kInt32, DType::kInt64, DType::kBFloat16,
+                  DType::kFloat16}) {
     for (ReduceOp op : kOps) {
       ++tag;
       Tensor t = tensor_of(values(comm.rank(), tag, 7), {7}, d);
@@ -166,8 +169,10 @@ void check_broadcast(Communicator& comm, Checks& checks, int& tag) {
 void check_point_to_point(Communicator& comm, Checks& checks, int& tag) {
   const int P = comm.size(), r = comm.rank();
   const int to = (r + 1) % P, from = (r + P - 1) % P;
-  const std::vector<std::pair<rd::Shape, DType>> layouts = {
-      {{3}, DType::kFloat32}, {{2, 2}, DType::kFloat64}, {{5}, DType::kInt64}, {{0}, DType::kFloat32}};
+  const std::vector<std::pair<rd::Shape, DType>> layouts = {{{3}, DType::kFloat32},
+                                                            {{2, 2}, DType::kFloat64},
+                                                            {{5}, DType::kInt64},
+                                                            {{0}, DType::kFloat32}};
   std::vector<Tensor> sent, received;
   std::vector<std::unique_ptr<rd::dist::Request>> sends, receives;
   const int first = tag + 1;
@@ -182,9 +187,9 @@ void check_point_to_point(Communicator& comm, Checks& checks, int& tag) {
   for (size_t i = receives.size(); i-- > 0;) receives[i]->wait();
   for (auto& s : sends) s->wait();
   for (size_t i = 0; i < layouts.size(); ++i) {
-    checks.expect(host(received[i]) == host(tensor_of(values(from, first + static_cast<int>(i),
-                                                             received[i].numel()),
-                                                      layouts[i].first, layouts[i].second)),
+    checks.expect(host(received[i]) ==
+                      host(tensor_of(values(from, first + static_cast<int>(i), received[i].numel()),
+                                     layouts[i].first, layouts[i].second)),
                   rd::str_cat("irecv #", i, " from rank ", from));
   }
   ++tag;
@@ -208,13 +213,13 @@ void check_stats(Communicator& comm, Checks& checks) {
   comm.broadcast(t, 0);
   const rd::dist::CommStats last = comm.stats();
   if (comm.rank() == 0) {
-    checks.expect(last.bytes_sent - after.bytes_sent == bytes * (P - 1) &&
-                      last.sends - after.sends == 1,
-                  "stats of broadcast at the root");
+    checks.expect(
+        last.bytes_sent - after.bytes_sent == bytes * (P - 1) && last.sends - after.sends == 1,
+        "stats of broadcast at the root");
   } else {
-    checks.expect(last.bytes_received - after.bytes_received == bytes &&
-                      last.receives - after.receives == 1,
-                  "stats of broadcast off the root");
+    checks.expect(
+        last.bytes_received - after.bytes_received == bytes && last.receives - after.receives == 1,
+        "stats of broadcast off the root");
   }
 }
 
@@ -257,9 +262,9 @@ void check_split(Communicator& comm, Checks& checks) {
   }
   const int expected_rank =
       static_cast<int>(std::find(members.begin(), members.end(), r) - members.begin());
-  checks.expect(sub && sub->size() == static_cast<int>(members.size()) &&
-                    sub->rank() == expected_rank,
-                "split ranks");
+  checks.expect(
+      sub && sub->size() == static_cast<int>(members.size()) && sub->rank() == expected_rank,
+      "split ranks");
   if (!sub) return;
   Tensor t = rd::full({2}, r + 1.0, DType::kFloat64);
   sub->all_reduce(t);
@@ -314,8 +319,9 @@ struct Grads {
 };
 
 // out and the gradients of sum(out * w) in q, k and v.
-Grads attention_and_grads(const Tensor& q0, const Tensor& k0, const Tensor& v0, const Tensor& w,
-                          const std::function<Tensor(const Tensor&, const Tensor&, const Tensor&)>& f) {
+Grads attention_and_grads(
+    const Tensor& q0, const Tensor& k0, const Tensor& v0, const Tensor& w,
+    const std::function<Tensor(const Tensor&, const Tensor&, const Tensor&)>& f) {
   Tensor q = q0.detach().clone(), k = k0.detach().clone(), v = v0.detach().clone();
   for (Tensor* t : {&q, &k, &v}) t->set_requires_grad(true);
   const Tensor out = f(q, k, v);
@@ -342,23 +348,23 @@ void run_ring(Communicator& comm, Checks& checks) {
     const Tensor k = rd::randn({B, N, H, D}, gen, DType::kFloat64);
     const Tensor v = rd::randn({B, N, H, D}, gen, DType::kFloat64);
     const Tensor w = rd::randn({B, N, H, D}, gen, DType::kFloat64);
-    const Grads full = attention_and_grads(q, k, v, w, [&](const Tensor& a, const Tensor& b,
-                                                           const Tensor& cc) {
-      return rd::nn::dilated_attention_with_lse(a, b, cc, o).out;
-    });
+    const Grads full =
+        attention_and_grads(q, k, v, w, [&](const Tensor& a, const Tensor& b, const Tensor& cc) {
+          return rd::nn::dilated_attention_with_lse(a, b, cc, o).out;
+        });
     auto mine = [&](const Tensor& t) { return t.narrow(1, r * C, C).contiguous(); };
     for (auto strategy : {rd::nn::DistStrategy::kRing, rd::nn::DistStrategy::kAllGather,
                           rd::nn::DistStrategy::kAuto}) {
       const Grads got = attention_and_grads(
-          mine(q), mine(k), mine(v), mine(w), [&](const Tensor& a, const Tensor& b, const Tensor& cc) {
+          mine(q), mine(k), mine(v), mine(w),
+          [&](const Tensor& a, const Tensor& b, const Tensor& cc) {
             return rd::nn::ring_dilated_attention_with_lse(a, b, cc, o, comm, strategy)
                 .attention.out;
           });
       const std::string what = rd::str_cat("config ", c, " ", rd::nn::strategy_name(strategy));
-      for (auto [name, g, want] : {std::tuple{"out", got.out, full.out},
-                                   std::tuple{"grad q", got.q, full.q},
-                                   std::tuple{"grad k", got.k, full.k},
-                                   std::tuple{"grad v", got.v, full.v}}) {
+      for (auto [name, g, want] :
+           {std::tuple{"out", got.out, full.out}, std::tuple{"grad q", got.q, full.q},
+            std::tuple{"grad k", got.k, full.k}, std::tuple{"grad v", got.v, full.v}}) {
         const double err = relative_error(g, mine(want));
         checks.expect(err <= 1e-10, rd::str_cat(what, " ", name, ": relative error ", err));
       }

@@ -42,8 +42,8 @@ double number_arg(int& i, int argc, char** argv) {
   const std::string text = argv[++i];
   char* end = nullptr;
   const double value = std::strtod(text.c_str(), &end);
-  RD_CHECK(end != text.c_str() && *end == '\0' && value >= 0, kInvalidArgument, "rd_launch: ",
-           flag, " needs a non-negative number, got '", text, "'");
+  RD_CHECK(end != text.c_str() && *end == '\0' && value >= 0, kInvalidArgument, "rd_launch: ", flag,
+           " needs a non-negative number, got '", text, "'");
   return value;
 }
 
