@@ -351,6 +351,22 @@ class GlooComm final : public Communicator, public std::enable_shared_from_this<
              ": a receive was interrupted");
   }
 
+  // The n-th irecv from this rank itself takes the n-th message it sent itself. The
+  // communicator serves one thread at a time, so a message not sent yet never will be.
+  void receive_from_self(uint64_t number, const Tensor& into) {
+    throw_if_failed("irecv from itself");
+    const auto it = to_self_.find(number);
+    RD_CHECK(it != to_self_.end(), kInvalidArgument, "irecv: rank ", rank_,
+             " waits for its message #", number, " to itself, which it has not sent (a send ",
+             "to oneself must be posted before the matching receive is waited for)");
+    const Tensor message = it->second;
+    to_self_.erase(it);
+    RD_CHECK(message.shape() == into.shape() && message.dtype() == into.dtype(), kShapeMismatch,
+             "irecv: rank ", rank_, " posted a receive of ", Layout::of("irecv", into).str(),
+             " but sent itself ", Layout::of("isend", message).str());
+    into.detach().copy_(message);
+  }
+
   // Completes the header stage of every irecv from in->peer posted before `in` (so payload
   // receives are posted in irecv order, which Gloo's FIFO matching needs), then waits for
   // in's payload.
@@ -560,6 +576,10 @@ class GlooComm final : public Communicator, public std::enable_shared_from_this<
   uint32_t next_collective_ = 0;
   // Per peer, the irecvs whose payload receive is not posted yet, in irecv order.
   std::map<int, std::deque<std::shared_ptr<Incoming>>> unposted_;
+  // Transfers to this rank itself never touch Gloo (it has no connection to itself): an isend
+  // copies its tensor here under its number, which the matching irecv takes.
+  std::map<uint64_t, Tensor> to_self_;
+  uint64_t self_sends_ = 0, self_receives_ = 0;
   mutable std::mutex mu_;  // failure_: abort() may come from another thread
   std::optional<Failure> failure_;
   StatsCounter stats_;
@@ -613,24 +633,54 @@ class RecvRequest final : public Request {
   bool done_ = false;
 };
 
+// An isend to this rank itself: the copy is made at once, so there is nothing to wait for.
+class DoneRequest final : public Request {
+ public:
+  void wait() override {}
+};
+
+// An irecv from this rank itself: the n-th one takes the n-th message this rank sent itself.
+class SelfRecvRequest final : public Request {
+ public:
+  SelfRecvRequest(std::shared_ptr<GlooComm> comm, uint64_t number, Tensor into)
+      : comm_(std::move(comm)), number_(number), into_(std::move(into)) {}
+  ~SelfRecvRequest() override { wait_quietly(*this, done_); }
+  void wait() override {
+    done_ = true;
+    comm_->receive_from_self(number_, into_);
+  }
+
+ private:
+  std::shared_ptr<GlooComm> comm_;
+  uint64_t number_;
+  Tensor into_;
+  bool done_ = false;
+};
+
 std::unique_ptr<Request> GlooComm::isend(const Tensor& tensor, int peer) {
   check_peer(*this, "isend", peer);
   check_comm_tensor(*this, "isend", "tensor", tensor);
-  RD_CHECK(peer != rank_, kInvalidArgument, "isend: rank ", rank_,
-           " cannot send to itself over gloo");
+  throw_if_failed(str_cat("isend to rank ", peer));
+  stats_.count_send(nbytes_of(tensor));
+  if (peer == rank_) {
+    to_self_[self_sends_++] = tensor.detach().clone();
+    return std::make_unique<DoneRequest>();
+  }
   std::unique_ptr<Request> request;
   guarded(str_cat("isend to rank ", peer), [&] {
     request = std::make_unique<SendRequest>(shared_from_this(), peer, tensor, context_);
   });
-  stats_.count_send(nbytes_of(tensor));
   return request;
 }
 
 std::unique_ptr<Request> GlooComm::irecv(const Tensor& tensor, int peer) {
   check_peer(*this, "irecv", peer);
   check_comm_tensor(*this, "irecv", "tensor", tensor);
-  RD_CHECK(peer != rank_, kInvalidArgument, "irecv: rank ", rank_,
-           " cannot receive from itself over gloo");
+  throw_if_failed(str_cat("irecv from rank ", peer));
+  stats_.count_receive(nbytes_of(tensor));
+  if (peer == rank_) {
+    return std::make_unique<SelfRecvRequest>(shared_from_this(), self_receives_++, tensor);
+  }
   auto incoming = std::make_shared<Incoming>();
   incoming->peer = peer;
   incoming->into = tensor;
@@ -640,7 +690,6 @@ std::unique_ptr<Request> GlooComm::irecv(const Tensor& tensor, int peer) {
     incoming->header_buffer->recv(peer, kHeaderSlot);
   });
   unposted_[peer].push_back(incoming);
-  stats_.count_receive(nbytes_of(tensor));
   return std::make_unique<RecvRequest>(shared_from_this(), std::move(incoming));
 }
 

@@ -296,8 +296,21 @@ TEST(InitProcessGroup, OneRankGlooGroupRunsEveryOperation) {
   comm->broadcast(t, 0);
   comm->barrier();
   EXPECT_EQ(t.to(DType::kFloat64).to_vector<double>(), (std::vector<double>{2.5, 2.5, 2.5}));
-  EXPECT_TRUE(
-      test::raises([&] { comm->isend(t, 0); }, {ErrorCode::kInvalidArgument}, {"isend", "itself"}));
+  // Transfers to itself: matched in order, checked, and a receive of nothing sent fails.
+  const Tensor first = full({2}, 1.0, DType::kFloat64), second = full({3}, 2.0, DType::kFloat32);
+  const Tensor a = empty({2}, DType::kFloat64), b = empty({3}, DType::kFloat32);
+  std::unique_ptr<dist::Request> recv_a = comm->irecv(a, 0), recv_b = comm->irecv(b, 0);
+  comm->isend(first, 0)->wait();
+  comm->isend(second, 0)->wait();
+  recv_b->wait();
+  recv_a->wait();
+  EXPECT_EQ(a.to_vector<double>(), (std::vector<double>{1, 1}));
+  EXPECT_EQ(b.to_vector<float>(), (std::vector<float>{2, 2, 2}));
+  comm->isend(second, 0);
+  EXPECT_TRUE(test::raises([&] { comm->irecv(a, 0)->wait(); }, {ErrorCode::kShapeMismatch},
+                           {"irecv", "[2] float64", "[3] float32"}));
+  EXPECT_TRUE(test::raises([&] { comm->irecv(a, 0)->wait(); }, {ErrorCode::kInvalidArgument},
+                           {"irecv", "itself", "not sent"}));
   EXPECT_TRUE(test::raises(
       [&] {
         comm->all_reduce(t.expand({2, 3}).t());

@@ -197,6 +197,9 @@ void check_point_to_point(Communicator& comm, Checks& checks, int& tag) {
   const Tensor theirs = rd::empty({3}, DType::kFloat64);
   rd::dist::send_recv(comm, mine, to, theirs, from);
   checks.expect(host(theirs) == values(from, tag, 3), "send_recv around the ring");
+  const Tensor own = rd::empty({3}, DType::kFloat64);
+  rd::dist::send_recv(comm, mine, r, own, r);
+  checks.expect(host(own) == values(r, tag, 3), "send_recv to itself");
 }
 
 // The accounting of communicator.h's CommStats comment, as the in-process backend keeps it.
