@@ -7,10 +7,12 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cd "$ROOT"
 
 # Everything the build needs from Debian. gcc's OpenMP runtime (libgomp) comes with
-# build-essential; OpenBLAS provides CBLAS.
+# build-essential; OpenBLAS provides CBLAS; Gloo carries the multi-process CPU communicator
+# (optional to CMake: without it that backend and its tests are left out).
 DEB_PACKAGES=(
   build-essential cmake ninja-build pkg-config python3
   libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev libopenblas-dev nlohmann-json3-dev
+  libgloo-dev
 )
 PRESETS=(release cpu asan)
 
@@ -31,6 +33,8 @@ Usage: ./rd <command> [args]
   test             setup, then build and test the release and asan presets (GPU tests run
                    only where a GPU is present); prints "tests: N passed, F failed".
   demo [args]      setup, build and run the demo (build/release/train/rd_demo).
+  launch [args]    setup, build rd_launch and run it: start the ranks of a job on this
+                   machine, e.g. ./rd launch -n 4 -- ./my_program (docs/launching.md).
   bench [args]     setup, build and run the CPU benchmarks (and the GPU ones where a GPU
                    is present); args go to Google Benchmark, e.g.
                    ./rd bench --benchmark_filter=Matmul
@@ -417,6 +421,13 @@ cmd_demo() {
   build/release/train/rd_demo "$@"
 }
 
+# rd_launch (train/launch_main.cc) from the release build; its arguments pass through.
+cmd_launch() {
+  cmd_setup >&2
+  configure_and_build release rd_launch >&2
+  exec build/release/train/rd_launch "$@"
+}
+
 # Runs the CPU benchmarks (bench/*_bench.cc); the GPU ones (bench/cuda_*_bench.cc) too when
 # a GPU and the CUDA toolkit are present.
 cmd_bench() {
@@ -449,6 +460,7 @@ case "$command" in
   build) cmd_build "$@" ;;
   test) cmd_test ;;
   demo) cmd_demo "$@" ;;
+  launch) cmd_launch "$@" ;;
   bench) cmd_bench "$@" ;;
   gpu-pack) cmd_gpu_pack ;;
   gpu-run) cmd_gpu_run "$@" ;;

@@ -38,7 +38,7 @@ install(EXPORT RingDilatedTargets
         DESTINATION "${RD_INSTALL_CMAKE_DIR}")
 
 # The config re-creates what the exported targets name: absl, nlohmann_json, OpenMP, the
-# OpenBLAS pkg-config target and, in CUDA builds, CUDA::cudart.
+# OpenBLAS pkg-config target, RdGloo::gloo in Gloo builds and, in CUDA builds, CUDA::cudart.
 if(RD_WITH_CUDA)
   set(RD_CONFIG_CUDA_ROOT "")
   if(CUDAToolkit_BIN_DIR)
@@ -57,3 +57,7 @@ write_basic_package_version_file(
 install(FILES "${PROJECT_BINARY_DIR}/RingDilatedConfig.cmake"
               "${PROJECT_BINARY_DIR}/RingDilatedConfigVersion.cmake"
         DESTINATION "${RD_INSTALL_CMAKE_DIR}")
+# rd_dist links Gloo when built with it: the config finds it with the build's own module.
+if(RD_WITH_GLOO)
+  install(FILES "${CMAKE_CURRENT_LIST_DIR}/RdGloo.cmake" DESTINATION "${RD_INSTALL_CMAKE_DIR}")
+endif()

@@ -1,4 +1,5 @@
-// Communicator helpers shared by every backend: argument checks and the paired send/receive.
+// Communicator helpers shared by every backend: argument checks, traffic counters and the
+// paired send/receive.
 #include "ringdilated/dist/communicator.h"
 
 #include <utility>
@@ -39,6 +40,14 @@ std::unique_ptr<Request> Communicator::isendrecv(const Tensor& send, int to, con
                                                  int from) {
   std::unique_ptr<Request> receiving = irecv(recv, from);
   return std::make_unique<PairRequest>(std::move(receiving), isend(send, to));
+}
+
+void wait_quietly(Request& request, bool waited) noexcept {
+  if (waited) return;
+  try {
+    request.wait();
+  } catch (...) {  // see the declaration
+  }
 }
 
 void send_recv(Communicator& comm, const Tensor& send, int to, const Tensor& recv, int from) {

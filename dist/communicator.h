@@ -105,6 +105,10 @@ class Communicator {
   virtual CommStats stats() const = 0;
 };
 
+// For Request destructors: waits unless the request was waited for already, swallowing any
+// error (a destructor must not throw; wait()'s callers got the error when there were any).
+void wait_quietly(Request& request, bool waited) noexcept;
+
 // Sends `send` to rank `to` while receiving `recv` from rank `from` (isendrecv), and waits.
 void send_recv(Communicator& comm, const Tensor& send, int to, const Tensor& recv, int from);
 

@@ -229,14 +229,7 @@ class SendRequest final : public Request {
   SendRequest(std::shared_ptr<Group> group, int rank, int peer,
               std::shared_ptr<Group::Message> message)
       : group_(std::move(group)), rank_(rank), peer_(peer), message_(std::move(message)) {}
-  ~SendRequest() override {
-    if (!done_) {
-      try {
-        wait();
-      } catch (...) {  // destructors must not throw; the error reached wait()'s callers
-      }
-    }
-  }
+  ~SendRequest() override { wait_quietly(*this, done_); }
   void wait() override {
     done_ = true;
     group_->wait_taken(rank_, peer_, message_);
@@ -253,14 +246,7 @@ class RecvRequest final : public Request {
  public:
   RecvRequest(std::shared_ptr<Group> group, int rank, int peer, Tensor into)
       : group_(std::move(group)), rank_(rank), peer_(peer), into_(std::move(into)) {}
-  ~RecvRequest() override {
-    if (!done_) {
-      try {
-        wait();
-      } catch (...) {  // destructors must not throw
-      }
-    }
-  }
+  ~RecvRequest() override { wait_quietly(*this, done_); }
   void wait() override {
     done_ = true;
     group_->take(peer_, rank_, into_);
