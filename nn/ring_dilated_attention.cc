@@ -215,6 +215,10 @@ struct Exec {
   bool forced = false;
   bool hilbert = false;
   PatternCache* patterns = nullptr;
+  int plan_size = 1;  // ranks (the global variant's sequence is plan_size blocks)
+  // With dropout: each pair's first Philox counter (every rank draws the same ones), and the
+  // mask is numbered by global (batch, head, query, key) positions, as on one device.
+  std::vector<uint64_t> pair_offsets;
 };
 
 // The keys of one call: the local block, or a unit's packed rows in a block's flat buffer.
@@ -222,6 +226,7 @@ struct Keys {
   Tensor k, v;
   Selection sel;
   Tensor key_order;  // Hilbert order (use_hilbert) or undefined
+  Block block;       // the key block, for the dropout numbering
 };
 
 // The K and V of unit `u` of `group` in block `block`'s flat buffer (and the unit's run).
@@ -248,13 +253,14 @@ Keys keys_of(const Exec& ex, const BlockCall& c, int src, const Tensor& k, const
   const SpPlan& p = *ex.plan;
   Keys keys;
   if (src == p.layout.rank) {
-    keys = {k, v, c.k, Tensor()};
+    keys = {k, v, c.k, Tensor(), {}};
   } else {
     const int unit = p.unit_of(c);
     const ExchangeUnit& u = p.units[static_cast<size_t>(unit)];
     auto [kc, vc] = packed_rows(p, *group, index_in_group(*group, unit), flat, src);
-    keys = {kc, vc, in_unit(c.k, u, u.run(p.layout.block(src))), Tensor()};
+    keys = {kc, vc, in_unit(c.k, u, u.run(p.layout.block(src))), Tensor(), {}};
   }
+  keys.block = p.layout.block(src);
   if (ex.hilbert) keys.key_order = hilbert_indices(*ex.patterns, keys.sel.n, keys.k.device());
   return keys;
 }
@@ -296,6 +302,12 @@ AttentionForwardArgs forward_args(const Exec& ex, const Tensor& q, const BlockCa
   a.params.causal = c.causal;
   a.params.key_order =
       keys.key_order.defined() ? static_cast<const int64_t*>(view_of(keys.key_order).data) : nullptr;
+  if (a.params.dropout > 0) {
+    const Layout& l = ex.plan->layout;
+    a.params.offset = ex.pair_offsets[static_cast<size_t>(c.pair)];
+    a.params.dropout_indexing =
+        block_dropout_indexing(c, l.block(l.rank), keys.block, l.seq_len(), l.heads);
+  }
   return a;
 }
 
@@ -629,6 +641,7 @@ Tensor cycled_rows(int64_t seq_len, int64_t r, int64_t o, int64_t begin, int64_t
 // the whole sequence (all-gathered), the cycled rows of this rank's queries and of the keys
 // they may see, and the attention call between them.
 struct GlobalGroup {
+  int pair = 0;
   Heads heads;
   Tensor q_rows, key_rows;  // int64 indices into the full sequence
   int64_t causal_offset = 0;
@@ -644,7 +657,7 @@ std::vector<GlobalGroup> global_groups(const DilatedAttentionOptions& o, const L
     const int64_t r = o.dilation_rates[static_cast<size_t>(i)], offset = i % r;
     // Causal: row j sees list entries m <= j only, so keys past this rank's rows never count.
     const int64_t key_end = o.causal ? mine.end : l.seq_len();
-    result.push_back({groups[static_cast<size_t>(i)],
+    result.push_back({static_cast<int>(i), groups[static_cast<size_t>(i)],
                       cycled_rows(l.seq_len(), r, offset, mine.begin, mine.end, device),
                       cycled_rows(l.seq_len(), r, offset, 0, key_end, device), mine.begin});
   }
@@ -680,6 +693,20 @@ AttentionForwardArgs global_args(const Exec& ex, const GlobalGroup& g, const std
   a.params = ex.params;
   a.params.causal_offset = g.causal_offset;
   if (ex.hilbert) a.params.key_order = static_cast<const int64_t*>(view_of((*keep)[3]).data);
+  if (a.params.dropout > 0) {
+    // As on one device: row j (this rank's rows start at causal_offset) and key list index m
+    // of head h are number ((b * H + h) * N + j) * N + m.
+    const auto n = static_cast<uint64_t>(out.size(1)) * static_cast<uint64_t>(ex.plan_size);
+    const auto heads = static_cast<uint64_t>(out.size(2));
+    a.params.offset = ex.pair_offsets[static_cast<size_t>(g.pair)];
+    kernels::DropoutIndexing& ix = a.params.dropout_indexing;
+    ix.custom = true;
+    ix.base = static_cast<uint64_t>(g.heads.h0) * n * n + static_cast<uint64_t>(g.causal_offset) * n;
+    ix.batch_strides[0] = static_cast<int64_t>(heads * n * n);
+    ix.batch_strides[1] = static_cast<int64_t>(n * n);
+    ix.row_stride = static_cast<int64_t>(n);
+    ix.col_stride = 1;
+  }
   return a;
 }
 
@@ -704,10 +731,8 @@ void check_inputs(const Tensor& q, const Tensor& k, const Tensor& v,
            " but the communicator (", comm.backend_name(), ") moves data on ",
            comm.device().str());
   validate_options(options, q.size(2));
-  RD_CHECK(!(context.training && options.dropout > 0), kUnimplemented, kOp,
-           ": attention dropout across ", comm.size(),
-           " ranks is not supported yet (its mask is numbered by call-local indices); use "
-           "dropout = 0 or one rank");
+  RD_CHECK(!(context.training && options.dropout > 0) || context.generator != nullptr,
+           kInvalidArgument, kOp, ": dropout in training needs a generator in the call context");
 }
 
 // The forward of both public forms, and its one autograd node over `inputs`: q, k and v,
@@ -731,6 +756,14 @@ RingAttentionResult attend(const Tensor& q, const Tensor& k, const Tensor& v,
   ex.forced = requested != AttentionPath::kAuto;
   ex.hilbert = options.use_hilbert;
   ex.patterns = context.patterns != nullptr ? context.patterns : &global_pattern_cache();
+  ex.plan_size = l.size;
+  if (context.training && options.dropout > 0) {
+    ex.params.dropout = options.dropout;
+    ex.params.seed = context.generator->seed();
+    ex.pair_offsets = draw_dropout_pair_offsets(
+        *context.generator, static_cast<int>(options.segment_lengths.size()), l.batch, l.heads,
+        l.seq_len());
+  }
   const dist::CommStats before = comm.stats();
   const Tensor qd = q.detach(), kd = k.detach(), vd = v.detach();
   const bool grad = autograd::needs_grad(inputs);

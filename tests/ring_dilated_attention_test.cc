@@ -69,6 +69,14 @@ struct Full {
 };
 
 // Random inputs (drawn on the CPU, then moved), the single-device result and gradients.
+// Dropout draws from a generator of this seed, in training mode, when options.dropout > 0:
+// the single device and every rank hold one seeded alike.
+constexpr uint64_t kDropoutSeed = 777;
+
+nn::AttentionCallContext training_context(const DilatedAttentionOptions& o, Generator* gen) {
+  return {o.dropout > 0, gen, nullptr};
+}
+
 Full single_device(const DilatedAttentionOptions& o, DType dtype, uint64_t seed,
                    Device device = Device::cpu(), Dims d = kCpuDims) {
   Generator gen(seed);
@@ -81,7 +89,9 @@ Full single_device(const DilatedAttentionOptions& o, DType dtype, uint64_t seed,
   f.w_out = randn(bnhd, gen, opts).to(device);
   f.w_lse = randn({d.batch, d.heads, d.seq}, gen, DType::kFloat32).to(device);
   for (Tensor* t : {&f.q, &f.k, &f.v}) t->set_requires_grad(true);
-  const nn::DilatedAttentionResult r = nn::dilated_attention_with_lse(f.q, f.k, f.v, o);
+  Generator dropout_gen(kDropoutSeed);
+  const nn::DilatedAttentionResult r =
+      nn::dilated_attention_with_lse(f.q, f.k, f.v, o, training_context(o, &dropout_gen));
   loss_of(r.out, r.lse, f.w_out, f.w_lse).backward();
   f.out = r.out.detach();
   f.lse = r.lse.detach();
@@ -128,7 +138,9 @@ std::vector<RankResult> run_ranks(const Full& f, const DilatedAttentionOptions& 
     };
     Tensor q = block(f.q, 1), k = block(f.k, 1), v = block(f.v, 1);
     for (Tensor* t : {&q, &k, &v}) t->set_requires_grad(true);
-    nn::RingAttentionResult info = nn::ring_dilated_attention_with_lse(q, k, v, o, comm, strategy);
+    Generator dropout_gen(kDropoutSeed);
+    nn::RingAttentionResult info = nn::ring_dilated_attention_with_lse(
+        q, k, v, o, comm, strategy, training_context(o, &dropout_gen));
     loss_of(info.attention.out, info.attention.lse, block(f.w_out, 1), block(f.w_lse, 2))
         .backward();
     results[static_cast<size_t>(r)] = {info.attention.out.detach(), info.attention.lse.detach(),
@@ -163,6 +175,15 @@ TEST_P(RingInvariance, Float64MatchesOneDeviceTo1e10) {
   const auto [P, strategy, variant, mixing, rule, causal] = GetParam();
   expect_invariant(options_for(variant, mixing, rule, causal), DType::kFloat64, P, strategy,
                    1e-10);
+}
+
+// The dropout mask is numbered by global positions, so each rank's blocks draw exactly the
+// single-device mask.
+TEST_P(RingInvariance, WithDropoutFloat64MatchesOneDeviceTo1e10) {
+  const auto [P, strategy, variant, mixing, rule, causal] = GetParam();
+  DilatedAttentionOptions o = options_for(variant, mixing, rule, causal);
+  o.dropout = 0.3;
+  expect_invariant(o, DType::kFloat64, P, strategy, 1e-10);
 }
 
 TEST_P(RingInvariance, Float32MatchesOneDeviceTo1e5) {
@@ -262,11 +283,10 @@ TEST(RingDilatedAttention, BadCallsNameTheOpAndTheArgument) {
         {ErrorCode::kShapeMismatch}, {"ring_dilated_attention", "[1, 4, 2, 4]"}));
     DilatedAttentionOptions drop = o;
     drop.dropout = 0.1;
-    Generator gen(1);
-    nn::AttentionCallContext training{true, &gen};
+    nn::AttentionCallContext training{true, nullptr};
     EXPECT_TRUE(test::raises(
         [&] { nn::ring_dilated_attention(x, x, x, drop, comm, DistStrategy::kRing, training); },
-        {ErrorCode::kUnimplemented}, {"ring_dilated_attention", "dropout", "2 ranks"}));
+        {ErrorCode::kInvalidArgument}, {"ring_dilated_attention", "dropout", "generator"}));
   });
 }
 
