@@ -5,8 +5,8 @@
 // Data moves by tensor copies on the receiving thread. On a GPU every rank has its own
 // stream and nothing waits on the host: a rank records an event after the work that wrote a
 // tensor it exposes, the reader's stream waits for it before copying, and the owner's stream
-// waits for the reader's copy before it may write the tensor again (record_stream keeps the
-// memory from reuse meanwhile).
+// waits for the reader's copy before it may write or free the tensor (its memory returns to
+// the owner's stream, whose later work is thus ordered after the copy).
 #include "ringdilated/dist/in_process.h"
 
 #include <algorithm>
@@ -85,7 +85,9 @@ class Group : public std::enable_shared_from_this<Group> {
     const Stream stream = Stream::current(device_);
     message->ready.block(stream);
     into.detach().copy_(data);
-    record_stream(data, stream);
+    // No record_stream of the sender's tensor here: the sender's stream waits for `copied`
+    // (wait_taken) before it can reuse that memory, and this rank's stream may be gone by the
+    // time the sender frees it.
     message->copied.record(stream);
     lock.lock();
     message->taken = true;

@@ -68,7 +68,9 @@ class Event {
 
 // Declares that work queued on `stream` uses t's memory, so that when t's storage is freed
 // its memory is not reused before that work has finished. Needed whenever a tensor
-// allocated on one stream is read or written by another.
+// allocated on one stream is read or written by another, unless the allocating stream
+// itself waits for that work (an Event) before the tensor is freed. `stream` must outlive
+// t's storage: the free records an event on it.
 void record_stream(const Tensor& t, const Stream& stream);
 
 }  // namespace rd
