@@ -29,6 +29,16 @@ RD_HOST_DEVICE inline T merged_value(T acc, T part, T acc_lse, T part_lse) {
   return (wa != T(0) ? wa * acc : T(0)) + (wp != T(0) ? wp * part : T(0));
 }
 
+// A [rows...] LSE view as [rows..., D] with stride 0 along D, so that each element of a
+// [rows..., D] output reads its row's LSE (how both backends walk the merge elementwise).
+inline StridedView lse_per_element(const StridedView& lse, const StridedView& out) {
+  StridedView v = lse;
+  v.ndim = out.ndim;
+  v.shape[out.ndim - 1] = out.shape[out.ndim - 1];
+  v.strides[out.ndim - 1] = 0;
+  return v;
+}
+
 // The merge's arguments: acc_out and part_out [rows..., D], acc_lse and part_lse [rows...]
 // (the same leading dims; any strides, e.g. a [B, H, N] lse permuted to [B, N, H] beside a
 // [B, N, H, D] output). acc_out, acc_lse and part_lse share one dtype, float32 or float64;

@@ -276,20 +276,6 @@ std::vector<GlobalGroup> global_groups(const DilatedAttentionOptions& o, int64_t
   return result;
 }
 
-// The global variant's numbering: query row j and key list index m of head h = h0 + t (the
-// [B, hc, N, N] scores) are number ((b * H + h) * N + j) * N + m.
-kernels::DropoutIndexing global_dropout_indexing(const Tensor& q, const GlobalGroup& g) {
-  const auto n = static_cast<uint64_t>(q.size(1)), heads = static_cast<uint64_t>(q.size(2));
-  kernels::DropoutIndexing ix;
-  ix.custom = true;
-  ix.base = static_cast<uint64_t>(g.heads.h0) * n * n;
-  ix.batch_strides[0] = static_cast<int64_t>(heads * n * n);
-  ix.batch_strides[1] = static_cast<int64_t>(n * n);
-  ix.row_stride = static_cast<int64_t>(n);
-  ix.col_stride = 1;
-  return ix;
-}
-
 // [B, hc, N, D] attention layout of the gathered rows of t's heads.
 Tensor gathered(const Tensor& t, const GlobalGroup& g) {
   return index_select(t.narrow(2, g.heads.h0, g.heads.hc), 1, g.indices).permute({0, 2, 1, 3});
@@ -308,11 +294,32 @@ AttentionForwardArgs global_args(const Inputs& in, const GlobalGroup& g, const T
   a.lse = view_of(lse.narrow(1, g.heads.h0, g.heads.hc));
   a.params = in.params;
   a.params.key_order = key_order_data(g.key_order);
-  if (in.params.dropout > 0) a.params.dropout_indexing = global_dropout_indexing(in.q, g);
+  if (in.params.dropout > 0) {
+    a.params.dropout_indexing =
+        global_dropout_indexing(g.heads.h0, /*first_row=*/0, in.q.size(1), in.q.size(2));
+  }
   return a;
 }
 
 }  // namespace
+
+void check_qkv_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const char* op,
+                      const char* layout) {
+  for (const auto& [t, name] : {std::pair{&q, "q"}, std::pair{&k, "k"}, std::pair{&v, "v"}}) {
+    RD_CHECK(t->defined(), kInvalidArgument, op, ": argument '", name, "' is undefined");
+    RD_CHECK(t->dim() == 4, kShapeMismatch, op, ": argument '", name, "' must be ", layout,
+             ", got shape ", shape_str(t->shape()));
+    RD_CHECK(is_floating(t->dtype()), kDTypeMismatch, op, ": argument '", name,
+             "' must be floating, got ", dtype_name(t->dtype()));
+  }
+  RD_CHECK(k.shape() == q.shape() && v.shape() == q.shape(), kShapeMismatch, op,
+           ": q, k and v must have one shape, got ", shape_str(q.shape()), ", ",
+           shape_str(k.shape()), " and ", shape_str(v.shape()));
+  RD_CHECK(k.dtype() == q.dtype() && v.dtype() == q.dtype(), kDTypeMismatch, op,
+           ": q, k and v must have one dtype, got ", dtype_name(q.dtype()), ", ",
+           dtype_name(k.dtype()), " and ", dtype_name(v.dtype()));
+  check_same_device({&q, &k, &v}, op);
+}
 
 void validate_options(const DilatedAttentionOptions& o, int64_t num_heads) {
   const size_t pairs = o.segment_lengths.size();
@@ -345,20 +352,7 @@ namespace {
 DilatedAttentionResult attend(const Tensor& q, const Tensor& k, const Tensor& v,
                               const Differentiated& diff, const DilatedAttentionOptions& options,
                               const AttentionCallContext& context) {
-  for (const auto& [t, name] : {std::pair{&q, "q"}, std::pair{&k, "k"}, std::pair{&v, "v"}}) {
-    RD_CHECK(t->defined(), kInvalidArgument, kOp, ": argument '", name, "' is undefined");
-    RD_CHECK(t->dim() == 4, kShapeMismatch, kOp, ": argument '", name,
-             "' must be [B, N, H, D], got shape ", shape_str(t->shape()));
-    RD_CHECK(is_floating(t->dtype()), kDTypeMismatch, kOp, ": argument '", name,
-             "' must be floating, got ", dtype_name(t->dtype()));
-  }
-  RD_CHECK(k.shape() == q.shape() && v.shape() == q.shape(), kShapeMismatch, kOp,
-           ": q, k and v must have one shape, got ", shape_str(q.shape()), ", ",
-           shape_str(k.shape()), " and ", shape_str(v.shape()));
-  RD_CHECK(k.dtype() == q.dtype() && v.dtype() == q.dtype(), kDTypeMismatch, kOp,
-           ": q, k and v must have one dtype, got ", dtype_name(q.dtype()), ", ",
-           dtype_name(k.dtype()), " and ", dtype_name(v.dtype()));
-  check_same_device({&q, &k, &v}, kOp);
+  check_qkv_inputs(q, k, v, kOp, "[B, N, H, D]");
   validate_options(options, q.size(2));
   const bool dropout = context.training && options.dropout > 0;
   RD_CHECK(context.backward_piece_elements >= 1, kInvalidArgument, kOp,

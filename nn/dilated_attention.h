@@ -90,6 +90,12 @@ DilatedAttentionResult dilated_attention_qkv_with_lse(const Tensor& qkv,
                                                       const DilatedAttentionOptions& options,
                                                       const AttentionCallContext& context = {});
 
+// Throws rd::Error naming `op` and the argument unless q, k and v are defined floating
+// [B, N, H, D] tensors (`layout` names that shape in the message) of one shape, dtype and
+// device.
+void check_qkv_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const char* op,
+                      const char* layout);
+
 // Throws rd::Error (kInvalidArgument) naming the offending option and values unless the
 // options are valid for `num_heads` heads: equal, non-empty pair lists, w_i >= 1, r_i >= 1,
 // w_i % r_i == 0, dropout in [0, 1), a finite positive scale, H >= G for head groups, and

@@ -242,4 +242,17 @@ bool blocks_interact(const DilatedAttentionOptions& options, int64_t seq_len,
   return !plan_block_calls(options, seq_len, num_heads, qb, kb).empty();
 }
 
+kernels::DropoutIndexing global_dropout_indexing(int64_t h0, int64_t first_row, int64_t seq_len,
+                                                 int64_t num_heads) {
+  const auto n = static_cast<uint64_t>(seq_len), heads = static_cast<uint64_t>(num_heads);
+  kernels::DropoutIndexing ix;
+  ix.custom = true;
+  ix.base = static_cast<uint64_t>(h0) * n * n + static_cast<uint64_t>(first_row) * n;
+  ix.batch_strides[0] = static_cast<int64_t>(heads * n * n);
+  ix.batch_strides[1] = static_cast<int64_t>(n * n);
+  ix.row_stride = static_cast<int64_t>(n);
+  ix.col_stride = 1;
+  return ix;
+}
+
 }  // namespace rd::nn

@@ -126,4 +126,10 @@ kernels::DropoutIndexing dropout_indexing(const Selection& q, const Selection& k
 kernels::DropoutIndexing block_dropout_indexing(const BlockCall& call, Block qb, Block kb,
                                                 int64_t seq_len, int64_t num_heads);
 
+// The global variant's numbering for the rows [first_row, first_row + Lq) of the head group
+// starting at head h0 (its call's scores are [B, hc, Lq, Lk] in list positions): query row
+// j and key list index m of head h are number ((b * H + h) * N + j) * N + m.
+kernels::DropoutIndexing global_dropout_indexing(int64_t h0, int64_t first_row, int64_t seq_len,
+                                                 int64_t num_heads);
+
 }  // namespace rd::nn

@@ -694,18 +694,9 @@ AttentionForwardArgs global_args(const Exec& ex, const GlobalGroup& g, const std
   a.params.causal_offset = g.causal_offset;
   if (ex.hilbert) a.params.key_order = static_cast<const int64_t*>(view_of((*keep)[3]).data);
   if (a.params.dropout > 0) {
-    // As on one device: row j (this rank's rows start at causal_offset) and key list index m
-    // of head h are number ((b * H + h) * N + j) * N + m.
-    const auto n = static_cast<uint64_t>(out.size(1)) * static_cast<uint64_t>(ex.plan_size);
-    const auto heads = static_cast<uint64_t>(out.size(2));
     a.params.offset = ex.pair_offsets[static_cast<size_t>(g.pair)];
-    kernels::DropoutIndexing& ix = a.params.dropout_indexing;
-    ix.custom = true;
-    ix.base = static_cast<uint64_t>(g.heads.h0) * n * n + static_cast<uint64_t>(g.causal_offset) * n;
-    ix.batch_strides[0] = static_cast<int64_t>(heads * n * n);
-    ix.batch_strides[1] = static_cast<int64_t>(n * n);
-    ix.row_stride = static_cast<int64_t>(n);
-    ix.col_stride = 1;
+    a.params.dropout_indexing = global_dropout_indexing(
+        g.heads.h0, /*first_row=*/g.causal_offset, out.size(1) * ex.plan_size, out.size(2));
   }
   return a;
 }
@@ -713,20 +704,7 @@ AttentionForwardArgs global_args(const Exec& ex, const GlobalGroup& g, const std
 void check_inputs(const Tensor& q, const Tensor& k, const Tensor& v,
                   const DilatedAttentionOptions& options, const dist::Communicator& comm,
                   const AttentionCallContext& context) {
-  for (const auto& [t, name] : {std::pair{&q, "q"}, std::pair{&k, "k"}, std::pair{&v, "v"}}) {
-    RD_CHECK(t->defined(), kInvalidArgument, kOp, ": argument '", name, "' is undefined");
-    RD_CHECK(t->dim() == 4, kShapeMismatch, kOp, ": argument '", name,
-             "' must be this rank's block [B, N / P, H, D], got shape ", shape_str(t->shape()));
-    RD_CHECK(is_floating(t->dtype()), kDTypeMismatch, kOp, ": argument '", name,
-             "' must be floating, got ", dtype_name(t->dtype()));
-  }
-  RD_CHECK(k.shape() == q.shape() && v.shape() == q.shape(), kShapeMismatch, kOp,
-           ": q, k and v must have one shape, got ", shape_str(q.shape()), ", ",
-           shape_str(k.shape()), " and ", shape_str(v.shape()));
-  RD_CHECK(k.dtype() == q.dtype() && v.dtype() == q.dtype(), kDTypeMismatch, kOp,
-           ": q, k and v must have one dtype, got ", dtype_name(q.dtype()), ", ",
-           dtype_name(k.dtype()), " and ", dtype_name(v.dtype()));
-  check_same_device({&q, &k, &v}, kOp);
+  check_qkv_inputs(q, k, v, kOp, "this rank's block [B, N / P, H, D]");
   RD_CHECK(q.device() == comm.device(), kDeviceMismatch, kOp, ": q is on ", q.device().str(),
            " but the communicator (", comm.backend_name(), ") moves data on ",
            comm.device().str());

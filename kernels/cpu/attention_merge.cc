@@ -11,23 +11,13 @@
 namespace rd::kernels::cpu {
 namespace {
 
-// [rows...] viewed as [rows..., D] with stride 0 along D: each output element reads its
-// row's LSE.
-StridedView broadcast_rows(const StridedView& lse, const StridedView& out) {
-  StridedView v = lse;
-  v.ndim = out.ndim;
-  v.shape[out.ndim - 1] = out.shape[out.ndim - 1];
-  v.strides[out.ndim - 1] = 0;
-  return v;
-}
-
 // T: the accumulation type; Part: part_out's storage type (T or a 16-bit float).
 template <class T, class Part>
 void merge(const StridedView& acc_out, const StridedView& acc_lse, const StridedView& part_out,
            const StridedView& part_lse) {
   // Outputs first, while both LSEs still hold their inputs.
-  const StridedView acc_row_lse = broadcast_rows(acc_lse, acc_out);
-  const StridedView part_row_lse = broadcast_rows(part_lse, acc_out);
+  const StridedView acc_row_lse = lse_per_element(acc_lse, acc_out);
+  const StridedView part_row_lse = lse_per_element(part_lse, acc_out);
   for_each_run<4>(make_iter<4>({&acc_out, &part_out, &acc_row_lse, &part_row_lse}),
                   [](const StridedIter<4>::Ptrs& p, int64_t n, const StridedIter<4>::Strides& s,
                      int64_t) {

@@ -38,19 +38,11 @@ struct MergeLseBody {
   }
 };
 
-StridedView broadcast_rows(const StridedView& lse, const StridedView& out) {
-  StridedView v = lse;
-  v.ndim = out.ndim;
-  v.shape[out.ndim - 1] = out.shape[out.ndim - 1];
-  v.strides[out.ndim - 1] = 0;
-  return v;
-}
-
 template <class T, class Part>
 void merge(const StridedView& acc_out, const StridedView& acc_lse, const StridedView& part_out,
            const StridedView& part_lse, cudaStream_t stream) {
-  const StridedView acc_row_lse = broadcast_rows(acc_lse, acc_out);
-  const StridedView part_row_lse = broadcast_rows(part_lse, acc_out);
+  const StridedView acc_row_lse = lse_per_element(acc_lse, acc_out);
+  const StridedView part_row_lse = lse_per_element(part_lse, acc_out);
   launch_grid_stride(
       acc_out.numel(),
       MergeOutBody<T, Part>{static_cast<T*>(acc_out.data), static_cast<const Part*>(part_out.data),
