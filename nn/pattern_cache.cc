@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "ringdilated/kernels/error.h"
+#include "ringdilated/tensor/stream.h"
 
 namespace rd::nn {
 namespace {
@@ -33,6 +34,9 @@ Tensor PatternCache::get(const std::string& key, const std::function<Tensor()>& 
     ++stats_.misses;
   }
   Tensor pattern = compute();
+  // Other threads read a cached pattern on their own streams, which do not wait for this
+  // thread's: the pattern's copy to the device must be finished before anyone can see it.
+  if (pattern.defined()) Stream::current(pattern.device()).synchronize();
   std::lock_guard<std::mutex> lock(mu_);
   auto it = index_.find(key);
   if (it != index_.end()) return it->second->pattern;  // another thread stored it first

@@ -29,7 +29,9 @@ class PatternCache {
 
   // The pattern stored under `key` (which must name everything the pattern depends on,
   // device included), computing it with `compute` on a miss. `compute` runs without the lock
-  // held, so two threads may both compute a missing pattern; the first stored wins.
+  // held, so two threads may both compute a missing pattern; the first stored wins. A
+  // computed device pattern is complete (its stream synchronized) before it is returned or
+  // stored, so threads on other streams may read it at once.
   Tensor get(const std::string& key, const std::function<Tensor()>& compute);
 
   PatternCacheStats stats() const;
