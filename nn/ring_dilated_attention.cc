@@ -6,8 +6,9 @@
 // per (pair, head set) whose segments cross a block boundary: a unit's rows in a block are
 // its heads at its selected positions (every position == offset mod r under the constant
 // offset rule; the whole block under the rotating rule), and only those rows travel, packed
-// into one flat buffer per block. Units go around the ring or are all-gathered. Each step's
-// float32 partials merge into this rank's accumulator through the log-sum-exp. The backward
+// into one flat buffer per block. Units go around the ring or are all-gathered. The local
+// calls run exactly as on one device; each remote step's partials (q's dtype) merge into a
+// float32 accumulator of the unit's rows through the log-sum-exp. The backward
 // reruns the calls against the final (merged) out and lse, so each call yields exactly its
 // share of the gradient; dK/dV of remote keys go back to their owners in float32.
 //
