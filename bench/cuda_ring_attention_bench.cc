@@ -4,7 +4,12 @@
 // (1048576, 64); plus the bytes each rank sends against the minimum the pattern requires
 // (docs/distributed.md) and the two targets of issue 10.
 //
+// Also: the longest N one RingMultiheadDilatedAttention(768, 12) layer runs forward and
+// backward at P = 1 (rows ring_mhda/..., bf16, pairs (2048, 1), (4096, 2), (8192, 4), as the
+// single-device MHA rows of cuda_dilated_attention_bench); a row that runs out of memory says so.
+//
 //   cuda_ring_attention_bench --benchmark_filter=target   # the targets only
+//   cuda_ring_attention_bench --benchmark_filter=ring_mhda  # the longest-N rows
 #include <benchmark/benchmark.h>
 
 #include <iostream>
@@ -22,6 +27,7 @@
 #include "ringdilated/dist/in_process.h"
 #include "ringdilated/kernels/error.h"
 #include "ringdilated/nn/ring_dilated_attention.h"
+#include "ringdilated/nn/ring_dilated_attention_modules.h"
 #include "ringdilated/tensor/allocator.h"
 #include "ringdilated/tensor/autograd.h"
 #include "ringdilated/tensor/device.h"
@@ -229,7 +235,49 @@ void add(const std::string& name, F fn) {
       benchmark::kMillisecond);
 }
 
+// One forward + backward of RingMultiheadDilatedAttention(768, 12) on a one-rank group over
+// the whole sequence: seconds, and the allocator's peak.
+void ring_mhda_row(benchmark::State& state, int64_t seq_len) {
+  if (!rd::bench::have_cuda_device()) return state.SkipWithError("no CUDA device");
+  rd::Allocator& pool = rd::allocator_for(gpu());
+  double seconds = 0;
+  int64_t peak = 0;
+  try {
+    auto comm = rd::dist::make_in_process_group(1, gpu())[0];
+    rd::nn::DilatedAttentionOptions o;
+    o.segment_lengths = {2048, 4096, 8192};
+    o.dilation_rates = {1, 2, 4};
+    rd::nn::MultiheadOptions mo;
+    mo.tensor_options = rd::TensorOptions(rd::DType::kBFloat16).with_device(gpu());
+    mo.seed = 3;
+    rd::nn::RingMultiheadDilatedAttention layer(768, 12, o, comm, DistStrategy::kAuto, mo);
+    rd::Generator gen(11);
+    const Tensor x = rd::randn({1, seq_len, 768}, gen, mo.tensor_options);
+    const Tensor grad_y = rd::randn({1, seq_len, 768}, gen, mo.tensor_options);
+    rd::synchronize(gpu());
+    pool.reset_peak_stats();
+    const auto start = std::chrono::steady_clock::now();
+    layer.forward(x).backward(grad_y);
+    rd::synchronize(gpu());
+    seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    peak = static_cast<int64_t>(pool.stats().peak_allocated_bytes);
+  } catch (const rd::Error& e) {
+    pool.empty_cache();
+    return state.SkipWithError(e.code() == rd::ErrorCode::kOutOfMemory ? "out of memory" : e.what());
+  }
+  pool.empty_cache();
+  for (auto _ : state) state.SetIterationTime(seconds);
+  state.counters["seconds"] = seconds;
+  state.counters["peak_bytes"] = static_cast<double>(peak);
+  state.counters["tokens_per_s"] = static_cast<double>(seq_len) / seconds;
+}
+
 void add_rows() {
+  for (int64_t millions : {4, 6, 8, 10, 12}) {
+    const int64_t seq_len = millions * 1048576;
+    add(rd::str_cat("ring_mhda/fwdbwd/E768H12/P1/N", seq_len),
+        [=](benchmark::State& state) { ring_mhda_row(state, seq_len); });
+  }
   for (int64_t seq_len : {int64_t{262144}, kTargetSeqLen}) {
     for (Direction d : {Direction::kForward, Direction::kForwardBackward}) {
       for (DistStrategy s : {DistStrategy::kRing, DistStrategy::kAllGather, DistStrategy::kAuto}) {
