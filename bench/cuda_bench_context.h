@@ -2,11 +2,25 @@
 // device's facts (name, compute capability, SMs, memory, driver, runtime, cuDNN).
 #pragma once
 
+#include <string>
+
+namespace rd::bench {
+
+// The command line as one string, for the JSON context.
+inline std::string command_line(int argc, char** argv) {
+  std::string command;
+  for (int i = 0; i < argc; ++i) {
+    if (i > 0) command.push_back(' ');
+    command.append(argv[i]);
+  }
+  return command;
+}
+
+}  // namespace rd::bench
+
 #if defined(RD_WITH_CUDA)
 #include <benchmark/benchmark.h>
 #include <cuda_runtime.h>
-
-#include <string>
 
 #include "ringdilated/kernels/cuda/cudnn_attention.h"
 #include "ringdilated/kernels/cuda/runtime.h"

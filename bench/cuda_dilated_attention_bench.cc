@@ -58,6 +58,8 @@
 // Without CUDA in the build no row is registered; without a device each row is skipped.
 #include <benchmark/benchmark.h>
 
+#include "cuda_bench_context.h"
+
 #include <iostream>
 #include <string>
 
@@ -88,7 +90,6 @@
 #include "ringdilated/tensor/dispatch.h"
 #include "ringdilated/tensor/generator.h"
 #include "ringdilated/tensor/tensor.h"
-#include "cuda_bench_context.h"
 #include "cuda_bench_util.h"
 #endif
 
@@ -720,11 +721,7 @@ void add_rows() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string command;
-  for (int i = 0; i < argc; ++i) {
-    if (i > 0) command.push_back(' ');
-    command.append(argv[i]);
-  }
+  const std::string command = rd::bench::command_line(argc, argv);
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
 #if defined(RD_WITH_CUDA)

@@ -26,6 +26,8 @@
 // Without CUDA in the build no row is registered; without a device each row is skipped.
 #include <benchmark/benchmark.h>
 
+#include "cuda_bench_context.h"
+
 #include <exception>
 #include <iostream>
 
@@ -947,26 +949,14 @@ void add_all_rows(Ceilings& ceilings) {
   add_fused_info_rows(ceilings);
 }
 
-// Device facts for the JSON context (report.py prints them beside the date).
-void add_device_context() {
-  if (!rd::cuda_available()) {
-    benchmark::AddCustomContext("cuda_device", "none visible");
-    return;
-  }
+// The shared context (command line, device, cuDNN), plus what this bench's ceilings depend
+// on: the L2 size and the cuBLASLt version.
+void add_device_context(const std::string& command) {
+  rd::bench::add_cuda_context(command, kDeviceIndex);
+  if (!rd::cuda_available()) return;
   cudaDeviceProp prop{};
   RD_CUDA_CHECK(cudaGetDeviceProperties(&prop, kDeviceIndex));
-  int driver = 0, runtime = 0;
-  RD_CUDA_CHECK(cudaDriverGetVersion(&driver));
-  RD_CUDA_CHECK(cudaRuntimeGetVersion(&runtime));
-  auto version = [](int v) { return rd::str_cat(v / 1000, ".", (v % 1000) / 10); };
-  benchmark::AddCustomContext("cuda_device", prop.name);
-  benchmark::AddCustomContext("cuda_compute_capability", rd::str_cat(prop.major, ".", prop.minor));
-  benchmark::AddCustomContext("cuda_sm_count", std::to_string(prop.multiProcessorCount));
-  benchmark::AddCustomContext("cuda_memory_gib",
-                              rd::str_cat(static_cast<double>(prop.totalGlobalMem) / (1 << 30)));
   benchmark::AddCustomContext("cuda_l2_mib", rd::str_cat(prop.l2CacheSize / (1 << 20)));
-  benchmark::AddCustomContext("cuda_driver", version(driver));
-  benchmark::AddCustomContext("cuda_runtime", version(runtime));
   benchmark::AddCustomContext("cublaslt_version", std::to_string(cublasLtGetVersion()));
 }
 
@@ -975,12 +965,13 @@ void add_device_context() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  const std::string command = rd::bench::command_line(argc, argv);
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
 #if defined(RD_WITH_CUDA)
   Ceilings ceilings;  // outlives every row: RunSpecifiedBenchmarks returns before it dies
   try {
-    add_device_context();
+    add_device_context(command);
   } catch (const std::exception& error) {
     std::cerr << "cuda_ops_bench: could not read the device: " << error.what() << "\n";
   }

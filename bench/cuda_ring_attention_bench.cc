@@ -33,9 +33,9 @@
 #include "ringdilated/tensor/device.h"
 #include "ringdilated/tensor/generator.h"
 #include "ringdilated/tensor/ops.h"
-#include "cuda_bench_context.h"
 #include "cuda_bench_util.h"
 #endif
+#include "cuda_bench_context.h"
 
 namespace {
 
@@ -297,11 +297,7 @@ void add_rows() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string command;
-  for (int i = 0; i < argc; ++i) {
-    if (i > 0) command.push_back(' ');
-    command.append(argv[i]);
-  }
+  const std::string command = rd::bench::command_line(argc, argv);
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
 #if defined(RD_WITH_CUDA)
