@@ -77,6 +77,20 @@ void StatsCounter::add(int64_t sent, int64_t received) {
   ++stats_.collectives;
 }
 
+std::shared_ptr<Communicator> Communicator::cached_split(int color, int key) {
+  std::lock_guard<std::mutex> lock(splits_mu_);
+  auto [it, inserted] = splits_.try_emplace({color, key});
+  if (inserted) {
+    try {
+      it->second = split(color, key);
+    } catch (...) {
+      splits_.erase(it);  // a failed split is not kept: the next call reports it again
+      throw;
+    }
+  }
+  return it->second;
+}
+
 void StatsCounter::all_gather(int64_t bytes, int size) {
   const int64_t moved = bytes * (size - 1) / size;
   add(moved, moved);

@@ -1,12 +1,14 @@
-// The communicator interface every transport implements (in-process threads today; NCCL and
-// Gloo next): point-to-point transfers, collectives, sub-groups, abort and traffic counters,
-// all over Tensors.
+// The communicator interface every transport implements (in-process threads, NCCL, Gloo):
+// point-to-point transfers, collectives, sub-groups, abort and traffic counters, all over
+// Tensors.
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 
 #include "ringdilated/tensor/tensor.h"
 
@@ -97,12 +99,20 @@ class Communicator {
   // Collective: the ranks that pass the same color >= 0 form a new communicator, ranked by
   // (key, old rank). A negative color joins none and gets nullptr.
   virtual std::shared_ptr<Communicator> split(int color, int key) = 0;
+  // split(color, key), made by the first call and kept by this communicator for the later
+  // ones, so that a layer can ask for its sub-group on every call. Collective the first time:
+  // every rank must ask for its (color, key) in the same order.
+  std::shared_ptr<Communicator> cached_split(int color, int key);
 
   // Fails the group: every pending and later operation of every rank throws kAborted, naming
   // this rank and `reason`. How a rank that failed stops the others instead of hanging them.
   virtual void abort(const std::string& reason) = 0;
 
   virtual CommStats stats() const = 0;
+
+ private:
+  std::mutex splits_mu_;
+  std::map<std::pair<int, int>, std::shared_ptr<Communicator>> splits_;
 };
 
 // For Request destructors: waits unless the request was waited for already, swallowing any

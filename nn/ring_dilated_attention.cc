@@ -21,6 +21,7 @@
 #include <functional>
 #include <limits>
 #include <memory>
+#include <numeric>
 #include <utility>
 #include <vector>
 
@@ -84,7 +85,11 @@ struct ExchangeUnit {
   int64_t offset = 0;
   int64_t stride = 1;
   bool gathered = false;  // all-gather rather than ring
-  int max_distance = 0;   // the largest (query rank - key rank) mod P any call needs
+  bool remote = false;    // some call reads another rank's block of this unit
+  // The ranks that exchange it: the smallest g dividing P such that every call on this
+  // unit reads a block of its own aligned run of g ranks [g * (rank / g), + g) (the ranks
+  // sharing its segments). P when the segments do not align with the blocks.
+  int span = 0;
 
   Run run(Block b) const {
     if (stride == 1) return {0, 1, b.size()};
@@ -115,6 +120,7 @@ Selection in_unit(const Selection& s, const ExchangeUnit& u, const Run& run) {
 // The units exchanged one way (ring or all-gather) and where each block's rows of each sit
 // in that block's flat buffer: K rows at offsets[block][i], V rows right after.
 struct ExchangeGroup {
+  int span = 0;  // all-gathered units: the ranks of each gather group (ExchangeUnit::span)
   std::vector<int> units;
   std::vector<std::vector<int64_t>> offsets;  // [block][i]
   std::vector<int64_t> elements;              // [block]
@@ -128,7 +134,12 @@ struct SpPlan {
   int num_pairs = 0;
   std::vector<std::vector<BlockCall>> calls;  // [src]: this rank's calls on src's keys
   std::vector<ExchangeUnit> units;
-  ExchangeGroup ring, gather;
+  ExchangeGroup ring;
+  std::vector<ExchangeGroup> gathers;  // one per span, each all-gathered in its sub-groups
+  // The ring runs within aligned runs of ring_span ranks (the least common multiple of its
+  // units' spans) and takes ring_steps steps: the farthest block back, within the run, that
+  // any call reads.
+  int ring_span = 1;
   int ring_steps = 0;
 
   int unit_of(const BlockCall& c) const {
@@ -143,11 +154,13 @@ int64_t unit_elements(const Layout& l, const ExchangeUnit& u, int block) {
   return l.batch * u.run(l.block(block)).count * u.heads.hc * l.dim;
 }
 
-ExchangeGroup make_group(const Layout& l, const std::vector<ExchangeUnit>& units,
-                         bool gathered) {
+// The units that travel around the ring (span 0), or the all-gathered units of one span.
+ExchangeGroup make_group(const Layout& l, const std::vector<ExchangeUnit>& units, int span) {
   ExchangeGroup g;
+  g.span = span;
   for (size_t u = 0; u < units.size(); ++u) {
-    if (units[u].max_distance > 0 && units[u].gathered == gathered) {
+    const ExchangeUnit& unit = units[u];
+    if (unit.remote && (span == 0 ? !unit.gathered : unit.gathered && unit.span == span)) {
       g.units.push_back(static_cast<int>(u));
     }
   }
@@ -165,6 +178,19 @@ ExchangeGroup make_group(const Layout& l, const std::vector<ExchangeUnit>& units
   return g;
 }
 
+// The smallest g dividing `size` such that every (query block, key block) read stays within
+// one aligned run of g ranks: the ranks that share the segments and so exchange its rows.
+int exchange_span(const std::vector<std::pair<int, int>>& reads, int size) {
+  for (int g = 2; g < size; ++g) {
+    if (size % g != 0) continue;
+    const bool aligned = std::all_of(reads.begin(), reads.end(), [g](const std::pair<int, int>& r) {
+      return r.first / g == r.second / g;
+    });
+    if (aligned) return g;
+  }
+  return size;
+}
+
 SpPlan make_plan(const DilatedAttentionOptions& o, const Layout& l, DistStrategy strategy,
                  int64_t element_bytes) {
   SpPlan plan;
@@ -180,32 +206,69 @@ SpPlan make_plan(const DilatedAttentionOptions& o, const Layout& l, DistStrategy
   }
   // Every rank plans every block pair, so all agree on the units and the ring length.
   plan.calls.resize(static_cast<size_t>(l.size));
+  std::vector<std::vector<std::pair<int, int>>> reads(plan.units.size());  // (query, key) blocks
   for (int a = 0; a < l.size; ++a) {
     for (int b = 0; b < l.size; ++b) {
       std::vector<BlockCall> calls = plan_block_calls(o, l.seq_len(), l.heads, l.block(a), l.block(b));
       if (a != b) {
         for (const BlockCall& c : calls) {
-          ExchangeUnit& u = plan.units[static_cast<size_t>(plan.unit_of(c))];
-          u.max_distance = std::max(u.max_distance, (a - b + l.size) % l.size);
+          const int unit = plan.unit_of(c);
+          plan.units[static_cast<size_t>(unit)].remote = true;
+          reads[static_cast<size_t>(unit)].push_back({a, b});
         }
       }
       if (a == l.rank) plan.calls[static_cast<size_t>(b)] = std::move(calls);
     }
   }
-  for (ExchangeUnit& u : plan.units) {
-    if (u.max_distance == 0) continue;
+  std::vector<int> spans;
+  for (size_t i = 0; i < plan.units.size(); ++i) {
+    ExchangeUnit& u = plan.units[i];
+    if (!u.remote) continue;
+    u.span = exchange_span(reads[i], l.size);
     if (strategy == DistStrategy::kAuto) {
       int64_t largest = 0;
       for (int b = 0; b < l.size; ++b) largest = std::max(largest, unit_elements(l, u, b));
-      u.gathered = 2 * largest * element_bytes * l.size <= kAutoGatherMaxBytes;
+      u.gathered = 2 * largest * element_bytes * u.span <= kAutoGatherMaxBytes;
     } else {
       u.gathered = strategy == DistStrategy::kAllGather;
     }
-    if (!u.gathered) plan.ring_steps = std::max(plan.ring_steps, u.max_distance);
+    if (!u.gathered) plan.ring_span = std::lcm(plan.ring_span, u.span);
+    if (u.gathered && std::find(spans.begin(), spans.end(), u.span) == spans.end()) {
+      spans.push_back(u.span);
+    }
   }
-  plan.ring = make_group(l, plan.units, /*gathered=*/false);
-  plan.gather = make_group(l, plan.units, /*gathered=*/true);
+  for (size_t i = 0; i < plan.units.size(); ++i) {
+    if (!plan.units[i].remote || plan.units[i].gathered) continue;
+    for (auto [a, b] : reads[i]) {
+      plan.ring_steps = std::max(plan.ring_steps, (a - b + plan.ring_span) % plan.ring_span);
+    }
+  }
+  plan.ring = make_group(l, plan.units, /*span=*/0);
+  std::sort(spans.begin(), spans.end());  // every rank visits the sub-groups in one order
+  for (int span : spans) plan.gathers.push_back(make_group(l, plan.units, span));
   return plan;
+}
+
+int gathered_units(const SpPlan& p) {
+  int n = 0;
+  for (const ExchangeGroup& g : p.gathers) n += static_cast<int>(g.units.size());
+  return n;
+}
+
+// The communicator of this rank's gather group of `span` ranks: the whole group, or the
+// sub-group of ranks [span * (rank / span), + span), split once and kept by `comm`.
+dist::Communicator& gather_comm(dist::Communicator& comm, int span) {
+  if (span == comm.size()) return comm;
+  return *comm.cached_split(comm.rank() / span, comm.rank());
+}
+
+// Bytes this rank has sent through `comm` and the sub-groups `p` gathers in.
+int64_t bytes_sent(dist::Communicator& comm, const SpPlan& p) {
+  int64_t bytes = comm.stats().bytes_sent;
+  for (const ExchangeGroup& g : p.gathers) {
+    if (g.span != comm.size()) bytes += gather_comm(comm, g.span).stats().bytes_sent;
+  }
+  return bytes;
 }
 
 // What a pass needs besides the plan: the kernel parameters and candidates.
@@ -439,7 +502,12 @@ void unpack_add(const SpPlan& p, const ExchangeGroup& group, const Tensor& flat,
   }
 }
 
-int wrap(int r, int size) { return ((r % size) + size) % size; }
+// The rank `delta` places after `rank` on its ring: the aligned run of `span` ranks that
+// holds it, closed into a cycle.
+int ring_peer(int rank, int delta, int span) {
+  const int first = rank - rank % span;
+  return first + ((rank - first + delta) % span + span) % span;
+}
 
 // The first `elements` of a flat buffer.
 Tensor prefix(const Tensor& flat, int64_t elements) { return flat.narrow(0, 0, elements); }
@@ -461,7 +529,8 @@ void exchange(const Exec& ex, const Tensor& k, const Tensor& v, dist::Communicat
               const std::function<void(int, const ExchangeGroup&, const Tensor&)>& visit,
               const RemoteGrads* grads) {
   const SpPlan& p = *ex.plan;
-  const int me = p.layout.rank, size = p.layout.size;
+  const int me = p.layout.rank;
+  auto peer = [&](int delta) { return ring_peer(me, delta, p.ring_span); };
   const TensorOptions opts = options_like(k);
   const TensorOptions acc_opts = TensorOptions(accumulation_dtype(k.dtype())).with_device(k.device());
   const std::vector<int64_t>& elements = p.ring.elements;
@@ -477,11 +546,11 @@ void exchange(const Exec& ex, const Tensor& k, const Tensor& v, dist::Communicat
     }
   }
   for (int t = 0; t <= p.ring_steps; ++t) {
-    const int src = wrap(me - t, size), next_src = wrap(src - 1, size);
+    const int src = peer(-t), next_src = peer(-t - 1);
     std::unique_ptr<dist::Request> step;
     if (t < p.ring_steps) {
-      step = comm.isendrecv(prefix(cur, length(src)), wrap(me + 1, size),
-                            prefix(nxt, length(next_src)), wrap(me - 1, size));
+      step = comm.isendrecv(prefix(cur, length(src)), peer(1), prefix(nxt, length(next_src)),
+                            peer(-1));
     }
     if (t == 0) {
       local();
@@ -494,36 +563,40 @@ void exchange(const Exec& ex, const Tensor& k, const Tensor& v, dist::Communicat
     step->wait();
     std::swap(cur, nxt);
     if (grads != nullptr) {
-      dist::send_recv(comm, prefix(dcur, length(src)), wrap(me + 1, size),
-                      prefix(dnxt, length(next_src)), wrap(me - 1, size));
+      dist::send_recv(comm, prefix(dcur, length(src)), peer(1), prefix(dnxt, length(next_src)),
+                      peer(-1));
       std::swap(dcur, dnxt);
     }
   }
   if (grads != nullptr && p.ring_steps > 0) {
     // dcur holds block (me - steps)'s accumulator; ours comes from rank me + steps.
-    const int owner = wrap(me - p.ring_steps, size);
+    const int owner = peer(-p.ring_steps);
     dist::send_recv(comm, prefix(dcur, length(owner)), owner, prefix(dnxt, length(me)),
-                    wrap(me + p.ring_steps, size));
+                    peer(p.ring_steps));
     grads->home(p.ring, dnxt);
   }
-  if (p.gather.empty()) return;
-  Tensor mine = empty({p.gather.max_elements}, opts);
-  pack(p, p.gather, mine, k, v);
-  Tensor all = empty({size, p.gather.max_elements}, opts);
-  comm.all_gather(all, mine);
-  Tensor all_grads = grads != nullptr ? zeros({size, p.gather.max_elements}, acc_opts) : Tensor();
-  for (int src = 0; src < size; ++src) {
-    if (src == me) continue;
-    if (grads != nullptr) {
-      grads->visit(src, p.gather, all.select(0, src), all_grads.select(0, src));
-    } else {
-      visit(src, p.gather, all.select(0, src));
+  for (const ExchangeGroup& group : p.gathers) {
+    dist::Communicator& gc = gather_comm(comm, group.span);
+    const int first = me - gc.rank();  // the group's ranks: first, ..., first + span - 1
+    Tensor mine = empty({group.max_elements}, opts);
+    pack(p, group, mine, k, v);
+    Tensor all = empty({group.span, group.max_elements}, opts);
+    gc.all_gather(all, mine);
+    Tensor all_grads =
+        grads != nullptr ? zeros({group.span, group.max_elements}, acc_opts) : Tensor();
+    for (int i = 0; i < group.span; ++i) {
+      if (first + i == me) continue;
+      if (grads != nullptr) {
+        grads->visit(first + i, group, all.select(0, i), all_grads.select(0, i));
+      } else {
+        visit(first + i, group, all.select(0, i));
+      }
     }
-  }
-  if (grads != nullptr) {
-    Tensor summed = empty({p.gather.max_elements}, acc_opts);
-    comm.reduce_scatter(summed, all_grads);
-    grads->home(p.gather, summed);
+    if (grads != nullptr) {
+      Tensor summed = empty({group.max_elements}, acc_opts);
+      gc.reduce_scatter(summed, all_grads);
+      grads->home(group, summed);
+    }
   }
 }
 
@@ -743,7 +816,6 @@ RingAttentionResult attend(const Tensor& q, const Tensor& k, const Tensor& v,
         *context.generator, static_cast<int>(options.segment_lengths.size()), l.batch, l.heads,
         l.seq_len());
   }
-  const dist::CommStats before = comm.stats();
   const Tensor qd = q.detach(), kd = k.detach(), vd = v.detach();
   const bool grad = autograd::needs_grad(inputs);
   // The gradients of q, k and v (accumulation or q's dtype) as the node's input gradients.
@@ -756,13 +828,15 @@ RingAttentionResult attend(const Tensor& q, const Tensor& k, const Tensor& v,
     ex.params.causal = options.causal;
     ex.plan = std::make_shared<const SpPlan>(
         make_plan(options, l, strategy, static_cast<int64_t>(dtype_size(q.dtype()))));
+    const int64_t before = bytes_sent(comm, *ex.plan);
     const ForwardState st = fixed_forward(ex, qd, kd, vd, comm);
     result.attention.out = st.out;
     result.attention.lse = st.lse.to(DType::kFloat32);
     result.attention.path_used = path_of(st.slowest);
     result.ring_steps = ex.plan->ring_steps;
     result.ring_pairs = static_cast<int>(ex.plan->ring.units.size());
-    result.gathered_pairs = static_cast<int>(ex.plan->gather.units.size());
+    result.gathered_pairs = gathered_units(*ex.plan);
+    result.forward_bytes_sent = bytes_sent(comm, *ex.plan) - before;
     if (grad) {
       autograd::record(
           {result.attention.out, result.attention.lse}, kOp, inputs,
@@ -785,6 +859,7 @@ RingAttentionResult attend(const Tensor& q, const Tensor& k, const Tensor& v,
     kernels::KernelBackend& backend = backend_for(q.device());
     AttentionKernel slowest = AttentionKernel::kCudnn;
     ex.params.causal = options.causal;
+    const int64_t before = comm.stats().bytes_sent;
     for (const GlobalGroup& g : groups) {
       const std::vector<Tensor> qkv = gather_group_heads(qd, kd, vd, g.heads, l, comm);
       std::vector<Tensor> keep;
@@ -796,6 +871,7 @@ RingAttentionResult attend(const Tensor& q, const Tensor& k, const Tensor& v,
     result.attention.lse = lse.to(DType::kFloat32);
     result.attention.path_used = path_of(slowest);
     result.gathered_pairs = static_cast<int>(groups.size());
+    result.forward_bytes_sent = comm.stats().bytes_sent - before;
     if (grad) {
       autograd::record(
           {result.attention.out, result.attention.lse}, kOp, inputs,
@@ -848,7 +924,6 @@ RingAttentionResult attend(const Tensor& q, const Tensor& k, const Tensor& v,
           });
     }
   }
-  result.forward_bytes_sent = comm.stats().bytes_sent - before.bytes_sent;
   return result;
 }
 

@@ -134,6 +134,23 @@ TEST_P(InProcessCollectives, SplitFormsGroupsByColorRankedByKey) {
   });
 }
 
+TEST_P(InProcessCollectives, CachedSplitIsMadeOnceAndKept) {
+  const int P = GetParam();
+  dist::run_in_process(P, [&](Communicator& comm) {
+    const int color = comm.rank() / 2;  // pairs of neighbours
+    std::shared_ptr<Communicator> first = comm.cached_split(color, comm.rank());
+    ASSERT_NE(first, nullptr);
+    // A second call is no collective: only this rank asks, and it gets the same group.
+    EXPECT_EQ(comm.cached_split(color, comm.rank()), first);
+    EXPECT_EQ(first->size(), std::min(2, P - 2 * color));
+    Tensor t = full({3}, comm.rank() + 1.0, DType::kFloat64);
+    first->all_reduce(t);
+    double want = 0;
+    for (int j = 2 * color; j < std::min(P, 2 * color + 2); ++j) want += j + 1.0;
+    expect_equal(t, full({3}, want, DType::kFloat64));
+  });
+}
+
 INSTANTIATE_TEST_SUITE_P(Sizes, InProcessCollectives, ::testing::Values(1, 2, 3, 4));
 
 TEST(InProcess, BadArgumentsNameTheOpAndShapes) {

@@ -258,6 +258,34 @@ TEST(RingDilatedAttention, OnlySelectedRowsOfTheHeadsThatUseThemTravel) {
   }
 }
 
+// Segments of two blocks at P = 4: ranks {0, 1} and {2, 3} share segments, so each rank
+// exchanges only with its partner: the all-gather runs in sub-groups of 2 and the ring
+// within each pair, one step, one block of the unit's rows sent (not P - 1 blocks);
+// forward and backward still equal the single-device call.
+TEST(RingDilatedAttention, AllGatherStaysAmongTheRanksSharingASegment) {
+  DilatedAttentionOptions o;
+  o.segment_lengths = {3, 12};
+  o.dilation_rates = {1, 2};  // pair 1: heads 2 and 3, positions == 1 mod 2
+  const int P = 4;
+  const int64_t C = kN / P, rows = C / 2, heads = kH / 2;
+  const int64_t one_block = rows * heads * kD * 2 * kB * 8;  // float64 K and V
+  for (bool causal : {false, true}) {
+    o.causal = causal;
+    const Full f = single_device(o, DType::kFloat64, 13);
+    for (DistStrategy s : {DistStrategy::kAllGather, DistStrategy::kRing}) {
+      const std::vector<RankResult> rs = run_ranks(f, o, P, s);
+      for (const RankResult& r : rs) {
+        EXPECT_EQ(r.info.forward_bytes_sent, one_block) << nn::strategy_name(s);
+        EXPECT_EQ(r.info.ring_steps, s == DistStrategy::kRing ? 1 : 0);
+      }
+      EXPECT_LE(relative_error(joined(rs, &RankResult::out, 1), f.out), 1e-12);
+      EXPECT_LE(relative_error(joined(rs, &RankResult::grad_q, 1), f.grad_q), 1e-12);
+      EXPECT_LE(relative_error(joined(rs, &RankResult::grad_k, 1), f.grad_k), 1e-12);
+      EXPECT_LE(relative_error(joined(rs, &RankResult::grad_v, 1), f.grad_v), 1e-12);
+    }
+  }
+}
+
 TEST(RingDilatedAttention, CausalRingSkipsBlocksAfterTheQueries) {
   DilatedAttentionOptions o;
   o.segment_lengths = {12};
