@@ -142,7 +142,8 @@ SplitResult run_split(const SplitAttention& a, kernels::AttentionKernel kernel,
   const int64_t d = shape[nb + 1], lk = a.k.size(nb);
   const AttentionParams& p = a.params;
   int64_t wrong = 0;
-  std::string first;
+  std::string examples;  // the first few disagreements, enough to see a pattern
+  int64_t min_key = lk, max_key = -1;
   for (int64_t row = 0; row < values.numel() / d; ++row) {
     const std::vector<int64_t> index = ref::unravel(row * d, shape);
     const std::vector<int64_t> batch_index(index.begin(), index.begin() + nb);
@@ -154,17 +155,19 @@ SplitResult run_split(const SplitAttention& a, kernels::AttentionKernel kernel,
                                       custom_dropout_number(ix, batch_index, i, j));
       const double got = values.data[static_cast<size_t>(row * d + j)];
       if ((got == 0.0) == (visible && kept)) {
-        if (wrong++ == 0) {
-          first = std::to_string(row) + ", key " + std::to_string(j) + ": got " +
-                  std::to_string(got) + ", visible " + std::to_string(visible) + ", kept " +
-                  std::to_string(kept);
+        if (wrong++ < 8) {
+          examples += "\n  row " + std::to_string(row) + " (query " + std::to_string(i) +
+                      "), key " + std::to_string(j) + ": got " + std::to_string(got) +
+                      ", visible " + std::to_string(visible) + ", kept " + std::to_string(kept);
         }
+        min_key = std::min(min_key, j);
+        max_key = std::max(max_key, j);
       }
     }
   }
   if (wrong == 0) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << wrong << " elements disagree with the mask; first at row "
-                                       << first;
+  return ::testing::AssertionFailure() << wrong << " elements disagree with the mask, at keys "
+                                       << min_key << ".." << max_key << "; the first:" << examples;
 }
 
 std::vector<SplitCase> split_cases() {
