@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "ringdilated/kernels/error.h"
+#include "ringdilated/tensor/checksum.h"
 
 namespace rd {
 namespace {
@@ -97,15 +98,6 @@ void write_all(int fd, std::span<const uint8_t> bytes, const std::string& temp_p
   }
 }
 
-// Makes the rename itself durable. Some file systems cannot fsync a folder (EINVAL): there
-// the rename is as durable as that file system allows, which is not our error.
-void sync_folder(const std::string& folder) {
-  FileDescriptor dir(::open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (dir.get() < 0) fail_io("write_file_atomically", "cannot open folder", folder, errno);
-  if (::fsync(dir.get()) != 0 && errno != EINVAL) {
-    fail_io("write_file_atomically", "cannot fsync folder", folder, errno);
-  }
-}
 
 // Reads into `buffer` until it is full or the file ends; returns the bytes read.
 size_t read_up_to(int fd, std::span<uint8_t> buffer, const std::string& path) {
@@ -125,24 +117,58 @@ size_t read_up_to(int fd, std::span<uint8_t> buffer, const std::string& path) {
 
 }  // namespace
 
-void write_file_atomically(const std::string& path, std::span<const uint8_t> bytes) {
-  RD_CHECK(!path.empty(), kIo, "write_file_atomically: the path is empty");
-  std::string temp_name;
-  FileDescriptor file(create_temporary(path, &temp_name));
-  TemporaryPath temp(temp_name);
-  write_all(file.get(), bytes, temp.path());
+// Makes the rename itself durable. Some file systems cannot fsync a folder (EINVAL): there
+// the rename is as durable as that file system allows, which is not our error.
+void sync_folder(const std::string& folder) {
+  FileDescriptor dir(::open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (dir.get() < 0) fail_io("sync_folder", "cannot open folder", folder, errno);
+  if (::fsync(dir.get()) != 0 && errno != EINVAL) {
+    fail_io("sync_folder", "cannot fsync folder", folder, errno);
+  }
+}
+
+AtomicFileWriter::AtomicFileWriter(std::string path) : path_(std::move(path)) {
+  RD_CHECK(!path_.empty(), kIo, "write_file_atomically: the path is empty");
+  fd_ = create_temporary(path_, &temp_path_);
+}
+
+AtomicFileWriter::~AtomicFileWriter() {
+  if (fd_ >= 0) ::close(fd_);
+  if (!temp_path_.empty()) ::unlink(temp_path_.c_str());
+}
+
+void AtomicFileWriter::write(std::span<const uint8_t> bytes) {
+  RD_CHECK(fd_ >= 0, kInvalidArgument, "write_file_atomically: '", path_,
+           "' was already committed");
+  write_all(fd_, bytes, temp_path_);
+  digest_.bytes += bytes.size();
+  digest_.crc32 = crc32_update(digest_.crc32, bytes);
+}
+
+FileDigest AtomicFileWriter::commit() {
+  RD_CHECK(fd_ >= 0, kInvalidArgument, "write_file_atomically: '", path_,
+           "' was already committed");
+  FileDescriptor file(std::exchange(fd_, -1));
+  TemporaryPath temp(std::exchange(temp_path_, std::string()));
   if (::fsync(file.get()) != 0) {
     fail_io("write_file_atomically", "cannot fsync", temp.path(), errno);
   }
   if (const int err = file.close(); err != 0) {
     fail_io("write_file_atomically", "cannot close", temp.path(), err);
   }
-  if (::rename(temp.path().c_str(), path.c_str()) != 0) {
-    fail_io("write_file_atomically", str_cat("cannot rename '", temp.path(), "' to"), path,
+  if (::rename(temp.path().c_str(), path_.c_str()) != 0) {
+    fail_io("write_file_atomically", str_cat("cannot rename '", temp.path(), "' to"), path_,
             errno);
   }
   temp.release();
-  sync_folder(folder_of(path));
+  sync_folder(folder_of(path_));
+  return digest_;
+}
+
+void write_file_atomically(const std::string& path, std::span<const uint8_t> bytes) {
+  AtomicFileWriter writer(path);
+  writer.write(bytes);
+  writer.commit();
 }
 
 std::vector<uint8_t> read_whole_file(const std::string& path) {

@@ -3,6 +3,7 @@
 #include "ringdilated/tensor/safetensors.h"
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cstring>
 #include <limits>
@@ -329,12 +330,15 @@ std::string header_text(const Json& header) {
 
 }  // namespace
 
-std::vector<uint8_t> serialize_safetensors(const std::map<std::string, Tensor>& tensors,
-                                           const std::map<std::string, std::string>& metadata) {
+namespace {
+
+// The header of `tensors` in name order (std::map's), and the payload's total bytes. Reads
+// only shapes and dtypes, so no tensor is copied yet.
+std::string layout_header(const std::map<std::string, Tensor>& tensors,
+                          const std::map<std::string, std::string>& metadata,
+                          uint64_t* payload_bytes) {
   Json header = Json::object();
   if (!metadata.empty()) header[std::string(kMetadataKey)] = metadata_json(metadata);
-  // std::map iterates in name order, which fixes the data layout.
-  std::vector<Tensor> payload;
   uint64_t offset = 0;
   for (const auto& [name, tensor] : tensors) {
     RD_CHECK(!name.empty(), kInvalidArgument, "serialize_safetensors: a tensor name is empty");
@@ -342,27 +346,45 @@ std::vector<uint8_t> serialize_safetensors(const std::map<std::string, Tensor>& 
              name, "' is reserved for metadata");
     RD_CHECK(tensor.defined(), kInvalidArgument, "serialize_safetensors: tensor '", name,
              "' is undefined");
-    Tensor bytes_source = tensor.to(Device::cpu()).contiguous();
-    const uint64_t nbytes =
-        static_cast<uint64_t>(bytes_source.numel()) * dtype_size(bytes_source.dtype());
-    header[name] = {{"dtype", safetensors_name(bytes_source.dtype())},
-                    {"shape", bytes_source.shape()},
+    const uint64_t nbytes = static_cast<uint64_t>(tensor.numel()) * dtype_size(tensor.dtype());
+    header[name] = {{"dtype", safetensors_name(tensor.dtype())},
+                    {"shape", tensor.shape()},
                     {"data_offsets", {offset, offset + nbytes}}};
     offset += nbytes;
-    payload.push_back(std::move(bytes_source));
   }
-  const std::string text = header_text(header);
-  std::vector<uint8_t> out(kLengthFieldBytes + text.size() + offset);
+  *payload_bytes = offset;
+  return header_text(header);
+}
+
+// Writes the file's bytes through `sink(span)`: the length field, the header, then each
+// tensor copied to the host (contiguous) one at a time, so at most one tensor's copy is
+// held at once.
+template <class Sink>
+void write_safetensors(const std::map<std::string, Tensor>& tensors,
+                       const std::map<std::string, std::string>& metadata, Sink&& sink) {
+  uint64_t payload = 0;
+  const std::string text = layout_header(tensors, metadata, &payload);
+  std::array<uint8_t, kLengthFieldBytes> length{};
   for (size_t i = 0; i < kLengthFieldBytes; ++i) {
-    out[i] = static_cast<uint8_t>(uint64_t{text.size()} >> (8 * i));
+    length[i] = static_cast<uint8_t>(uint64_t{text.size()} >> (8 * i));
   }
-  std::memcpy(out.data() + kLengthFieldBytes, text.data(), text.size());
-  uint8_t* cursor = out.data() + kLengthFieldBytes + text.size();
-  for (const Tensor& tensor : payload) {
-    const size_t nbytes = static_cast<size_t>(tensor.numel()) * dtype_size(tensor.dtype());
-    if (nbytes != 0) std::memcpy(cursor, tensor.raw_data(), nbytes);
-    cursor += nbytes;
+  sink(std::span<const uint8_t>(length));
+  sink(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(text.data()), text.size()));
+  for (const auto& [name, tensor] : tensors) {
+    const Tensor host = tensor.to(Device::cpu()).contiguous();
+    const size_t nbytes = static_cast<size_t>(host.numel()) * dtype_size(host.dtype());
+    if (nbytes != 0) sink(std::span<const uint8_t>(static_cast<const uint8_t*>(host.raw_data()), nbytes));
   }
+}
+
+}  // namespace
+
+std::vector<uint8_t> serialize_safetensors(const std::map<std::string, Tensor>& tensors,
+                                           const std::map<std::string, std::string>& metadata) {
+  std::vector<uint8_t> out;
+  write_safetensors(tensors, metadata, [&out](std::span<const uint8_t> bytes) {
+    out.insert(out.end(), bytes.begin(), bytes.end());
+  });
   return out;
 }
 
@@ -389,9 +411,11 @@ SafetensorsFile parse_safetensors(std::span<const uint8_t> bytes, std::string_vi
   return file;
 }
 
-void save_safetensors(const std::string& path, const std::map<std::string, Tensor>& tensors,
-                      const std::map<std::string, std::string>& metadata) {
-  write_file_atomically(path, serialize_safetensors(tensors, metadata));
+FileDigest save_safetensors(const std::string& path, const std::map<std::string, Tensor>& tensors,
+                            const std::map<std::string, std::string>& metadata) {
+  AtomicFileWriter writer(path);
+  write_safetensors(tensors, metadata, [&writer](std::span<const uint8_t> bytes) { writer.write(bytes); });
+  return writer.commit();
 }
 
 SafetensorsFile load_safetensors(const std::string& path) {

@@ -9,6 +9,7 @@
 #include <string_view>
 #include <vector>
 
+#include "ringdilated/tensor/atomic_file.h"
 #include "ringdilated/tensor/tensor.h"
 
 namespace rd {
@@ -27,8 +28,10 @@ SafetensorsFile parse_safetensors(std::span<const uint8_t> bytes,
                                   std::string_view source = "<memory>");
 
 // Writes atomically: a temporary file in the same folder, flushed and fsynced, then renamed
-// over `path`, so a crash never leaves a half-written file. I/O failures throw kIo.
-void save_safetensors(const std::string& path, const std::map<std::string, Tensor>& tensors,
+// over `path`, so a crash never leaves a half-written file. I/O failures throw kIo. Streams:
+// tensors are copied to the host and written one at a time, never the whole file in
+// memory. Returns the file's size and CRC-32.
+FileDigest save_safetensors(const std::string& path, const std::map<std::string, Tensor>& tensors,
                       const std::map<std::string, std::string>& metadata = {});
 SafetensorsFile load_safetensors(const std::string& path);
 

@@ -15,6 +15,8 @@
 
 #include "gtest/gtest.h"
 #include "ringdilated/kernels/half.h"
+#include "ringdilated/tensor/atomic_file.h"
+#include "ringdilated/tensor/checksum.h"
 #include "ringdilated/tensor/tensor.h"
 
 namespace rd {
@@ -556,6 +558,43 @@ TEST_F(SafetensorsFileTest, SaveThenLoadRoundTrips) {
   for (const auto& [name, tensor] : tensors_) {
     EXPECT_EQ(bytes_of(file.tensors.at(name)), bytes_of(tensor)) << name;
   }
+}
+
+TEST_F(SafetensorsFileTest, SaveReturnsTheSizeAndCrcOfWhatItWrote) {
+  const std::string path = (dir_ / "model.safetensors").string();
+  const FileDigest digest = save_safetensors(path, tensors_);
+  const Bytes bytes = read_file(path);
+  EXPECT_EQ(digest.bytes, bytes.size());
+  EXPECT_EQ(digest.crc32, crc32_update(0, bytes));
+}
+
+// CRC-32 check values: the standard "123456789" vector, and piecewise == whole.
+TEST(Crc32Test, MatchesTheStandardCheckValueAndContinues) {
+  const std::string digits = "123456789";
+  const std::span<const uint8_t> all(reinterpret_cast<const uint8_t*>(digits.data()), digits.size());
+  EXPECT_EQ(crc32_update(0, all), 0xCBF43926u);
+  EXPECT_EQ(crc32_update(0, {}), 0u);
+  std::mt19937_64 rng(5);
+  Bytes data(1000);
+  for (uint8_t& b : data) b = static_cast<uint8_t>(rng());
+  for (size_t cut : {size_t{0}, size_t{1}, size_t{7}, size_t{8}, size_t{500}, size_t{999}}) {
+    const std::span<const uint8_t> whole(data);
+    EXPECT_EQ(crc32_update(crc32_update(0, whole.first(cut)), whole.subspan(cut)),
+              crc32_update(0, whole))
+        << cut;
+  }
+}
+
+TEST_F(SafetensorsFileTest, AnUncommittedWriterLeavesTheOldFile) {
+  const fs::path path = dir_ / "state.bin";
+  write_file_atomically(path.string(), Bytes{1, 2, 3});
+  {
+    AtomicFileWriter writer(path.string());
+    writer.write(Bytes(1000, 7));
+    // Destroyed without commit(): as an exception on the way would.
+  }
+  EXPECT_EQ(read_file(path), (Bytes{1, 2, 3}));
+  EXPECT_EQ(entries(), std::vector<std::string>{"state.bin"}) << "no temporary left";
 }
 
 TEST_F(SafetensorsFileTest, SavingOverAnExistingFileReplacesItFully) {
