@@ -95,13 +95,18 @@ TEST_F(CudaAttentionBlocksTest, SplitsMatchTheCpuWholeCall) {
   });
 }
 
-// The mask itself, bit for bit: one-hot values (D = Lk = 150, a padded flash bucket).
+// The mask itself, bit for bit: one-hot values (D = Lk = 150, a padded flash bucket). The
+// scores are kept small (scale 0.05: a spread of a few units per row) so that every kept
+// probability is representable: flash rounds probabilities to the input dtype before the PV
+// product, and float16 flushes those below 2^-24 of the row's largest to 0, which would read
+// as dropped (with scale 0.25, about 5% of them).
 TEST_F(CudaAttentionBlocksTest, SplitsDrawTheWholeCallsMask) {
   for_each_split([](const SplitCase& c, const KernelDType& kd) {
     std::mt19937_64 rng(22);
     const SplitShape shape{{2, 2}, 70, 150, 150, /*one_hot_v=*/true};
-    const SplitAttention a =
-        make_case_attention(c, shape, kd.dtype, Device::cuda(0), dropout_params(0.3), rng);
+    AttentionParams params = dropout_params(0.3);
+    params.scale = 0.05;
+    const SplitAttention a = make_case_attention(c, shape, kd.dtype, Device::cuda(0), params, rng);
     const kernels::DropoutIndexing ix = case_numbering(c, shape);
     EXPECT_TRUE(zeros_are_the_mask(run_split(a, kd.kernel, {}, {}, false).out, a, ix)) << "whole";
     EXPECT_TRUE(zeros_are_the_mask(run_split(a, kd.kernel, c.row_cuts, c.col_cuts, false).out, a,
