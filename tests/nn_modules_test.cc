@@ -239,8 +239,8 @@ TEST(MultiheadDilatedAttentionTest, EqualsItsCompositionAndTrainsEveryParameter)
   options.causal = true;
   nn::MultiheadOptions module_options;
   module_options.tensor_options = TensorOptions(DType::kFloat64);
-  module_options.seed = 5;
-  nn::MultiheadDilatedAttention mha(12, 3, options, module_options);
+  Generator init(5);
+  nn::MultiheadDilatedAttention mha(12, 3, options, init, module_options);
   std::mt19937_64 rng(9);
   Tensor x = from_ref(random_values({2, 11, 12}, Domain::kAny, DType::kFloat64, rng),
                       DType::kFloat64);
@@ -265,7 +265,7 @@ TEST(MultiheadDilatedAttentionTest, EqualsItsCompositionAndTrainsEveryParameter)
     EXPECT_GT(norm, 0.0) << name << " got no gradient";
   }
   EXPECT_EQ(mha.last_path(), nn::AttentionPath::kMath);
-  EXPECT_THROW(nn::MultiheadDilatedAttention(10, 3, options), Error);
+  EXPECT_THROW(nn::MultiheadDilatedAttention(10, 3, options, init), Error);
 }
 
 // Forward + backward holds no activation longer than the backward needs it. With B*N*E
@@ -281,8 +281,8 @@ TEST(MultiheadDilatedAttentionTest, PeakMemoryOfForwardBackwardIsTheActivationBu
   options.dilation_rates = {1, 2};
   nn::MultiheadOptions module_options;
   module_options.tensor_options = TensorOptions(DType::kFloat32);
-  module_options.seed = 2;
-  nn::MultiheadDilatedAttention mha(kEmbed, kHeads, options, module_options);
+  Generator init(2);
+  nn::MultiheadDilatedAttention mha(kEmbed, kHeads, options, init, module_options);
   Generator gen(4);
   const TensorOptions f32(DType::kFloat32);
   Tensor x = randn({1, kSeqLen, kEmbed}, gen, f32.with_requires_grad(true));
