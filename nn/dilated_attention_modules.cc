@@ -34,9 +34,7 @@ DType recommended_dtype(Device device) {
 
 DilatedAttention::DilatedAttention(DilatedAttentionOptions options, uint64_t dropout_seed)
     : options_(std::move(options)),
-      dropout_state_(register_buffer("dropout_state",
-                                     generator_state_tensor(Generator(dropout_seed).state()),
-                                     BufferDevice::kHost)) {
+      dropout_generator_(*this, "dropout_state", dropout_seed) {
   // Head counts are only known per call; check what can be checked now.
   validate_options(options_, static_cast<int64_t>(options_.segment_lengths.size()));
 }

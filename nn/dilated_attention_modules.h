@@ -21,22 +21,22 @@ DType recommended_dtype(Device device);
 namespace attention_modules_internal {
 
 // Runs call(context) with `training`, `patterns` and, when dropout is active (training and
-// dropout > 0), a generator loaded from the module's state buffer and stored back after.
-// Without dropout the buffer is not touched, so concurrent eval calls share a module.
+// dropout > 0), the module's generator, whose state is then stored in its buffer. Without
+// dropout neither is touched, so concurrent eval calls may share a module.
 template <class Call>
-auto with_attention_context(bool training, double dropout, const Tensor& dropout_state,
+auto with_attention_context(bool training, double dropout, BufferedGenerator& generator,
                             PatternCache* patterns, Call&& call) {
   if (!training || dropout == 0.0) return call(AttentionCallContext{training, nullptr, patterns});
-  return with_generator_from(dropout_state, [&](Generator& generator) {
-    return call(AttentionCallContext{training, &generator, patterns});
+  return generator.use([&](Generator& live) {
+    return call(AttentionCallContext{training, &live, patterns});
   });
 }
 
 }  // namespace attention_modules_internal
 
 // Dilated attention of [B, N, H, D] q, k, v; dropout draws, in training mode, from the
-// module's generator, seeded by `dropout_seed` and kept in the host buffer "dropout_state"
-// (see nn/random_state.h), so state_dict() saves its position. Index patterns (cycled
+// module's generator, seeded by `dropout_seed` and mirrored into the host buffer
+// "dropout_state" (see BufferedGenerator), so state_dict() saves its position. Index patterns (cycled
 // lists, Hilbert orders) live in the module's own cache, so one module's working set cannot
 // evict another's.
 class DilatedAttention : public Module {
@@ -54,16 +54,21 @@ class DilatedAttention : public Module {
   AttentionPath last_path() const { return last_path_; }
   // The module's pattern cache (thread-safe; its stats show hits and misses).
   PatternCache& pattern_cache() const { return *patterns_; }
+  // The live dropout generator, e.g. for rd::checkpoint's list of generators to rewind.
+  Generator& dropout_generator() { return dropout_generator_.generator(); }
+
+ protected:
+  void on_state_loaded() override { dropout_generator_.reload(); }
 
  private:
   template <class Call>
   auto with_context(Call&& call) {
     return attention_modules_internal::with_attention_context(
-        is_training(), options_.dropout, dropout_state_, patterns_.get(), call);
+        is_training(), options_.dropout, dropout_generator_, patterns_.get(), call);
   }
 
   DilatedAttentionOptions options_;
-  Tensor& dropout_state_;
+  BufferedGenerator dropout_generator_;
   AttentionPath last_path_ = AttentionPath::kAuto;
   std::unique_ptr<PatternCache> patterns_ = std::make_unique<PatternCache>();
 };

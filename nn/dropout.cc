@@ -3,7 +3,6 @@
 
 
 #include "ringdilated/kernels/error.h"
-#include "ringdilated/nn/random_state.h"
 #include "ringdilated/tensor/ops.h"
 
 namespace rd::nn {
@@ -19,21 +18,15 @@ double checked_p(double p) {
 
 Dropout::Dropout(double p, uint64_t seed)
     : p_(checked_p(p)),
-      generator_state_(register_buffer("generator_state",
-                                       generator_state_tensor(Generator(seed).state()),
-                                       BufferDevice::kHost)) {}
+      generator_(*this, "generator_state", seed) {}
 
 Dropout::Dropout(double p, Generator& generator) : Dropout(p, split_seed(generator)) {}
 
 Tensor Dropout::forward(const Tensor& x) {
   if (!is_training() || p_ == 0.0) return x;
-  return with_generator_from(generator_state_, [&](Generator& generator) {
+  return generator_.use([&](Generator& generator) {
     return dropout(x, p_, /*training=*/true, generator);
   });
-}
-
-Generator::State Dropout::generator_state() const {
-  return read_generator_state(generator_state_);
 }
 
 }  // namespace rd::nn

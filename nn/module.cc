@@ -176,6 +176,7 @@ LoadStateDictResult Module::load_state_dict(const std::map<std::string, Tensor>&
     Tensor target = *slot.tensor;
     target.copy_(value->to(target.device()));  // copy_ converts the dtype
   }
+  apply([](Module& m) { m.on_state_loaded(); });
   return result;
 }
 

@@ -89,6 +89,11 @@ class Module {
   void to(Device device);
   void to(DType dtype);
 
+ protected:
+  // Called on every module of the tree after load_state_dict() copied values in, for
+  // layers that keep a buffer's value in another form too (a Generator).
+  virtual void on_state_loaded() {}
+
  private:
   struct Buffer {
     std::string name;

@@ -48,6 +48,11 @@ Generator::State read_generator_state(const Tensor& buffer) {
           std::bit_cast<uint64_t>(values[kOffsetSlot])};
 }
 
+BufferedGenerator::BufferedGenerator(Module& owner, const std::string& name, uint64_t seed)
+    : generator_(seed),
+      buffer_(owner.register_buffer(name, generator_state_tensor(generator_.state()),
+                                    BufferDevice::kHost)) {}
+
 void write_generator_state(const Tensor& buffer, Generator::State state) {
   check_state_buffer(buffer);
   Tensor values = from_vector<int64_t>(

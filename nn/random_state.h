@@ -1,10 +1,12 @@
-// Random state of modules: a generator's (seed, offset) kept in a module buffer, so that
-// state_dict() saves it and a resumed run draws the same masks, and split_seed(), which
-// gives each layer its own stream from one model-wide Generator.
+// Random state of modules: a Generator mirrored into a module buffer, so that state_dict()
+// saves its position and a resumed run draws the same masks, and split_seed(), which gives
+// each layer its own stream from one model-wide Generator.
 #pragma once
 
 #include <cstdint>
+#include <string>
 
+#include "ringdilated/nn/module.h"
 #include "ringdilated/tensor/generator.h"
 #include "ringdilated/tensor/tensor.h"
 
@@ -23,16 +25,30 @@ Generator::State read_generator_state(const Tensor& buffer);
 // Writes `state` into such a tensor in place.
 void write_generator_state(const Tensor& buffer, Generator::State state);
 
-// Runs fn(generator) with a generator loaded from `buffer`, then stores the advanced state
-// back, so the buffer is the only copy of the stream's position. Not thread-safe for one
-// buffer (as a Generator is not).
-template <class F>
-auto with_generator_from(const Tensor& buffer, F&& fn) {
-  Generator generator;
-  generator.set_state(read_generator_state(buffer));
-  auto result = fn(generator);
-  write_generator_state(buffer, generator.state());
-  return result;
-}
+// A layer's random stream. The Generator is the live state (hand it to rd::checkpoint,
+// which rewinds it for the replay); after every use its state is written to a host buffer
+// of the owning module, which state_dict() saves, and the owner's on_state_loaded() calls
+// reload() to adopt a loaded buffer. A change made directly through generator() reaches
+// the buffer at the next use. Not thread-safe (as a Generator is not).
+class BufferedGenerator {
+ public:
+  // Registers the buffer `name` on `owner` (kHost), seeded with `seed`, offset 0.
+  BufferedGenerator(Module& owner, const std::string& name, uint64_t seed);
+
+  // Returns fn(generator()) and stores the generator's advanced state in the buffer.
+  template <class F>
+  auto use(F&& fn) {
+    auto result = fn(generator_);
+    write_generator_state(buffer_, generator_.state());
+    return result;
+  }
+  void reload() { generator_.set_state(read_generator_state(buffer_)); }
+  Generator& generator() { return generator_; }
+  Generator::State state() const { return generator_.state(); }
+
+ private:
+  Generator generator_;
+  Tensor& buffer_;
+};
 
 }  // namespace rd::nn

@@ -15,9 +15,7 @@ RingDilatedAttention::RingDilatedAttention(DilatedAttentionOptions options,
     : options_(std::move(options)),
       comm_(std::move(comm)),
       strategy_(strategy),
-      dropout_state_(register_buffer("dropout_state",
-                                     generator_state_tensor(Generator(dropout_seed).state()),
-                                     BufferDevice::kHost)) {
+      dropout_generator_(*this, "dropout_state", dropout_seed) {
   RD_CHECK(comm_ != nullptr, kInvalidArgument, "RingDilatedAttention: argument 'comm' is null");
   validate_options(options_, static_cast<int64_t>(options_.segment_lengths.size()));
 }

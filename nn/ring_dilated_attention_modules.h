@@ -14,7 +14,8 @@ namespace rd::nn {
 
 // Dilated attention of this rank's [B, N / P, H, D] blocks of q, k and v (see
 // ring_dilated_attention_with_lse). Every rank builds one with the same options and seed.
-// Dropout's generator state is the host buffer "dropout_state", as in DilatedAttention.
+// Dropout's generator is mirrored into the host buffer "dropout_state", as in
+// DilatedAttention.
 // The communicator must outlive the module and every backward through it.
 class RingDilatedAttention : public Module {
  public:
@@ -30,18 +31,23 @@ class RingDilatedAttention : public Module {
   DistStrategy strategy() const { return strategy_; }
   dist::Communicator& communicator() const { return *comm_; }
   PatternCache& pattern_cache() const { return *patterns_; }
+  // The live dropout generator, e.g. for rd::checkpoint's list of generators to rewind.
+  Generator& dropout_generator() { return dropout_generator_.generator(); }
+
+ protected:
+  void on_state_loaded() override { dropout_generator_.reload(); }
 
  private:
   template <class Call>
   auto with_context(Call&& call) {
     return attention_modules_internal::with_attention_context(
-        is_training(), options_.dropout, dropout_state_, patterns_.get(), call);
+        is_training(), options_.dropout, dropout_generator_, patterns_.get(), call);
   }
 
   DilatedAttentionOptions options_;
   std::shared_ptr<dist::Communicator> comm_;
   DistStrategy strategy_;
-  Tensor& dropout_state_;
+  BufferedGenerator dropout_generator_;
   std::unique_ptr<PatternCache> patterns_ = std::make_unique<PatternCache>();
 };
 

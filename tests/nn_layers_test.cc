@@ -23,6 +23,7 @@
 #include "ringdilated/nn/mlp.h"
 #include "ringdilated/nn/module.h"
 #include "ringdilated/nn/norm.h"
+#include "ringdilated/nn/random_state.h"
 #include "ringdilated/tensor/autograd.h"
 #include "ringdilated/tensor/ops.h"
 #include "ringdilated/tensor/safetensors.h"
@@ -376,6 +377,19 @@ TEST(DropoutTest, RestoredGeneratorStateRepeatsTheMasks) {
   EXPECT_EQ(values_of(resumed.forward(x)), next);
   EXPECT_EQ(values_of(resumed.forward(x)), after);
   EXPECT_EQ(resumed.generator_state(), original.generator_state());
+}
+
+// Rewinding the live generator (what rd::checkpoint does before its replay) repeats the
+// mask, and the buffer then holds the state after the repeat.
+TEST(DropoutTest, RewindingTheLiveGeneratorRepeatsTheMask) {
+  const Tensor x = ones({128}, kF64);
+  nn::Dropout drop(0.5, 31);
+  const Generator::State before = drop.generator().state();
+  const std::vector<double> mask = values_of(drop.forward(x));
+  const Generator::State after = drop.generator_state();
+  drop.generator().set_state(before);
+  EXPECT_EQ(values_of(drop.forward(x)), mask);
+  EXPECT_EQ(nn::read_generator_state(drop.state_dict().at("generator_state")), after);
 }
 
 // --- containers ---
