@@ -112,11 +112,10 @@ void randomize_parameters(nn::Module& m, std::mt19937_64& rng) {
 ::testing::AssertionResult module_gradcheck(nn::UnaryModule& m, const Tensor& x_value,
                                             std::mt19937_64& rng) {
   const GradcheckOptions tol;
-  std::vector<std::pair<Tensor, Tensor>> saved_buffers;
-  for (const auto& [key, b] : m.named_buffers()) saved_buffers.emplace_back(b, b.clone());
-  auto restore_buffers = [&] {
-    for (auto& [buffer, saved] : saved_buffers) buffer.copy_(saved);
-  };
+  std::map<std::string, Tensor> saved_buffers;
+  for (const auto& [key, b] : m.named_buffers()) saved_buffers[key] = b.clone();
+  // Through load_state_dict, so that layers also reload what they keep of a buffer.
+  auto restore_buffers = [&] { m.load_state_dict(saved_buffers, /*strict=*/false); };
   Tensor x = x_value.detach().clone();
   std::vector<std::pair<std::string, Tensor>> targets = m.named_parameters();
   if (is_floating(x.dtype())) {
