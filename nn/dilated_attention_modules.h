@@ -36,9 +36,9 @@ auto with_attention_context(bool training, double dropout, BufferedGenerator& ge
 
 // Dilated attention of [B, N, H, D] q, k, v; dropout draws, in training mode, from the
 // module's generator, seeded by `dropout_seed` and mirrored into the host buffer
-// "dropout_state" (see BufferedGenerator), so state_dict() saves its position. Index patterns (cycled
-// lists, Hilbert orders) live in the module's own cache, so one module's working set cannot
-// evict another's.
+// "dropout_state" (see BufferedGenerator), so state_dict() saves its position. Index
+// patterns (cycled lists, Hilbert orders) live in the module's own cache, so one module's
+// working set cannot evict another's.
 class DilatedAttention : public Module {
  public:
   explicit DilatedAttention(DilatedAttentionOptions options, uint64_t dropout_seed = 0);

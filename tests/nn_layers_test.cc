@@ -181,7 +181,8 @@ TEST(EmbeddingTest, PicksRowsOfANormalWeightAndSumsGradientsOfRepeatedIndices) {
     const std::vector<double> u = values_of(upstream);
     for (size_t pos = 0; pos < ids.size(); ++pos) {
       for (int64_t d = 0; d < kDim; ++d) {
-        want_grad[static_cast<size_t>(ids[pos] * kDim + d)] += u[pos * kDim + static_cast<size_t>(d)];
+        const auto d_at = static_cast<size_t>(d);
+        want_grad[static_cast<size_t>(ids[pos] * kDim) + d_at] += u[pos * kDim + d_at];
       }
     }
     EXPECT_TRUE(values_close(RefArray({kRows, kDim}, want_grad), to_ref(table.weight().grad()),

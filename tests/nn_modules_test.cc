@@ -317,7 +317,9 @@ TEST(ModuleTest, LoadStateDictReportsEveryProblemAndStrictModeChangesNothing) {
   EXPECT_NE(report.mismatched[1].find("steps"), std::string::npos);
   const auto after = values_by_key(model);
   const auto wanted = values_by_key(source);
-  for (const char* loaded : {"first.weight", "scale"}) EXPECT_EQ(after.at(loaded), wanted.at(loaded));
+  for (const char* loaded : {"first.weight", "scale"}) {
+    EXPECT_EQ(after.at(loaded), wanted.at(loaded)) << loaded;
+  }
   for (const char* kept : {"first.bias", "second.weight", "steps"}) {
     EXPECT_EQ(after.at(kept), before.at(kept)) << kept;
   }
