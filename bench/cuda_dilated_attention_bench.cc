@@ -503,11 +503,11 @@ MhdaResult measure_mhda(int64_t seq_len, bool input_grad) {
   rd::nn::MultiheadOptions module_options;
   module_options.bias = true;
   module_options.tensor_options = bf16();
-  module_options.seed = 3;
   rd::nn::DilatedAttentionOptions options;
   options.segment_lengths = kSegmentLengths;
   options.dilation_rates = kDilationRates;
-  rd::nn::MultiheadDilatedAttention module(kEmbed, kHeads, options, module_options);
+  rd::Generator init(3);
+  rd::nn::MultiheadDilatedAttention module(kEmbed, kHeads, options, init, module_options);
   rd::Generator generator(11);
   const Tensor x = rd::randn({1, seq_len, kEmbed}, generator, bf16(input_grad));
   const Tensor grad_y = rd::randn({1, seq_len, kEmbed}, generator, bf16());

@@ -249,8 +249,8 @@ void ring_mhda_row(benchmark::State& state, int64_t seq_len) {
     o.dilation_rates = {1, 2, 4};
     rd::nn::MultiheadOptions mo;
     mo.tensor_options = rd::TensorOptions(rd::DType::kBFloat16).with_device(gpu());
-    mo.seed = 3;
-    rd::nn::RingMultiheadDilatedAttention layer(768, 12, o, comm, DistStrategy::kAuto, mo);
+    rd::Generator init(3);
+    rd::nn::RingMultiheadDilatedAttention layer(768, 12, o, comm, init, DistStrategy::kAuto, mo);
     rd::Generator gen(11);
     const Tensor x = rd::randn({1, seq_len, 768}, gen, mo.tensor_options);
     const Tensor grad_y = rd::randn({1, seq_len, 768}, gen, mo.tensor_options);

@@ -33,46 +33,43 @@ DType recommended_dtype(Device device) {
 }
 
 DilatedAttention::DilatedAttention(DilatedAttentionOptions options, uint64_t dropout_seed)
-    : options_(std::move(options)), dropout_generator_(dropout_seed) {
+    : options_(std::move(options)),
+      dropout_generator_(*this, "dropout_state", dropout_seed) {
   // Head counts are only known per call; check what can be checked now.
   validate_options(options_, static_cast<int64_t>(options_.segment_lengths.size()));
 }
 
 DilatedAttentionResult DilatedAttention::forward_with_lse(const Tensor& q, const Tensor& k,
                                                           const Tensor& v) {
-  DilatedAttentionResult result =
-      dilated_attention_with_lse(q, k, v, options_,
-                                 {is_training(), &dropout_generator_, patterns_.get()});
+  DilatedAttentionResult result = with_context([&](const AttentionCallContext& context) {
+    return dilated_attention_with_lse(q, k, v, options_, context);
+  });
   last_path_ = result.path_used;
   return result;
 }
 
 Tensor DilatedAttention::forward_packed(const Tensor& qkv) {
-  DilatedAttentionResult result = dilated_attention_qkv_with_lse(
-      qkv, options_, {is_training(), &dropout_generator_, patterns_.get()});
+  DilatedAttentionResult result = with_context([&](const AttentionCallContext& context) {
+    return dilated_attention_qkv_with_lse(qkv, options_, context);
+  });
   last_path_ = result.path_used;
   return result.out;
 }
 
 MultiheadDilatedAttention::MultiheadDilatedAttention(int64_t embed_dim, int64_t num_heads,
-                                                     DilatedAttentionOptions options, bool bias)
-    : MultiheadDilatedAttention(embed_dim, num_heads, std::move(options),
-                                MultiheadOptions{bias, {}, false, 0}) {}
-
-MultiheadDilatedAttention::MultiheadDilatedAttention(int64_t embed_dim, int64_t num_heads,
                                                      DilatedAttentionOptions options,
+                                                     Generator& generator,
                                                      const MultiheadOptions& module_options)
     : embed_dim_(embed_dim), num_heads_(num_heads) {
   checked_head_dim(embed_dim, num_heads);
   validate_options(options, num_heads);
-  Generator init(module_options.seed);
   const TensorOptions t = module_tensor_options(module_options);
   qkv_ = register_module("qkv", std::make_shared<Linear>(embed_dim, 3 * embed_dim,
-                                                          module_options.bias, init, t));
+                                                          module_options.bias, generator, t));
   attention_ = register_module(
-      "attention", std::make_shared<DilatedAttention>(std::move(options), module_options.seed));
+      "attention", std::make_shared<DilatedAttention>(std::move(options), split_seed(generator)));
   out_ = register_module("out", std::make_shared<Linear>(embed_dim, embed_dim,
-                                                          module_options.bias, init, t));
+                                                          module_options.bias, generator, t));
 }
 
 Tensor MultiheadDilatedAttention::forward(const Tensor& x) {

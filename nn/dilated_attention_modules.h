@@ -9,6 +9,7 @@
 #include "ringdilated/nn/linear.h"
 #include "ringdilated/nn/module.h"
 #include "ringdilated/nn/pattern_cache.h"
+#include "ringdilated/nn/random_state.h"
 #include "ringdilated/tensor/generator.h"
 
 namespace rd::nn {
@@ -17,9 +18,27 @@ namespace rd::nn {
 // sm_70/sm_75, float32 on the CPU and older GPUs.
 DType recommended_dtype(Device device);
 
-// Dilated attention of [B, N, H, D] q, k, v; dropout draws from the module's generator
-// (seeded by `dropout_seed`) in training mode. Index patterns (cycled lists, Hilbert orders)
-// live in the module's own cache, so one module's working set cannot evict another's.
+namespace attention_modules_internal {
+
+// Runs call(context) with `training`, `patterns` and, when dropout is active (training and
+// dropout > 0), the module's generator, whose state is then stored in its buffer. Without
+// dropout neither is touched, so concurrent eval calls may share a module.
+template <class Call>
+auto with_attention_context(bool training, double dropout, BufferedGenerator& generator,
+                            PatternCache* patterns, Call&& call) {
+  if (!training || dropout == 0.0) return call(AttentionCallContext{training, nullptr, patterns});
+  return generator.use([&](Generator& live) {
+    return call(AttentionCallContext{training, &live, patterns});
+  });
+}
+
+}  // namespace attention_modules_internal
+
+// Dilated attention of [B, N, H, D] q, k, v; dropout draws, in training mode, from the
+// module's generator, seeded by `dropout_seed` and mirrored into the host buffer
+// "dropout_state" (see BufferedGenerator), so state_dict() saves its position. Index
+// patterns (cycled lists, Hilbert orders) live in the module's own cache, so one module's
+// working set cannot evict another's.
 class DilatedAttention : public Module {
  public:
   explicit DilatedAttention(DilatedAttentionOptions options, uint64_t dropout_seed = 0);
@@ -35,10 +54,21 @@ class DilatedAttention : public Module {
   AttentionPath last_path() const { return last_path_; }
   // The module's pattern cache (thread-safe; its stats show hits and misses).
   PatternCache& pattern_cache() const { return *patterns_; }
+  // The live dropout generator, e.g. for rd::checkpoint's list of generators to rewind.
+  Generator& dropout_generator() { return dropout_generator_.generator(); }
+
+ protected:
+  void on_state_loaded() override { dropout_generator_.reload(); }
 
  private:
+  template <class Call>
+  auto with_context(Call&& call) {
+    return attention_modules_internal::with_attention_context(
+        is_training(), options_.dropout, dropout_generator_, patterns_.get(), call);
+  }
+
   DilatedAttentionOptions options_;
-  Generator dropout_generator_;
+  BufferedGenerator dropout_generator_;
   AttentionPath last_path_ = AttentionPath::kAuto;
   std::unique_ptr<PatternCache> patterns_ = std::make_unique<PatternCache>();
 };
@@ -49,20 +79,22 @@ struct MultiheadOptions {
   // run in recommended_dtype(device) instead of `dtype`.
   TensorOptions tensor_options{};
   bool use_recommended_dtype = false;
-  uint64_t seed = 0;  // parameter init and dropout
 };
 
 // [B, N, E] -> [B, N, E]: x -> (q, k, v) = split(x W_qkv^T + b) into H heads of E / H ->
 // dilated attention -> output projection. q, k and v are strided views of the one QKV
 // projection output, read in place by the attention kernels.
-class MultiheadDilatedAttention : public Module {
+//
+// Children "qkv" (Linear E -> 3E), "attention" (DilatedAttention) and "out" (Linear E -> E).
+// Initialization draws from `generator`, in this order: the qkv weights, the attention's
+// dropout seed (split_seed), the out weights. Layers built one after another from one
+// generator differ, and one seed reproduces the whole model.
+class MultiheadDilatedAttention : public UnaryModule {
  public:
   MultiheadDilatedAttention(int64_t embed_dim, int64_t num_heads, DilatedAttentionOptions options,
-                            bool bias = true);
-  MultiheadDilatedAttention(int64_t embed_dim, int64_t num_heads, DilatedAttentionOptions options,
-                            const MultiheadOptions& module_options);
+                            Generator& generator, const MultiheadOptions& module_options = {});
 
-  Tensor forward(const Tensor& x);
+  Tensor forward(const Tensor& x) override;
   int64_t embed_dim() const { return embed_dim_; }
   int64_t num_heads() const { return num_heads_; }
   const DilatedAttentionOptions& options() const { return attention_->options(); }

@@ -8,15 +8,15 @@
 
 namespace rd::nn {
 
-class Linear : public Module {
+class Linear : public UnaryModule {
  public:
-  // weight [out, in] and bias [out] drawn uniformly from +-1/sqrt(in) (PyTorch's default),
-  // created with `options` (dtype and device).
+  // Parameters "weight" [out, in] and "bias" [out] drawn uniformly from +-1/sqrt(in)
+  // (PyTorch's default), created with `options` (dtype and device).
   Linear(int64_t in_features, int64_t out_features, bool bias, Generator& generator,
          TensorOptions options = {});
 
   // [..., in] -> [..., out].
-  Tensor forward(const Tensor& x) const;
+  Tensor forward(const Tensor& x) override;
 
   const Tensor& weight() const { return weight_; }
   const Tensor* bias() const { return has_bias_ ? bias_ : nullptr; }

@@ -15,41 +15,44 @@ RingDilatedAttention::RingDilatedAttention(DilatedAttentionOptions options,
     : options_(std::move(options)),
       comm_(std::move(comm)),
       strategy_(strategy),
-      dropout_generator_(dropout_seed) {
+      dropout_generator_(*this, "dropout_state", dropout_seed) {
   RD_CHECK(comm_ != nullptr, kInvalidArgument, "RingDilatedAttention: argument 'comm' is null");
   validate_options(options_, static_cast<int64_t>(options_.segment_lengths.size()));
 }
 
 RingAttentionResult RingDilatedAttention::forward_with_lse(const Tensor& q, const Tensor& k,
                                                            const Tensor& v) {
-  return ring_dilated_attention_with_lse(q, k, v, options_, *comm_, strategy_, context());
+  return with_context([&](const AttentionCallContext& context) {
+    return ring_dilated_attention_with_lse(q, k, v, options_, *comm_, strategy_, context);
+  });
 }
 
 RingAttentionResult RingDilatedAttention::forward_packed(const Tensor& qkv) {
-  return ring_dilated_attention_qkv_with_lse(qkv, options_, *comm_, strategy_, context());
+  return with_context([&](const AttentionCallContext& context) {
+    return ring_dilated_attention_qkv_with_lse(qkv, options_, *comm_, strategy_, context);
+  });
 }
 
 RingMultiheadDilatedAttention::RingMultiheadDilatedAttention(
     int64_t embed_dim, int64_t num_heads, DilatedAttentionOptions options,
-    std::shared_ptr<dist::Communicator> comm, DistStrategy strategy,
+    std::shared_ptr<dist::Communicator> comm, Generator& generator, DistStrategy strategy,
     const MultiheadOptions& module_options)
     : embed_dim_(embed_dim), num_heads_(num_heads) {
   RD_CHECK(embed_dim >= 1 && num_heads >= 1 && embed_dim % num_heads == 0, kInvalidArgument,
            "RingMultiheadDilatedAttention: embed_dim (", embed_dim,
            ") must be a positive multiple of num_heads (", num_heads, ")");
   validate_options(options, num_heads);
-  Generator init(module_options.seed);
   TensorOptions t = module_options.tensor_options;
   if (module_options.use_recommended_dtype) t.dtype = recommended_dtype(t.device);
-  // The same draws in the same order as MultiheadDilatedAttention: one seed gives the same
-  // weights in both, so a one-rank module is the single-device one.
+  // The same draws in the same order as MultiheadDilatedAttention: one generator state
+  // gives the same weights in both, so a one-rank module is the single-device one.
   qkv_ = register_module("qkv", std::make_shared<Linear>(embed_dim, 3 * embed_dim,
-                                                          module_options.bias, init, t));
+                                                          module_options.bias, generator, t));
   attention_ = register_module("attention", std::make_shared<RingDilatedAttention>(
                                                 std::move(options), std::move(comm), strategy,
-                                                module_options.seed));
+                                                split_seed(generator)));
   out_ = register_module("out", std::make_shared<Linear>(embed_dim, embed_dim,
-                                                          module_options.bias, init, t));
+                                                          module_options.bias, generator, t));
 }
 
 Tensor RingMultiheadDilatedAttention::forward(const Tensor& x) {

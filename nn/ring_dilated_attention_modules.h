@@ -14,6 +14,8 @@ namespace rd::nn {
 
 // Dilated attention of this rank's [B, N / P, H, D] blocks of q, k and v (see
 // ring_dilated_attention_with_lse). Every rank builds one with the same options and seed.
+// Dropout's generator is mirrored into the host buffer "dropout_state", as in
+// DilatedAttention.
 // The communicator must outlive the module and every backward through it.
 class RingDilatedAttention : public Module {
  public:
@@ -29,28 +31,38 @@ class RingDilatedAttention : public Module {
   DistStrategy strategy() const { return strategy_; }
   dist::Communicator& communicator() const { return *comm_; }
   PatternCache& pattern_cache() const { return *patterns_; }
+  // The live dropout generator, e.g. for rd::checkpoint's list of generators to rewind.
+  Generator& dropout_generator() { return dropout_generator_.generator(); }
+
+ protected:
+  void on_state_loaded() override { dropout_generator_.reload(); }
 
  private:
-  AttentionCallContext context() { return {is_training(), &dropout_generator_, patterns_.get()}; }
+  template <class Call>
+  auto with_context(Call&& call) {
+    return attention_modules_internal::with_attention_context(
+        is_training(), options_.dropout, dropout_generator_, patterns_.get(), call);
+  }
 
   DilatedAttentionOptions options_;
   std::shared_ptr<dist::Communicator> comm_;
   DistStrategy strategy_;
-  Generator dropout_generator_;
+  BufferedGenerator dropout_generator_;
   std::unique_ptr<PatternCache> patterns_ = std::make_unique<PatternCache>();
 };
 
 // [B, N / P, E] -> [B, N / P, E] on this rank's block: QKV projection, sequence-parallel
-// dilated attention, output projection. Parameters are drawn from `module_options.seed`, so
-// ranks built with one seed hold the same weights.
-class RingMultiheadDilatedAttention : public Module {
+// dilated attention, output projection. Children and draws from `generator` are those of
+// MultiheadDilatedAttention, so ranks whose generators hold one state build the same
+// weights and dropout stream, and a one-rank module equals the single-device one.
+class RingMultiheadDilatedAttention : public UnaryModule {
  public:
   RingMultiheadDilatedAttention(int64_t embed_dim, int64_t num_heads,
                                 DilatedAttentionOptions options,
-                                std::shared_ptr<dist::Communicator> comm,
+                                std::shared_ptr<dist::Communicator> comm, Generator& generator,
                                 DistStrategy strategy = DistStrategy::kAuto,
                                 const MultiheadOptions& module_options = {});
-  Tensor forward(const Tensor& x);
+  Tensor forward(const Tensor& x) override;
   int64_t embed_dim() const { return embed_dim_; }
   int64_t num_heads() const { return num_heads_; }
   const RingDilatedAttention& attention() const { return *attention_; }

@@ -1,6 +1,7 @@
 // nn/ building blocks: the pattern cache (hits, eviction, bounds), the Module base (names,
-// order, modes), Linear against a float64 reference, and MultiheadDilatedAttention against
-// its own composition from the functional pieces, with gradients reaching every parameter.
+// order, modes, buffers, module traversal, state dicts), Linear against a float64
+// reference, and MultiheadDilatedAttention against its own composition from the functional
+// pieces, with gradients reaching every parameter, and its seeding from a Generator.
 #include <atomic>
 #include <cmath>
 #include <cstdint>
@@ -17,9 +18,13 @@
 #include "ringdilated/nn/dilated_attention_modules.h"
 #include "ringdilated/nn/linear.h"
 #include "ringdilated/nn/module.h"
+#include "ringdilated/nn/optimizer.h"
 #include "ringdilated/nn/pattern_cache.h"
 #include "ringdilated/tensor/allocator.h"
+#include "ringdilated/tensor/autograd.h"
 #include "ringdilated/tensor/ops.h"
+#include "testing/random_tensors.h"
+#include "testing/raises.h"
 #include "testing/tensor_util.h"
 
 namespace rd::test {
@@ -208,6 +213,143 @@ TEST(ModuleTest, RejectsEmptyDottedAndDuplicateNames) {
   EXPECT_THROW(m.add("a.b"), Error);
 }
 
+std::vector<std::string> keys_of(const std::vector<std::pair<std::string, Tensor>>& named) {
+  std::vector<std::string> keys;
+  for (const auto& [key, t] : named) keys.push_back(key);
+  return keys;
+}
+
+// Free code builds a module tree: parameters, buffers and children registered from outside.
+TEST(ModuleTest, RegistersFromFreeCodeAndNamesBuffersLikeParameters) {
+  auto child = std::make_shared<nn::Module>();
+  child->register_buffer("running", full({3}, 0.5));
+  child->register_parameter("w", ones({3}));
+  nn::Module root;
+  root.register_buffer("count", zeros({1}, DType::kInt64));
+  root.register_module("child", child);
+  root.register_parameter("bias", zeros({2}));
+  EXPECT_EQ(keys_of(root.named_buffers()), (std::vector<std::string>{"count", "child.running"}));
+  EXPECT_EQ(keys_of(root.named_parameters()), (std::vector<std::string>{"bias", "child.w"}));
+  EXPECT_EQ(root.buffers().size(), 2u);
+  for (const Tensor& b : root.buffers()) EXPECT_FALSE(b.requires_grad());
+  EXPECT_FALSE(child->register_buffer("grad_free", ones({1}, TensorOptions().with_requires_grad(
+                                                                 true))).requires_grad());
+  EXPECT_THROW(root.register_buffer("bias", zeros({1})), Error) << "names are shared with params";
+  EXPECT_THROW(root.register_parameter("child", zeros({1})), Error);
+  EXPECT_THROW(root.register_buffer("undefined", Tensor()), Error);
+
+  root.to(DType::kFloat64);  // floating buffers convert, integer ones keep their dtype
+  const std::map<std::string, Tensor> state = root.state_dict();
+  EXPECT_EQ(state.at("count").dtype(), DType::kInt64);
+  EXPECT_EQ(state.at("child.running").dtype(), DType::kFloat64);
+  EXPECT_EQ(state.at("child.running").to_vector<double>(), (std::vector<double>{0.5, 0.5, 0.5}));
+  for (const Tensor& p : root.parameters()) {
+    EXPECT_EQ(p.dtype(), DType::kFloat64);
+    EXPECT_TRUE(p.requires_grad() && p.is_leaf());
+  }
+  EXPECT_EQ(state.size(), 5u);
+  for (const auto& [key, t] : state) EXPECT_FALSE(t.requires_grad()) << key << " is detached";
+}
+
+class Named : public nn::Module {
+ public:
+  std::shared_ptr<Named> add(const std::string& name) {
+    return register_module(name, std::make_shared<Named>());
+  }
+};
+
+TEST(ModuleTest, NamedModulesIsDepthFirstAndApplyVisitsChildrenFirst) {
+  Named root;
+  auto a = root.add("a");
+  auto x = a->add("x");
+  auto y = a->add("y");
+  auto b = root.add("b");
+  std::vector<std::string> names;
+  std::vector<nn::Module*> modules;
+  for (const auto& [name, module] : root.named_modules()) {
+    names.push_back(name);
+    modules.push_back(module);
+  }
+  EXPECT_EQ(names, (std::vector<std::string>{"", "a", "a.x", "a.y", "b"}));
+  EXPECT_EQ(modules, (std::vector<nn::Module*>{&root, a.get(), x.get(), y.get(), b.get()}));
+  std::vector<nn::Module*> applied;
+  root.apply([&](nn::Module& m) { applied.push_back(&m); });
+  EXPECT_EQ(applied, (std::vector<nn::Module*>{x.get(), y.get(), a.get(), b.get(), &root}));
+}
+
+// TwoLayers plus an int64 buffer: the keys first.weight [4, 3], first.bias [4],
+// second.weight [2, 4], scale [1], steps [1] (int64).
+class TwoLayersWithBuffer : public TwoLayers {
+ public:
+  explicit TwoLayersWithBuffer(Generator& gen) : TwoLayers(gen) {
+    register_buffer("steps", zeros({1}, DType::kInt64));
+  }
+};
+
+std::map<std::string, std::vector<double>> values_by_key(const nn::Module& m) {
+  std::map<std::string, std::vector<double>> out;
+  for (const auto& [key, t] : m.state_dict()) out[key] = to_ref(t).data;
+  return out;
+}
+
+TEST(ModuleTest, LoadStateDictReportsEveryProblemAndStrictModeChangesNothing) {
+  Generator gen(3), other(4);
+  TwoLayersWithBuffer model(gen);
+  TwoLayersWithBuffer source(other);
+  std::map<std::string, Tensor> state = source.state_dict();
+  state.erase("first.bias");                            // missing
+  state["extra"] = zeros({1});                          // unexpected
+  state["second.weight"] = zeros({4, 2});               // wrong shape
+  state["steps"] = full({1}, 7.0);                      // float into an int64 buffer
+  const auto before = values_by_key(model);
+  EXPECT_TRUE(raises([&] { model.load_state_dict(state); }, {ErrorCode::kInvalidArgument},
+                     {"load_state_dict", "missing key 'first.bias'", "unexpected key 'extra'",
+                      "'second.weight': expected [2, 4] float32, got [4, 2] float32",
+                      "'steps': expected [1] int64, got [1] float32"}));
+  EXPECT_EQ(values_by_key(model), before) << "strict mode changes nothing on failure";
+
+  const std::vector<Tensor> handles = model.parameters();
+  const nn::LoadStateDictResult report = model.load_state_dict(state, /*strict=*/false);
+  EXPECT_EQ(report.missing_keys, std::vector<std::string>{"first.bias"});
+  EXPECT_EQ(report.unexpected_keys, std::vector<std::string>{"extra"});
+  ASSERT_EQ(report.mismatched.size(), 2u);
+  EXPECT_NE(report.mismatched[0].find("second.weight"), std::string::npos);
+  EXPECT_NE(report.mismatched[1].find("steps"), std::string::npos);
+  const auto after = values_by_key(model);
+  const auto wanted = values_by_key(source);
+  for (const char* loaded : {"first.weight", "scale"}) {
+    EXPECT_EQ(after.at(loaded), wanted.at(loaded)) << loaded;
+  }
+  for (const char* kept : {"first.bias", "second.weight", "steps"}) {
+    EXPECT_EQ(after.at(kept), before.at(kept)) << kept;
+  }
+  const std::vector<Tensor> handles_after = model.parameters();
+  for (size_t i = 0; i < handles.size(); ++i) EXPECT_TRUE(handles[i].is_same(handles_after[i]));
+}
+
+// Loading copies into the live parameters (converting the dtype), so an optimizer built
+// before the load updates the loaded values.
+TEST(ModuleTest, LoadStateDictConvertsDTypesAndKeepsOptimizersWorking) {
+  Generator gen(5);
+  nn::Linear layer(3, 2, true, gen, TensorOptions(DType::kFloat64));
+  nn::AdamW optimizer(layer.named_parameters(), {.lr = 0.1, .weight_decay = 0.0});
+  std::mt19937_64 rng(6);
+  std::map<std::string, Tensor> state = {
+      {"weight", random_nonzero_tensor({2, 3}, DType::kFloat32, rng)},
+      {"bias", random_nonzero_tensor({2}, DType::kFloat32, rng)}};
+  EXPECT_TRUE(layer.load_state_dict(state).ok());
+  const std::vector<double> loaded = to_ref(layer.weight()).data;
+  EXPECT_EQ(loaded, to_ref(state["weight"]).data);
+  EXPECT_EQ(layer.weight().dtype(), DType::kFloat64);
+  sum(layer.forward(ones({1, 3}, TensorOptions(DType::kFloat64)))).backward();
+  optimizer.step();
+  const std::vector<double> stepped = to_ref(layer.weight()).data;
+  for (size_t i = 0; i < loaded.size(); ++i) {
+    // Adam's first step moves each weight by lr against the sign of its gradient (+1 here).
+    EXPECT_NEAR(stepped[i], loaded[i] - 0.1, 1e-6) << i;
+  }
+}
+
 TEST(LinearTest, MatchesAFloat64ReferenceAndInitialisesWithinTheBound) {
   Generator gen(7);
   nn::Linear layer(5, 3, true, gen, TensorOptions(DType::kFloat64));
@@ -239,8 +381,8 @@ TEST(MultiheadDilatedAttentionTest, EqualsItsCompositionAndTrainsEveryParameter)
   options.causal = true;
   nn::MultiheadOptions module_options;
   module_options.tensor_options = TensorOptions(DType::kFloat64);
-  module_options.seed = 5;
-  nn::MultiheadDilatedAttention mha(12, 3, options, module_options);
+  Generator init(5);
+  nn::MultiheadDilatedAttention mha(12, 3, options, init, module_options);
   std::mt19937_64 rng(9);
   Tensor x = from_ref(random_values({2, 11, 12}, Domain::kAny, DType::kFloat64, rng),
                       DType::kFloat64);
@@ -265,7 +407,7 @@ TEST(MultiheadDilatedAttentionTest, EqualsItsCompositionAndTrainsEveryParameter)
     EXPECT_GT(norm, 0.0) << name << " got no gradient";
   }
   EXPECT_EQ(mha.last_path(), nn::AttentionPath::kMath);
-  EXPECT_THROW(nn::MultiheadDilatedAttention(10, 3, options), Error);
+  EXPECT_THROW(nn::MultiheadDilatedAttention(10, 3, options, init), Error);
 }
 
 // Forward + backward holds no activation longer than the backward needs it. With B*N*E
@@ -281,8 +423,8 @@ TEST(MultiheadDilatedAttentionTest, PeakMemoryOfForwardBackwardIsTheActivationBu
   options.dilation_rates = {1, 2};
   nn::MultiheadOptions module_options;
   module_options.tensor_options = TensorOptions(DType::kFloat32);
-  module_options.seed = 2;
-  nn::MultiheadDilatedAttention mha(kEmbed, kHeads, options, module_options);
+  Generator init(2);
+  nn::MultiheadDilatedAttention mha(kEmbed, kHeads, options, init, module_options);
   Generator gen(4);
   const TensorOptions f32(DType::kFloat32);
   Tensor x = randn({1, kSeqLen, kEmbed}, gen, f32.with_requires_grad(true));
@@ -307,6 +449,39 @@ TEST(MultiheadDilatedAttentionTest, PeakMemoryOfForwardBackwardIsTheActivationBu
   ASSERT_TRUE(x.grad().defined());
   // After backward only the gradients remain above what was held.
   EXPECT_EQ(pool.stats().allocated_bytes - held, unit + parameter_bytes);
+}
+
+// Layers built one after another from one generator differ; the same seed rebuilds the
+// same model, parameters and attention dropout state alike.
+TEST(MultiheadDilatedAttentionTest, LayersFromOneGeneratorDifferAndOneSeedReproduces) {
+  nn::DilatedAttentionOptions options;
+  options.segment_lengths = {4};
+  options.dilation_rates = {1};
+  options.dropout = 0.1;
+  auto build_two = [&](uint64_t seed) {
+    Generator gen(seed);
+    auto first = std::make_shared<nn::MultiheadDilatedAttention>(8, 2, options, gen);
+    auto second = std::make_shared<nn::MultiheadDilatedAttention>(8, 2, options, gen);
+    return std::pair{first, second};
+  };
+  auto [a1, a2] = build_two(7);
+  auto [b1, b2] = build_two(7);
+  auto [c1, c2] = build_two(8);
+  const std::map<std::string, Tensor> a1_state = a1->state_dict();
+  EXPECT_TRUE(a1_state.contains("attention.dropout_state"));
+  EXPECT_EQ(a1_state.size(), 5u);  // qkv and out weight and bias, the dropout state
+  auto same = [](const nn::Module& x, const nn::Module& y, const std::string& key) {
+    return allclose(x.state_dict().at(key), y.state_dict().at(key), 0.0, 0.0);
+  };
+  for (const auto& [key, unused] : a1_state) {
+    EXPECT_FALSE(same(*a1, *a2, key)) << key << ": two layers from one generator";
+    EXPECT_TRUE(same(*a1, *b1, key) && same(*a2, *b2, key)) << key << ": one seed reproduces";
+    EXPECT_FALSE(same(*a1, *c1, key)) << key << ": another seed";
+  }
+  // The dropout state drives the masks: the reproduced layers agree in training mode.
+  Generator data(9);
+  const Tensor x = randn({1, 8, 8}, data);
+  EXPECT_TRUE(allclose(a2->forward(x), b2->forward(x), 0.0, 0.0));
 }
 
 TEST(RecommendedDTypeTest, IsFloat32OnTheCpu) {

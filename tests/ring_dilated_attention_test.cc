@@ -318,20 +318,21 @@ TEST(RingDilatedAttention, BadCallsNameTheOpAndTheArgument) {
   });
 }
 
-// The modules: P ranks of RingMultiheadDilatedAttention built with one seed equal one
-// MultiheadDilatedAttention: the output and input gradient blocks, and the parameter
-// gradients summed over ranks (each rank's are those of its tokens).
+// The modules: P ranks of RingMultiheadDilatedAttention built from generators of one seed
+// equal one MultiheadDilatedAttention: the output and input gradient blocks, and the
+// parameter gradients summed over ranks (each rank's are those of its tokens).
 TEST(RingModules, MultiheadOnPRanksEqualsTheSingleDeviceModule) {
   DilatedAttentionOptions o = options_for(DilationVariant::kSegmentLocal, HeadMixing::kAllHeads,
                                           OffsetRule::kConstant, true);
   nn::MultiheadOptions mo;
   mo.tensor_options = TensorOptions(DType::kFloat64);
-  mo.seed = 5;
   constexpr int64_t kEmbed = 32;  // 4 heads of 8
   Generator gen(17);
   const Tensor x_full = randn({kB, kN, kEmbed}, gen, DType::kFloat64);
   const Tensor w = randn({kB, kN, kEmbed}, gen, DType::kFloat64);
-  nn::MultiheadDilatedAttention single(kEmbed, kH, o, mo);
+  constexpr uint64_t kInitSeed = 5;
+  Generator single_init(kInitSeed);
+  nn::MultiheadDilatedAttention single(kEmbed, kH, o, single_init, mo);
   Tensor x = x_full.detach();
   x.set_requires_grad(true);
   const Tensor y = single.forward(x);
@@ -342,7 +343,9 @@ TEST(RingModules, MultiheadOnPRanksEqualsTheSingleDeviceModule) {
     std::vector<std::vector<std::pair<std::string, Tensor>>> params(static_cast<size_t>(P));
     dist::run_in_process(P, [&](dist::Communicator& comm) {
       std::shared_ptr<dist::Communicator> shared(&comm, [](dist::Communicator*) {});
-      nn::RingMultiheadDilatedAttention ring(kEmbed, kH, o, shared, DistStrategy::kAuto, mo);
+      Generator init(kInitSeed);
+      nn::RingMultiheadDilatedAttention ring(kEmbed, kH, o, shared, init, DistStrategy::kAuto,
+                                             mo);
       Tensor xb = nn::sequence_block(x_full, comm.rank(), P).contiguous().detach();
       xb.set_requires_grad(true);
       const Tensor yb = ring.forward(xb);
