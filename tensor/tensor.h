@@ -177,7 +177,8 @@ Tensor arange(double start, double end, double step = 1.0, TensorOptions options
 Tensor arange(int64_t end, TensorOptions options = DType::kInt64);
 template <class T>
 concept ArangeInteger = std::integral<T> && !std::same_as<T, bool>;
-// arange with integer bounds, computed exactly in int64 (the templates below forward here).
+// arange with integer bounds (the templates below forward here): the count is exact; the
+// values are exact while they stay within +-2^53 (they are generated in float64).
 Tensor integer_arange(int64_t start, int64_t end, int64_t step, TensorOptions options);
 template <ArangeInteger S, ArangeInteger E>
 Tensor arange(S start, E end, TensorOptions options = DType::kInt64) {
