@@ -7,8 +7,10 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cd "$ROOT"
 
 # Everything the build needs from Debian. gcc's OpenMP runtime (libgomp) comes with
-# build-essential; OpenBLAS provides CBLAS; Gloo carries the multi-process CPU communicator
-# (optional to CMake: without it that backend and its tests are left out).
+# build-essential; OpenBLAS provides CBLAS (whichever build Debian selects, pthread by
+# default: the CPU backend keeps its thread count equal to OpenMP's, kernels/cpu/parallel.h);
+# Gloo carries the multi-process CPU communicator (optional to CMake: without it that
+# backend and its tests are left out).
 DEB_PACKAGES=(
   build-essential cmake ninja-build pkg-config python3
   libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev libopenblas-dev nlohmann-json3-dev

@@ -2,7 +2,9 @@
 find_package(absl REQUIRED)
 find_package(nlohmann_json 3.10 REQUIRED)
 find_package(OpenMP REQUIRED COMPONENTS CXX)
-# OpenBLAS provides CBLAS; Debian's package ships an OpenBLASConfig.cmake and a .pc file.
+# OpenBLAS provides CBLAS; Debian's package ships an OpenBLASConfig.cmake and a .pc file. Any of
+# its builds works (pthread, openmp, serial): the CPU backend sets OpenBLAS's thread count with
+# OpenMP's through openblas_set_num_threads (kernels/cpu/parallel.h).
 find_package(PkgConfig REQUIRED)
 pkg_check_modules(RD_OPENBLAS REQUIRED IMPORTED_TARGET openblas)
 if(RD_BUILD_TESTS)

@@ -1,7 +1,10 @@
-// AdamW (nn/optimizer.h): parameter checks, the grouping of a step into one multi-tensor
-// kernel call per (device, dtype, update count), and the state dict.
+// AdamW (nn/optimizer.h): parameter groups and checks, the grouping of a step into one
+// multi-tensor kernel call per (device, dtype, update count, hyperparameters), and the state
+// dict.
 #include "ringdilated/nn/optimizer.h"
 
+#include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <map>
 #include <set>
@@ -45,6 +48,14 @@ void check_parameter(const std::string& name, const Tensor& p) {
   RD_CHECK(p.is_contiguous(), kInvalidArgument, "AdamW: parameter '", name,
            "' must be contiguous, got shape ", shape_str(p.shape()), " with strides ",
            shape_str(p.strides()));
+}
+
+void check_group(size_t index, const ParamGroup& group) {
+  RD_CHECK(std::isfinite(group.weight_decay) && group.weight_decay >= 0, kInvalidArgument,
+           "AdamW: groups[", index, "].weight_decay must be finite and >= 0, got ",
+           group.weight_decay);
+  RD_CHECK(std::isfinite(group.lr_scale) && group.lr_scale >= 0, kInvalidArgument,
+           "AdamW: groups[", index, "].lr_scale must be finite and >= 0, got ", group.lr_scale);
 }
 
 // A gradient the kernel can use (contiguous), after checking it against its parameter.
@@ -95,23 +106,64 @@ struct StateEntries {
   const Tensor* steps = nullptr;
 };
 
+bool contains_embed(std::string_view component) {
+  std::string lower(component);
+  std::transform(lower.begin(), lower.end(), lower.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return lower.find("embed") != std::string::npos;
+}
+
 }  // namespace
 
+bool is_no_weight_decay_parameter(const std::string& name, const Tensor& param) {
+  if (param.defined() && param.dim() < 2) return true;
+  // Dotted components one by one, so that the rule reads as documented even though a
+  // substring search over the whole name would give the same answer.
+  std::string_view rest = name;
+  while (!rest.empty()) {
+    const size_t dot = rest.find('.');
+    if (contains_embed(rest.substr(0, dot))) return true;
+    if (dot == std::string_view::npos) break;
+    rest.remove_prefix(dot + 1);
+  }
+  return false;
+}
+
+std::vector<ParamGroup> default_param_groups(
+    std::vector<std::pair<std::string, Tensor>> named_parameters, double weight_decay,
+    const NoWeightDecayRule& no_decay) {
+  RD_CHECK(static_cast<bool>(no_decay), kInvalidArgument,
+           "default_param_groups: argument 'no_decay' is empty");
+  ParamGroup decay{{}, weight_decay, 1.0};
+  ParamGroup exempt{{}, 0.0, 1.0};
+  for (auto& named : named_parameters) {
+    (no_decay(named.first, named.second) ? exempt : decay).params.push_back(std::move(named));
+  }
+  return {std::move(decay), std::move(exempt)};
+}
+
 AdamW::AdamW(std::vector<std::pair<std::string, Tensor>> parameters, AdamWOptions options)
-    : options_(options) {
+    : AdamW(std::vector<ParamGroup>{{std::move(parameters), options.weight_decay, 1.0}},
+            options) {}
+
+AdamW::AdamW(std::vector<ParamGroup> groups, AdamWOptions options) : options_(options) {
   check_options("AdamW", options_);
   std::set<std::string> names;
   std::set<std::pair<const Storage*, int64_t>> memory;
-  slots_.reserve(parameters.size());
-  for (auto& [name, param] : parameters) {
-    check_parameter(name, param);
-    RD_CHECK(names.insert(name).second, kInvalidArgument, "AdamW: parameter name '", name,
-             "' is used twice");
-    // Two handles on one tensor would be updated twice per step.
-    RD_CHECK(param.numel() == 0 || memory.emplace(param.storage().get(), param.offset()).second,
-             kInvalidArgument, "AdamW: parameter '", name,
-             "' is the same memory as an earlier parameter");
-    slots_.push_back(Slot{name, std::move(param), Tensor(), Tensor(), 0});
+  for (size_t g = 0; g < groups.size(); ++g) {
+    check_group(g, groups[g]);
+    groups_.push_back({groups[g].weight_decay, groups[g].lr_scale});
+    for (auto& [name, param] : groups[g].params) {
+      check_parameter(name, param);
+      RD_CHECK(names.insert(name).second, kInvalidArgument, "AdamW: parameter name '", name,
+               "' is used twice");
+      // Two handles on one tensor would be updated twice per step.
+      RD_CHECK(
+          param.numel() == 0 || memory.emplace(param.storage().get(), param.offset()).second,
+          kInvalidArgument, "AdamW: parameter '", name,
+          "' is the same memory as an earlier parameter");
+      slots_.push_back(Slot{name, std::move(param), g, Tensor(), Tensor(), 0});
+    }
   }
 }
 
@@ -140,8 +192,9 @@ void AdamW::step() {
   }
 
   // Parameters of one device and dtype share a kernel call when their update counts (and so
-  // their bias corrections) agree, which after the first step is all of them.
-  using GroupKey = std::tuple<DeviceType, int, DType, int64_t>;
+  // their bias corrections) and their hyperparameters agree: after the first step, one call
+  // per distinct (weight decay, lr scale) among the groups.
+  using GroupKey = std::tuple<DeviceType, int, DType, int64_t, double, double>;
   std::map<GroupKey, std::vector<kernels::AdamWTensor>> groups;
   for (Update& u : updates) {
     Slot& s = *u.slot;
@@ -152,14 +205,17 @@ void AdamW::step() {
       s.exp_avg_sq = zeros(s.param.shape(), moments);
     }
     const Device device = s.param.device();
-    groups[{device.type, device.index, s.param.dtype(), s.steps + 1}].push_back(
+    const GroupHyperparameters& h = groups_[s.group];
+    groups[{device.type, device.index, s.param.dtype(), s.steps + 1, h.weight_decay,
+            options_.lr * h.lr_scale}]
+        .push_back(
         {s.param.raw_data(), u.grad.raw_data(), s.exp_avg.raw_data(), s.exp_avg_sq.raw_data(),
          s.param.numel()});
   }
   for (const auto& [key, tensors] : groups) {
-    const auto& [device_type, device_index, dtype, steps] = key;
-    const kernels::AdamWStep step{options_.lr,  options_.beta1,        options_.beta2,
-                                  options_.eps, options_.weight_decay, steps};
+    const auto& [device_type, device_index, dtype, steps, weight_decay, lr] = key;
+    const kernels::AdamWStep step{lr, options_.beta1, options_.beta2, options_.eps, weight_decay,
+                                  steps};
     backend_for(Device{device_type, device_index}).adamw(tensors, dtype, step);
   }
   for (Update& u : updates) ++u.slot->steps;

@@ -1,8 +1,10 @@
-// AdamW over named parameters: one fused multi-tensor kernel call per (device, dtype) group
-// per step, with a state dict of plain tensors that checkpoints through safetensors.
+// AdamW over named parameters in groups with their own weight decay and learning-rate scale:
+// one fused multi-tensor kernel call per (device, dtype, hyperparameters) per step, with a
+// state dict of plain tensors that checkpoints through safetensors.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -22,6 +24,31 @@ struct AdamWOptions {
   double weight_decay = 1e-2;
 };
 
+// Parameters that share hyperparameters, as a torch.optim param group: they are updated with
+// learning rate AdamWOptions::lr * lr_scale and this weight decay (AdamWOptions::weight_decay
+// does not apply to them). Both must be finite and >= 0.
+struct ParamGroup {
+  std::vector<std::pair<std::string, Tensor>> params;
+  double weight_decay = 0.0;
+  double lr_scale = 1.0;
+};
+
+// The usual exemption from weight decay in transformer training: parameters with fewer than
+// two dims (biases, norm gains) and embedding tables, recognised by a component of the
+// dotted name containing "embed" in any case ("tok_embeddings.weight", "Embed.w"). A table
+// named otherwise (GPT-2's "wte") needs a caller's rule.
+bool is_no_weight_decay_parameter(const std::string& name, const Tensor& param);
+
+// Whether a named parameter is exempt from weight decay.
+using NoWeightDecayRule = std::function<bool(const std::string& name, const Tensor& param)>;
+
+// Two groups for AdamW: the parameters for which `no_decay` is false, with weight_decay, then
+// those for which it is true, with weight decay 0; each keeps the input order, has lr_scale 1,
+// and may be empty.
+std::vector<ParamGroup> default_param_groups(
+    std::vector<std::pair<std::string, Tensor>> named_parameters, double weight_decay,
+    const NoWeightDecayRule& no_decay = is_no_weight_decay_parameter);
+
 // Decoupled-weight-decay Adam (Loshchilov & Hutter), matching torch.optim.AdamW.
 //
 // The optimizer holds handles to the parameters and updates them in place; gradients are
@@ -35,6 +62,10 @@ class AdamW {
   // name, and no two may be the same memory. Throws rd::Error otherwise.
   explicit AdamW(std::vector<std::pair<std::string, Tensor>> parameters,
                  AdamWOptions options = {});
+  // Parameter groups (e.g. default_param_groups()): names must be unique across all groups,
+  // and each group's weight_decay and lr_scale replace options.weight_decay and 1. Groups may
+  // be empty. The single-list constructor above is one group {options.weight_decay, 1}.
+  AdamW(std::vector<ParamGroup> groups, AdamWOptions options);
 
   // One update of every parameter whose gradient is defined; the others are skipped and
   // keep their state. A gradient must match its parameter's shape, dtype and device (it may
@@ -46,11 +77,16 @@ class AdamW {
 
   // The number of step() calls made, including those restored by load_state_dict().
   int64_t step_count() const { return step_count_; }
+  // The base learning rate; a group's is lr() * its lr_scale.
   double lr() const { return options_.lr; }
-  void set_lr(double lr);  // e.g. from a schedule; checked like the constructor's options
+  void set_lr(double lr);  // e.g. from an LrSchedule; checked like the constructor's options
   const AdamWOptions& options() const { return options_; }
 
-  // The state as tensors, for tensor/safetensors.h:
+  // The number of groups (1 for the single-list constructor).
+  size_t num_groups() const { return groups_.size(); }
+
+  // The state as tensors, for tensor/safetensors.h (the same keys whatever the grouping; a
+  // state loads into an optimizer grouped differently):
   //   "step"                 int64 scalar: step_count()
   //   "exp_avg.<name>"       first moment of parameter <name> (its shape,
   //   "exp_avg_sq.<name>"    second moment          accumulation dtype, its device)
@@ -65,15 +101,21 @@ class AdamW {
   void load_state_dict(const std::map<std::string, Tensor>& state);
 
  private:
+  struct GroupHyperparameters {
+    double weight_decay;
+    double lr_scale;
+  };
   struct Slot {
     std::string name;
     Tensor param;
+    size_t group = 0;   // index into groups_
     Tensor exp_avg;     // undefined until the first update
     Tensor exp_avg_sq;
     int64_t steps = 0;  // updates applied to this parameter
   };
 
   std::vector<Slot> slots_;
+  std::vector<GroupHyperparameters> groups_;
   AdamWOptions options_;
   int64_t step_count_ = 0;
 };

@@ -1,6 +1,7 @@
 // Runtime device queries and the device -> kernel backend dispatch.
 #include "ringdilated/tensor/device.h"
 
+#include "ringdilated/kernels/cpu/parallel.h"
 #include "ringdilated/tensor/dispatch.h"
 #include "ringdilated/tensor/shape_util.h"
 
@@ -65,5 +66,9 @@ kernels::StridedView kernel_view(const Tensor& t, const char* op) {
   }
   return v;
 }
+
+void set_num_threads(int threads) { kernels::cpu::set_num_threads(threads); }
+
+int num_threads() { return kernels::cpu::num_threads(); }
 
 }  // namespace rd

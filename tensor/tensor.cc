@@ -693,8 +693,26 @@ Tensor arange(double start, double end, double step, TensorOptions options) {
   return out;
 }
 
-Tensor arange(int64_t end, TensorOptions options) {
-  return arange(0.0, static_cast<double>(end), 1.0, options);
+Tensor arange(int64_t end, TensorOptions options) { return integer_arange(0, end, 1, options); }
+
+Tensor integer_arange(int64_t start, int64_t end, int64_t step, TensorOptions options) {
+  RD_CHECK(step != 0, kInvalidArgument, "arange: start ", start, ", end ", end, " and step ",
+           step, " need a non-zero step");
+  // ceil((end - start) / step) without overflow or rounding: the distance in the step's
+  // direction, then a ceiling division.
+  const bool forward = step > 0;
+  const uint64_t distance = forward ? static_cast<uint64_t>(end) - static_cast<uint64_t>(start)
+                                    : static_cast<uint64_t>(start) - static_cast<uint64_t>(end);
+  const uint64_t stride = forward ? static_cast<uint64_t>(step) : -static_cast<uint64_t>(step);
+  const bool empty_range = forward ? end <= start : end >= start;
+  const int64_t n = empty_range ? 0 : static_cast<int64_t>((distance - 1) / stride + 1);
+  bool requires_grad = options.requires_grad;
+  options.requires_grad = false;
+  Tensor out = empty({n}, options);
+  backend_for(options.device)
+      .arange(kernel_view(out, "arange"), static_cast<double>(start), static_cast<double>(step));
+  if (requires_grad) out.set_requires_grad(true);
+  return out;
 }
 
 namespace {

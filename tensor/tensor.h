@@ -2,7 +2,9 @@
 // Views share storage; ops live in ops.h, creation functions at the end of this file.
 #pragma once
 
+#include <concepts>
 #include <cstdint>
+#include <iosfwd>
 #include <memory>
 #include <optional>
 #include <string>
@@ -167,9 +169,26 @@ Tensor empty_like(const Tensor& t);
 Tensor zeros_like(const Tensor& t);
 Tensor ones_like(const Tensor& t);
 Tensor full_like(const Tensor& t, double value);
-// [start, end) with step; the count is ceil((end - start) / step).
+// [start, end) with step; the count is ceil((end - start) / step). As in torch.arange, the
+// dtype defaults to float32 when a bound or the step is floating, and to int64 when all are
+// integers: arange(5) and arange(0, n) (any integer types) are int64, arange(0.0, n) is
+// float32. Options may name any dtype.
 Tensor arange(double start, double end, double step = 1.0, TensorOptions options = {});
 Tensor arange(int64_t end, TensorOptions options = DType::kInt64);
+template <class T>
+concept ArangeInteger = std::integral<T> && !std::same_as<T, bool>;
+// arange with integer bounds (the templates below forward here): the count is exact; the
+// values are exact while they stay within +-2^53 (they are generated in float64).
+Tensor integer_arange(int64_t start, int64_t end, int64_t step, TensorOptions options);
+template <ArangeInteger S, ArangeInteger E>
+Tensor arange(S start, E end, TensorOptions options = DType::kInt64) {
+  return integer_arange(static_cast<int64_t>(start), static_cast<int64_t>(end), 1, options);
+}
+template <ArangeInteger S, ArangeInteger E, ArangeInteger P>
+Tensor arange(S start, E end, P step, TensorOptions options = DType::kInt64) {
+  return integer_arange(static_cast<int64_t>(start), static_cast<int64_t>(end),
+                        static_cast<int64_t>(step), options);
+}
 // Uniform in [0, 1) and standard normal, from `gen`, which advances by numel().
 Tensor rand(Shape shape, Generator& gen, TensorOptions options = {});
 Tensor randn(Shape shape, Generator& gen, TensorOptions options = {});
@@ -184,6 +203,20 @@ template <class T>
 Tensor from_vector(std::vector<T> values, std::vector<int64_t> shape);
 // A 0-dim tensor holding `value`.
 Tensor scalar_tensor(double value, TensorOptions options = {});
+
+// --- printing (tensor/print.cc) ---
+// How to_string() shows values, as torch.set_printoptions.
+struct PrintOptions {
+  int precision = 4;          // digits after the point of floating values
+  int64_t threshold = 1000;   // more elements than this are summarized with "..."
+  int64_t edge_items = 3;     // elements kept at each end of a summarized dim
+  int64_t line_width = 80;    // a row of values wraps beyond this many characters
+};
+// A header line (str(), plus requires_grad when set) and the values in nested brackets,
+// like PyTorch's repr, for every dtype; CUDA tensors are copied to the host (only the
+// elements shown, when summarized), which waits for the device's queued work.
+std::string to_string(const Tensor& t, const PrintOptions& options = {});
+std::ostream& operator<<(std::ostream& os, const Tensor& t);
 
 // The DType of a C++ element type; a compile error for unsupported types.
 template <class T>

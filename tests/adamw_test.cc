@@ -563,5 +563,202 @@ TEST(AdamWOptimizerTest, RejectsBadStateDictsAndKeepsItsState) {
   EXPECT_EQ(opt.step_count(), 2);
 }
 
+// ---------------------------------------------------------------------------------------
+// Parameter groups
+
+using nn::default_param_groups;
+using nn::ParamGroup;
+
+// A float64 reference of AdamW over `steps` gradients, with this lr and weight decay.
+std::vector<double> reference_run(const std::vector<double>& param,
+                                  const std::vector<std::vector<double>>& grads,
+                                  const AdamWOptions& o, double lr, double weight_decay) {
+  std::vector<double> p = param, m(p.size(), 0.0), v(p.size(), 0.0);
+  for (size_t t = 0; t < grads.size(); ++t) {
+    const AdamWStep s{lr, o.beta1, o.beta2, o.eps, weight_decay, static_cast<int64_t>(t) + 1};
+    for (size_t i = 0; i < p.size(); ++i) {
+      const RefElement r = reference_step(p[i], grads[t][i], m[i], v[i], s);
+      p[i] = r.param;
+      m[i] = r.exp_avg;
+      v[i] = r.exp_avg_sq;
+    }
+  }
+  return p;
+}
+
+// Three groups (decay, no decay, a half learning rate with its own decay), float32 and
+// bfloat16 parameters in each, against the float64 reference run per group. The tolerance
+// covers a few float32 roundings per step (the kernel's bound, expect_matches_reference)
+// over the steps, plus one rounding to the parameter's dtype per step; the weight decay
+// moves a parameter by lr * wd * |p| per step, well beyond it, so a group updated with
+// another group's decay (or learning rate) fails.
+TEST(AdamWGroupsTest, EachGroupMatchesAFloat64ReferenceWithItsHyperparameters) {
+  std::mt19937_64 rng(21);
+  const AdamWOptions o{0.02, 0.9, 0.99, 1e-6, /*unused with groups=*/0.5};
+  const std::vector<ParamGroup> spec = {{{}, 0.1, 1.0}, {{}, 0.0, 1.0}, {{}, 0.3, 0.5}};
+  std::vector<ParamGroup> groups = spec;
+  struct Tracked {
+    std::string name;
+    Tensor param;
+    std::vector<double> initial;
+    std::vector<std::vector<double>> grads;
+    size_t group;
+  };
+  std::vector<Tracked> tracked;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+      const Tensor p = random_nonzero_tensor({3, 4}, dtype, rng);
+      const std::string name = str_cat("g", g, ".", dtype_name(dtype));
+      groups[g].params.emplace_back(name, p);
+      tracked.push_back({name, p, values_of(p), {}, g});
+    }
+  }
+  AdamW opt(groups, o);
+  EXPECT_EQ(opt.num_groups(), 3u);
+  const int kStepCount = 3;
+  for (int k = 0; k < kStepCount; ++k) {
+    for (Tracked& t : tracked) {
+      const Tensor grad = random_nonzero_tensor(t.param.shape(), t.param.dtype(), rng);
+      t.grads.push_back(values_of(grad));
+      t.param.set_grad(grad);
+    }
+    opt.step();
+  }
+  for (const Tracked& t : tracked) {
+    SCOPED_TRACE(t.name);
+    const ParamGroup& g = spec[t.group];
+    const std::vector<double> want =
+        reference_run(t.initial, t.grads, o, o.lr * g.lr_scale, g.weight_decay);
+    const std::vector<double> got = values_of(t.param);
+    const double u_t = unit_roundoff(t.param.dtype()), u_a = unit_roundoff(DType::kFloat32);
+    for (size_t i = 0; i < got.size(); ++i) {
+      const double tol = kStepCount * (u_t * std::fabs(want[i]) + 16 * u_a * (std::fabs(want[i]) + 2 * o.lr));
+      ASSERT_NEAR(got[i], want[i], tol) << "element " << i;
+    }
+    // The check can tell the groups apart: float32 parameters land far from the reference run
+    // with any other group's hyperparameters.
+    if (t.param.dtype() != DType::kFloat32) continue;
+    for (size_t other = 0; other < spec.size(); ++other) {
+      if (spec[other].weight_decay == g.weight_decay && spec[other].lr_scale == g.lr_scale) continue;
+      const std::vector<double> wrong = reference_run(t.initial, t.grads, o,
+                                                      o.lr * spec[other].lr_scale,
+                                                      spec[other].weight_decay);
+      double max_diff = 0;
+      for (size_t i = 0; i < got.size(); ++i) max_diff = std::max(max_diff, std::fabs(wrong[i] - want[i]));
+      EXPECT_GT(max_diff, 1e-4) << "groups " << t.group << " and " << other;
+    }
+  }
+}
+
+// The single-list constructor is one group with options.weight_decay: bit-identical to it.
+TEST(AdamWGroupsTest, SingleListConstructorEqualsOneGroup) {
+  std::mt19937_64 rng(22);
+  const Tensor p0 = random_nonzero_tensor({5, 2}, DType::kFloat32, rng);
+  Tensor a = p0.clone(), b = p0.clone();
+  AdamW list({{"w", a}}, kOptions);
+  AdamW grouped(std::vector<ParamGroup>{{{{"w", b}}, kOptions.weight_decay, 1.0}}, kOptions);
+  for (int k = 0; k < 2; ++k) {
+    const Tensor g = random_nonzero_tensor({5, 2}, DType::kFloat32, rng);
+    a.set_grad(g);
+    b.set_grad(g);
+    list.step();
+    grouped.step();
+  }
+  EXPECT_TRUE(same_bits(a, b));
+  EXPECT_EQ(list.num_groups(), 1u);
+}
+
+// set_lr moves every group's rate, each keeping its scale.
+TEST(AdamWGroupsTest, SetLrScalesEveryGroup) {
+  std::mt19937_64 rng(23);
+  const Tensor p0 = random_nonzero_tensor({6}, DType::kFloat32, rng);
+  const Tensor g = random_nonzero_tensor({6}, DType::kFloat32, rng);
+  Tensor half = p0.clone();
+  AdamW opt(std::vector<ParamGroup>{{{{"half", half}}, 0.1, 0.5}}, kOptions);
+  opt.set_lr(0.04);
+  half.set_grad(g);
+  opt.step();
+  AdamWOptions direct = kOptions;
+  direct.lr = 0.02;  // 0.04 * 0.5
+  direct.weight_decay = 0.1;
+  EXPECT_TRUE(same_bits(half, updated_by_kernel(p0, {g}, direct)));
+}
+
+TEST(AdamWGroupsTest, DefaultGroupsExemptVectorsAndEmbeddingsFromWeightDecay) {
+  const std::vector<std::pair<std::string, Tensor>> named = {
+      {"layers.0.weight", zeros({4, 3})},      {"layers.0.bias", zeros({4})},
+      {"norm.weight", zeros({4})},             {"tok_embeddings.weight", zeros({10, 4})},
+      {"encoder.Embed.table", zeros({3, 3})},  {"head.weight", zeros({2, 4})},
+      {"scale", scalar_tensor(1.0)},           {"embedded_proj.weight", zeros({4, 4})},
+  };
+  auto names = [](const ParamGroup& g) {
+    std::vector<std::string> out;
+    for (const auto& [name, p] : g.params) out.push_back(name);
+    return out;
+  };
+  const std::vector<ParamGroup> groups = default_param_groups(named, 0.05);
+  ASSERT_EQ(groups.size(), 2u);
+  EXPECT_EQ(groups[0].weight_decay, 0.05);
+  EXPECT_EQ(groups[1].weight_decay, 0.0);
+  EXPECT_EQ(groups[0].lr_scale, 1.0);
+  EXPECT_EQ(groups[1].lr_scale, 1.0);
+  EXPECT_EQ(names(groups[0]), (std::vector<std::string>{"layers.0.weight", "head.weight"}));
+  EXPECT_EQ(names(groups[1]),
+            (std::vector<std::string>{"layers.0.bias", "norm.weight", "tok_embeddings.weight",
+                                      "encoder.Embed.table", "scale", "embedded_proj.weight"}));
+  // A caller's rule replaces the default one.
+  const std::vector<ParamGroup> custom = default_param_groups(
+      named, 0.05, [](const std::string& name, const Tensor&) { return name == "head.weight"; });
+  EXPECT_EQ(names(custom[1]), (std::vector<std::string>{"head.weight"}));
+  EXPECT_EQ(custom[0].params.size(), named.size() - 1);
+  EXPECT_TRUE(nn::is_no_weight_decay_parameter("wte.weight", zeros({2})));
+  EXPECT_FALSE(nn::is_no_weight_decay_parameter("wte.weight", zeros({2, 2})));
+  expect_error(ErrorCode::kInvalidArgument, "default_param_groups: argument 'no_decay'",
+               [&] { default_param_groups(named, 0.1, nullptr); });
+}
+
+// The state dict has the same keys however the parameters are grouped, and moves between
+// groupings.
+TEST(AdamWGroupsTest, StateDictKeysDoNotDependOnGroups) {
+  std::mt19937_64 rng(24);
+  const std::vector<std::pair<std::string, Tensor>> named = {
+      {"w", random_nonzero_tensor({3, 3}, DType::kFloat32, rng)},
+      {"b", random_nonzero_tensor({3}, DType::kFloat32, rng)}};
+  AdamW grouped(default_param_groups(named, 0.1), kOptions);
+  for (const auto& [name, p] : named) {
+    Tensor handle = p;
+    handle.set_grad(random_nonzero_tensor(p.shape(), p.dtype(), rng));
+  }
+  grouped.step();
+  const std::map<std::string, Tensor> state = grouped.state_dict();
+  std::vector<std::string> keys;
+  for (const auto& [key, value] : state) keys.push_back(key);
+  EXPECT_EQ(keys, (std::vector<std::string>{"exp_avg.b", "exp_avg.w", "exp_avg_sq.b",
+                                            "exp_avg_sq.w", "step", "step.b", "step.w"}));
+  std::vector<std::pair<std::string, Tensor>> copies;
+  for (const auto& [name, p] : named) copies.emplace_back(name, p.clone());
+  AdamW single(copies, kOptions);
+  single.load_state_dict(state);
+  EXPECT_EQ(single.step_count(), 1);
+  EXPECT_TRUE(same_bits(single.state_dict().at("exp_avg.w"), state.at("exp_avg.w")));
+}
+
+TEST(AdamWGroupsTest, RejectsBadGroups) {
+  const Tensor w = zeros({2});
+  expect_error(ErrorCode::kInvalidArgument, "AdamW: groups[1].weight_decay", [&] {
+    AdamW(std::vector<ParamGroup>{{{{"a", w}}, 0.1, 1.0}, {{}, -0.1, 1.0}}, kOptions);
+  });
+  expect_error(ErrorCode::kInvalidArgument, "AdamW: groups[0].lr_scale", [&] {
+    AdamW(std::vector<ParamGroup>{{{}, 0.0, std::nan("")}}, kOptions);
+  });
+  expect_error(ErrorCode::kInvalidArgument, "parameter name 'a' is used twice", [&] {
+    AdamW(std::vector<ParamGroup>{{{{"a", zeros({2})}}, 0.1, 1.0}, {{{"a", zeros({2})}}, 0.0, 1.0}},
+          kOptions);
+  });
+  expect_error(ErrorCode::kInvalidArgument, "same memory", [&] {
+    AdamW(std::vector<ParamGroup>{{{{"a", w}}, 0.1, 1.0}, {{{"b", w}}, 0.0, 1.0}}, kOptions);
+  });
+}
+
 }  // namespace
 }  // namespace rd

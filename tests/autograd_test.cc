@@ -1,5 +1,5 @@
 // Autograd engine tests: accumulation, deep graphs, graph lifetime and release, grad modes,
-// detach, diamonds, views of leaves, misuse errors, and activation checkpointing.
+// detach, diamonds, views of leaves, misuse errors, and activation recomputation.
 #include "ringdilated/tensor/autograd.h"
 
 #include <cmath>
@@ -8,7 +8,7 @@
 
 #include "gtest/gtest.h"
 #include "ringdilated/tensor/allocator.h"
-#include "ringdilated/tensor/checkpoint.h"
+#include "ringdilated/tensor/recompute.h"
 #include "ringdilated/tensor/ops.h"
 #include "ringdilated/tensor/tensor.h"
 
@@ -263,29 +263,29 @@ TEST(Autograd, InPlaceOnATrackedTensorIsRefused) {
                "mul_ on a graph tensor");
 }
 
-// --- checkpointing ---
+// --- activation recomputation ---
 
-// Gradients of sum(out_j * w_j) over fn's outputs, run directly or through checkpoint().
-struct CheckpointRun {
+// Gradients of sum(out_j * w_j) over fn's outputs, run directly or through recompute().
+struct RecomputeRun {
   std::vector<std::vector<double>> outputs;
   std::vector<std::vector<double>> grads;
 };
 
-CheckpointRun run_with(const CheckpointFn& fn, bool use_checkpoint, Generator* gen, uint64_t seed) {
+RecomputeRun run_with(const RecomputeFn& fn, bool use_recompute, Generator* gen, uint64_t seed) {
   Tensor a = leaf({0.3, -1.2, 0.8, 1.5, -0.4, 0.9}, {2, 3});
   Tensor b = leaf({0.7, -0.1, 0.2, -1.1, 0.6, 0.05}, {3, 2});
   Tensor constant = from_vector<double>({0.5, -2.0}, {2});
   if (gen) gen->manual_seed(seed);
   std::vector<Tensor> inputs = {a, b, constant};
   std::vector<Tensor> outs;
-  if (use_checkpoint) {
+  if (use_recompute) {
     std::vector<Generator*> gens;
     if (gen) gens.push_back(gen);
-    outs = checkpoint(fn, inputs, gens);
+    outs = recompute(fn, inputs, gens);
   } else {
     outs = fn(inputs);
   }
-  CheckpointRun run;
+  RecomputeRun run;
   Tensor loss = scalar_tensor(0.0, DType::kFloat64);
   double k = 1.0;
   for (const Tensor& o : outs) {
@@ -304,45 +304,45 @@ CheckpointRun run_with(const CheckpointFn& fn, bool use_checkpoint, Generator* g
   return run;
 }
 
-TEST(Checkpoint, SameGradientsAsWithoutIt) {
+TEST(Recompute, SameGradientsAsWithoutIt) {
   int calls = 0;
-  CheckpointFn fn = [&calls](const std::vector<Tensor>& in) {
+  RecomputeFn fn = [&calls](const std::vector<Tensor>& in) {
     ++calls;
     Tensor h = tanh(matmul(in[0], in[1]));  // [2, 2]
     return std::vector<Tensor>{sigmoid(h) * in[2] + square(h)};
   };
-  CheckpointRun plain = run_with(fn, false, nullptr, 0);
+  RecomputeRun plain = run_with(fn, false, nullptr, 0);
   calls = 0;
-  CheckpointRun ckpt = run_with(fn, true, nullptr, 0);
-  EXPECT_EQ(calls, 2) << "checkpoint must run fn once forward and once in backward";
-  EXPECT_EQ(plain.outputs, ckpt.outputs);
-  EXPECT_EQ(plain.grads, ckpt.grads);
+  RecomputeRun recomputed = run_with(fn, true, nullptr, 0);
+  EXPECT_EQ(calls, 2) << "recompute must run fn once forward and once in backward";
+  EXPECT_EQ(plain.outputs, recomputed.outputs);
+  EXPECT_EQ(plain.grads, recomputed.grads);
 }
 
-TEST(Checkpoint, DropoutMasksMatchThroughTheGenerator) {
+TEST(Recompute, DropoutMasksMatchThroughTheGenerator) {
   Generator gen(0);
-  CheckpointFn fn = [&gen](const std::vector<Tensor>& in) {
+  RecomputeFn fn = [&gen](const std::vector<Tensor>& in) {
     Tensor h = dropout(matmul(in[0], in[1]), 0.5, /*training=*/true, gen);
     return std::vector<Tensor>{exp(h) + in[2]};
   };
-  CheckpointRun plain = run_with(fn, false, &gen, 99);
-  CheckpointRun ckpt = run_with(fn, true, &gen, 99);
-  EXPECT_EQ(plain.outputs, ckpt.outputs);
-  EXPECT_EQ(plain.grads, ckpt.grads);
+  RecomputeRun plain = run_with(fn, false, &gen, 99);
+  RecomputeRun recomputed = run_with(fn, true, &gen, 99);
+  EXPECT_EQ(plain.outputs, recomputed.outputs);
+  EXPECT_EQ(plain.grads, recomputed.grads);
   // The mask must actually matter: another seed gives other gradients.
-  CheckpointRun other = run_with(fn, true, &gen, 100);
+  RecomputeRun other = run_with(fn, true, &gen, 100);
   EXPECT_NE(plain.grads, other.grads);
 }
 
-TEST(Checkpoint, MultipleOutputs) {
-  CheckpointFn fn = [](const std::vector<Tensor>& in) {
+TEST(Recompute, MultipleOutputs) {
+  RecomputeFn fn = [](const std::vector<Tensor>& in) {
     Tensor p = matmul(in[0], in[1]);  // [2, 2]
     return std::vector<Tensor>{softmax(p, 1), sum(p * p, {0}) + in[2], p.t()};
   };
-  CheckpointRun plain = run_with(fn, false, nullptr, 0);
-  CheckpointRun ckpt = run_with(fn, true, nullptr, 0);
-  EXPECT_EQ(plain.outputs, ckpt.outputs);
-  EXPECT_EQ(plain.grads, ckpt.grads);
+  RecomputeRun plain = run_with(fn, false, nullptr, 0);
+  RecomputeRun recomputed = run_with(fn, true, nullptr, 0);
+  EXPECT_EQ(plain.outputs, recomputed.outputs);
+  EXPECT_EQ(plain.grads, recomputed.grads);
 }
 
 // Backward formulas save only what they read: an intermediate consumed by add, sub, where,

@@ -1,15 +1,31 @@
-// cpu_backend() and the CPU backend's thread-count control.
+// cpu_backend() and the CPU backend's thread-count control (OpenMP and OpenBLAS together).
 #include "ringdilated/kernels/cpu/backend.h"
 
+#include <cblas.h>
 #include <omp.h>
+
+#include <cstdlib>
 
 #include "ringdilated/kernels/cpu/parallel.h"
 #include "ringdilated/kernels/error.h"
 
 namespace rd::kernels {
 
+namespace {
+
+// Gives OpenBLAS OpenMP's thread count once, so OMP_NUM_THREADS bounds both thread pools
+// (see parallel.h), unless the user chose OpenBLAS's count through its own variable.
+cpu::CpuBackend make_cpu_backend() {
+  if (std::getenv("OPENBLAS_NUM_THREADS") == nullptr) {
+    openblas_set_num_threads(omp_get_max_threads());
+  }
+  return cpu::CpuBackend();
+}
+
+}  // namespace
+
 KernelBackend& cpu_backend() {
-  static cpu::CpuBackend backend;  // stateless: safe to share
+  static cpu::CpuBackend backend = make_cpu_backend();  // stateless: safe to share
   return backend;
 }
 
@@ -19,9 +35,12 @@ void set_num_threads(int threads) {
   RD_CHECK(threads >= 1, kInvalidArgument, "set_num_threads: argument 'threads' must be >= 1, got ",
            threads);
   omp_set_num_threads(threads);
+  openblas_set_num_threads(threads);
 }
 
 int num_threads() { return omp_get_max_threads(); }
+
+int blas_num_threads() { return openblas_get_num_threads(); }
 
 }  // namespace cpu
 }  // namespace rd::kernels

@@ -1,13 +1,13 @@
-// Activation checkpointing: forward without a graph, recompute with one during backward.
-#include "ringdilated/tensor/checkpoint.h"
+// Activation recomputation: forward without a graph, recompute with one during backward.
+#include "ringdilated/tensor/recompute.h"
 
 #include "ringdilated/tensor/autograd.h"
 #include "ringdilated/tensor/ops.h"
 
 namespace rd {
 
-std::vector<Tensor> checkpoint(const CheckpointFn& fn, const std::vector<Tensor>& inputs,
-                               const std::vector<Generator*>& generators) {
+std::vector<Tensor> recompute(const RecomputeFn& fn, const std::vector<Tensor>& inputs,
+                              const std::vector<Generator*>& generators) {
   std::vector<Generator::State> generator_states;
   for (Generator* gen : generators) generator_states.push_back(gen->state());
 
@@ -26,7 +26,7 @@ std::vector<Tensor> checkpoint(const CheckpointFn& fn, const std::vector<Tensor>
   for (const Tensor& input : inputs) saved_inputs.push_back(input.detach());
   size_t num_inputs = inputs.size();
   autograd::record(
-      outputs, "checkpoint", inputs,
+      outputs, "recompute", inputs,
       [fn, saved_inputs, generators, generator_states,
        num_inputs](const std::vector<Tensor>& grads) -> std::vector<Tensor> {
         // Replay with the generators as they were, so random ops draw the same values.

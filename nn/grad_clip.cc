@@ -1,0 +1,104 @@
+// clip_grad_norm_ (nn/grad_clip.h): one norm per gradient, their combination and the clip
+// factor, all as device tensors, then one in-place scaling per gradient.
+#include "ringdilated/nn/grad_clip.h"
+
+#include <cmath>
+
+#include "ringdilated/kernels/error.h"
+#include "ringdilated/tensor/autograd.h"
+#include "ringdilated/tensor/ops.h"
+
+namespace rd::nn {
+namespace {
+
+constexpr const char* kOp = "clip_grad_norm_";
+// Keeps the factor finite for a zero norm (torch uses the same constant).
+constexpr double kNormEpsilon = 1e-6;
+
+void check_arguments(double max_norm, double norm_type) {
+  RD_CHECK(std::isfinite(max_norm) && max_norm > 0, kInvalidArgument, kOp,
+           ": argument 'max_norm' must be finite and > 0, got ", max_norm);
+  RD_CHECK(norm_type > 0 && !std::isnan(norm_type), kInvalidArgument, kOp,
+           ": argument 'norm_type' must be > 0 (or kInfNorm), got ", norm_type);
+}
+
+// The defined gradients, checked to share one device (named by parameter index in errors).
+std::vector<Tensor> defined_gradients(const std::vector<Tensor>& parameters) {
+  std::vector<Tensor> grads;
+  for (size_t i = 0; i < parameters.size(); ++i) {
+    RD_CHECK(parameters[i].defined(), kInvalidArgument, kOp, ": parameters[", i,
+             "] is undefined");
+    Tensor grad = parameters[i].grad();
+    if (!grad.defined()) continue;
+    RD_CHECK(grads.empty() || grad.device() == grads[0].device(), kDeviceMismatch, kOp,
+             ": the gradient of parameters[", i, "] is on ", grad.device().str(),
+             " but an earlier one is on ", grads[0].device().str());
+    grads.push_back(std::move(grad));
+  }
+  return grads;
+}
+
+// float64 when any gradient is float64, else float32.
+DType norm_dtype(const std::vector<Tensor>& grads) {
+  for (const Tensor& g : grads) {
+    if (g.dtype() == DType::kFloat64) return DType::kFloat64;
+  }
+  return DType::kFloat32;
+}
+
+// The contribution of one gradient: max |g| for kInfNorm, else sum |g|^p (0-dim).
+Tensor partial_norm(const Tensor& grad, DType dtype, double norm_type) {
+  const Tensor g = grad.to(dtype);
+  if (std::isinf(norm_type)) return max(abs(g));
+  if (norm_type == 2.0) return sum(square(g));
+  if (norm_type == 1.0) return sum(abs(g));
+  return sum(pow(abs(g), norm_type));
+}
+
+Tensor total_norm(const std::vector<Tensor>& grads, DType dtype, double norm_type) {
+  std::vector<Tensor> partials;
+  partials.reserve(grads.size());
+  for (const Tensor& g : grads) {
+    if (g.numel() > 0) partials.push_back(partial_norm(g, dtype, norm_type));
+  }
+  if (partials.empty()) {
+    return scalar_tensor(0.0, TensorOptions(dtype).with_device(grads[0].device()));
+  }
+  const Tensor all = stack(partials);
+  if (std::isinf(norm_type)) return max(all);
+  const Tensor combined = sum(all);
+  if (norm_type == 2.0) return sqrt(combined);
+  if (norm_type == 1.0) return combined;
+  return pow(combined, 1.0 / norm_type);
+}
+
+}  // namespace
+
+Tensor clip_grad_norm_(const std::vector<Tensor>& parameters, double max_norm, double norm_type) {
+  check_arguments(max_norm, norm_type);
+  autograd::NoGradGuard no_grad;
+  std::vector<Tensor> grads = defined_gradients(parameters);
+  if (grads.empty()) {
+    const Device device = parameters.empty() ? Device::cpu() : parameters[0].device();
+    return scalar_tensor(0.0, TensorOptions(DType::kFloat32).with_device(device));
+  }
+  const Tensor norm = total_norm(grads, norm_dtype(grads), norm_type);
+  // min(1, max_norm / (norm + eps)) stays on the device: no branch on the norm's value.
+  const Tensor factor = clamp(max_norm / (norm + kNormEpsilon), std::nullopt, 1.0);
+  // Each gradient is scaled in the norm's type and rounded to its own dtype once.
+  for (Tensor& g : grads) g.copy_(mul(g, factor));
+  return norm;
+}
+
+Tensor clip_grad_norm_(const std::vector<std::pair<std::string, Tensor>>& named_parameters,
+                       double max_norm, double norm_type) {
+  std::vector<Tensor> parameters;
+  parameters.reserve(named_parameters.size());
+  for (const auto& [name, p] : named_parameters) {
+    RD_CHECK(p.defined(), kInvalidArgument, kOp, ": parameter '", name, "' is undefined");
+    parameters.push_back(p);
+  }
+  return clip_grad_norm_(parameters, max_norm, norm_type);
+}
+
+}  // namespace rd::nn
