@@ -10,9 +10,10 @@ cd "$ROOT"
 # build-essential; OpenBLAS provides CBLAS (whichever build Debian selects, pthread by
 # default: the CPU backend keeps its thread count equal to OpenMP's, kernels/cpu/parallel.h);
 # Gloo carries the multi-process CPU communicator (optional to CMake: without it that
-# backend and its tests are left out).
+# backend and its tests are left out); matplotlib draws the plots of tools/rdplot.py
+# (./rd plot).
 DEB_PACKAGES=(
-  build-essential cmake ninja-build pkg-config python3
+  build-essential cmake ninja-build pkg-config python3 python3-matplotlib
   libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev libopenblas-dev nlohmann-json3-dev
   libgloo-dev
 )
@@ -40,6 +41,10 @@ Usage: ./rd <command> [args]
   bench [args]     setup, build and run the CPU benchmarks (and the GPU ones where a GPU
                    is present); args go to Google Benchmark, e.g.
                    ./rd bench --benchmark_filter=Matmul
+  plot <what> ...  PNG plots with matplotlib (tools/rdplot.py; installs python3-matplotlib
+                   if missing): `plot metrics run/metrics.jsonl ... -o out/` draws loss and
+                   accuracy of training runs against steps and wall time; `plot bench
+                   bench.json ... -o out/` the plots of docs/benchmarks.md (--help for more).
   gpu-pack         (machine with nvcc) build release and pack the GPU tests and benches,
                    stripped, with the libraries a bare GPU machine lacks, into
                    .carry/gpu.tar.xz.
@@ -453,6 +458,34 @@ cmd_bench() {
   done
 }
 
+# --- plot -----------------------------------------------------------------------------
+
+# The python3 that imports matplotlib, or nothing: Debian's python3-matplotlib serves
+# /usr/bin/python3, and a python3 earlier on PATH (pyenv, a virtual environment) may lack it.
+plot_python() {
+  local candidate
+  for candidate in python3 /usr/bin/python3; do
+    if "$candidate" -c "import matplotlib" >/dev/null 2>&1; then
+      echo "$candidate"
+      return 0
+    fi
+  done
+}
+
+# Plotting needs only matplotlib, so this installs just that (not the whole setup).
+cmd_plot() {
+  local python
+  python="$(plot_python)"
+  if [[ -z "$python" ]]; then
+    command -v dpkg-query >/dev/null 2>&1 || die "plot needs matplotlib; install it by hand"
+    log "installing python3-matplotlib for the plots"
+    install_packages python3-matplotlib >&2
+    python="$(plot_python)"
+    [[ -n "$python" ]] || die "python3-matplotlib is installed, but no python3 imports matplotlib"
+  fi
+  exec "$python" tools/rdplot.py "$@"
+}
+
 # --- main -----------------------------------------------------------------------------
 
 command="${1:-help}"
@@ -464,6 +497,7 @@ case "$command" in
   demo) cmd_demo "$@" ;;
   launch) cmd_launch "$@" ;;
   bench) cmd_bench "$@" ;;
+  plot) cmd_plot "$@" ;;
   gpu-pack) cmd_gpu_pack ;;
   gpu-run) cmd_gpu_run "$@" ;;
   help | -h | --help) usage ;;
