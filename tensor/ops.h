@@ -125,9 +125,13 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator& gen);
 void attention_merge_(const Tensor& acc_out, const Tensor& acc_lse, const Tensor& part_out,
                       const Tensor& part_lse);
 enum class Reduction { kNone, kMean, kSum };
-// logits [N, C] (or [C]), integer targets [N] (or []). Targets equal to ignore_index add
-// nothing; kMean divides by the number of targets not ignored (0/0 gives NaN, as PyTorch).
-// One fused kernel per direction: the probabilities are never materialized.
+// logits [N, C], [C] or [N, C, d1, d2, ...] (as PyTorch: classes in dim 1), integer
+// targets [N], [] or [N, d1, d2, ...]. Targets equal to ignore_index add nothing; kMean
+// divides by the number of targets not ignored (0/0 gives NaN, as PyTorch); kNone returns
+// the targets' shape. One fused kernel per direction, reading the logits in their own
+// layout (the class stride of the [N, C, d...] form costs no permuted copy); the
+// probabilities are never materialized. A CPU target outside [0, C) throws here; on CUDA
+// it is found without a host synchronization, raised at the next one (check_async_errors).
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index = -100,
                      Reduction reduction = Reduction::kMean);
 

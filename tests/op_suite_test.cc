@@ -758,6 +758,33 @@ void add_nn(CaseTable& t) {
          [ref_red](const Rs& r) { return ref::cross_entropy(r[0], r[1], -100, ref_red); })
         .accumulates(5);
   }
+  // The spatial form [N, C, d1, ...] with targets [N, d1, ...]: classes `inner` apart. 37
+  // positions per sample cover two full tiles of adjacent positions and a partial one.
+  struct SpatialCeVariant {
+    Shape logits;
+    int64_t ignore;
+  };
+  for (const SpatialCeVariant& s : {SpatialCeVariant{{2, 5, 3}, -100},
+                                    SpatialCeVariant{{2, 4, 3, 2}, 1},
+                                    SpatialCeVariant{{2, 3, 37}, -100}}) {
+    Shape target_shape = s.logits;
+    target_shape.erase(target_shape.begin() + 1);
+    const int64_t classes = s.logits[1];
+    const int64_t ignore = s.ignore;
+    for (const CeVariant& v : {CeVariant{"mean", rd::Reduction::kMean, Reduction::kMean},
+                               CeVariant{"none", rd::Reduction::kNone, Reduction::kNone}}) {
+      auto red = v.reduction;
+      auto ref_red = v.ref_reduction;
+      t.def(
+           "cross_entropy_spatial_" + v.tag, kFloat,
+           {Data(s.logits), Targets(target_shape, classes, ignore)},
+           [red, ignore](const Ts& x) { return cross_entropy(x[0], x[1], ignore, red); },
+           [ref_red, ignore](const Rs& r) {
+             return ref::cross_entropy(r[0], r[1], ignore, ref_red);
+           })
+          .accumulates(classes);
+    }
+  }
   t.def(
        "cross_entropy_mean_all_ignored", kFloat, {Data({3, 4}), AllIgnored({3}, -100)},
        [](const Ts& x) { return cross_entropy(x[0], x[1]); },

@@ -52,10 +52,11 @@ class CpuBackend final : public KernelBackend {
 
   // cross_entropy.cc
   void cross_entropy(void* loss, void* lse, const void* logits, const int64_t* targets,
-                     DType dtype, int64_t rows, int64_t cols, int64_t ignore_index) override;
+                     DType dtype, int64_t rows, int64_t cols, int64_t inner,
+                     int64_t ignore_index) override;
   void cross_entropy_backward(void* grad_logits, const void* grad_loss, int64_t grad_loss_stride,
                               const void* logits, const void* lse, const int64_t* targets,
-                              DType dtype, int64_t rows, int64_t cols,
+                              DType dtype, int64_t rows, int64_t cols, int64_t inner,
                               int64_t ignore_index) override;
 
   // attention_backend.cc (the math kernels of kernels/cpu/attention.cc)
