@@ -274,6 +274,17 @@ class KernelBackend {
                                       int64_t rows, int64_t cols, int64_t inner,
                                       int64_t ignore_index) = 0;
 
+  // --- rotary position embedding (kernels/rotary.h) ---
+  // Rotates the pairs (i, i + D/2) of x [B, T, H, D] (any strides, D even, a floating dtype)
+  // by position, in the "rotate_half" convention of GPT-NeoX and Hugging Face Llama: with
+  // p = position_offset + t and a = rotary_angle(p, i, D, base) for i < D/2,
+  //   out[..., i] = x_i cos a - x_{i+D/2} sin a;  out[..., i+D/2] = x_{i+D/2} cos a + x_i sin a,
+  // or the rotation by -a when `inverse` (the backward pass). cos and sin come from the
+  // float64 angle, rounded to accumulation_dtype(dtype), where the rotation is computed. x is
+  // read once and out written once; out has x's shape and dtype and may be x itself.
+  virtual void rotary_embedding(const StridedView& out, const StridedView& x,
+                                int64_t position_offset, double base, bool inverse) = 0;
+
   // --- attention (the primitive of kernels/attention.h) ---
   // Whether `kernel` can run this call on this device; when not, *why_not says why (for the
   // fallback log). `backward` is null for a forward call. The math kernel runs every valid

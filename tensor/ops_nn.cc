@@ -1,5 +1,5 @@
-// Neural-network ops: softmax, log_softmax, layer/RMS norm, embedding, dropout and
-// cross-entropy, with their backward passes (fused row-wise kernels where they exist).
+// Neural-network ops: softmax, log_softmax, layer/RMS norm, embedding, rotary embedding,
+// dropout and cross-entropy, with their backward passes (fused kernels where they exist).
 #include <algorithm>
 #include <cstdint>
 #include <string>
@@ -336,6 +336,34 @@ void attention_merge_(const Tensor& acc_out, const Tensor& acc_lse, const Tensor
   backend_for(acc_out.device())
       .attention_merge(kernel_view(acc_out, kOp), kernel_view(acc_lse.permute({0, 2, 1}), kOp),
                        kernel_view(part_out, kOp), kernel_view(part_lse.permute({0, 2, 1}), kOp));
+}
+
+namespace {
+
+// x rotated by the rotary embedding (or its inverse) into a new tensor; no autograd.
+Tensor rotary_raw(const Tensor& x, int64_t position_offset, double base, bool inverse) {
+  constexpr const char* kOp = "rotary_embedding";
+  Tensor out = empty(x.shape(), options_like(x));
+  // The kernel checks the rest (4 dims, even D, base, positions) even when x is empty.
+  backend_for(x.device())
+      .rotary_embedding(kernel_view(out, kOp), kernel_view(x, kOp), position_offset, base,
+                        inverse);
+  return out;
+}
+
+}  // namespace
+
+Tensor rotary_embedding(const Tensor& x, int64_t position_offset, double base) {
+  constexpr const char* kOp = "rotary_embedding";
+  check_defined_floating(x, kOp, "x");
+  Tensor out = rotary_raw(x.detach(), position_offset, base, /*inverse=*/false);
+  if (autograd::needs_grad({&x})) {
+    // The rotation is orthogonal: its adjoint is the inverse rotation.
+    autograd::record(out, kOp, {x}, [position_offset, base](const Tensor& g) {
+      return std::vector<Tensor>{rotary_raw(g, position_offset, base, /*inverse=*/true)};
+    });
+  }
+  return out;
 }
 
 Tensor dropout(const Tensor& x, double p, bool training, Generator& gen) {

@@ -705,6 +705,33 @@ void add_nn(CaseTable& t) {
   t.def("embedding", kFloat, {Data({6, 3}), Index({}, 6)}, embed, embed_ref);
   t.def("embedding_i32", kFloat, {Data({5, 2}), Index({7}, 5, DType::kInt32)}, embed, embed_ref);
 
+  // rotary_embedding: plain and offset positions, another base, one head; float64 too, so
+  // the gradient (the inverse rotation) is checked. Around position 2^21 only the
+  // float32-computed dtypes are compared with the reference here: a float64 angle there
+  // carries ~1e-10 rad of rounding, more than the float64 tolerance; rotary_test.cc checks
+  // that case with a tolerance derived from the position.
+  struct RotaryVariant {
+    std::string tag;
+    Shape shape;
+    int64_t offset;
+    double base;
+    std::vector<DType> dtypes;
+  };
+  const std::vector<DType> k32Bit = {DType::kFloat32, DType::kBFloat16, DType::kFloat16};
+  for (const RotaryVariant& v :
+       {RotaryVariant{"", {2, 3, 2, 4}, 0, 10000.0, kFloat},
+        RotaryVariant{"_offset7_base500", {1, 5, 3, 6}, 7, 500.0, kFloat},
+        RotaryVariant{"_one_head", {2, 4, 1, 8}, 3, 10000.0, kFloat},
+        RotaryVariant{"_position2m", {1, 3, 2, 8}, 2'097'151, 10000.0, k32Bit}}) {
+    const int64_t offset = v.offset;
+    const double base = v.base;
+    t.def(
+         "rotary_embedding" + v.tag, v.dtypes, {Data(v.shape)},
+         [offset, base](const Ts& x) { return rotary_embedding(x[0], offset, base); },
+         [offset, base](const Rs& r) { return ref::rotary_embedding(r[0], offset, base); })
+        .accumulates(2);
+  }
+
   // dropout: identity when p = 0 or when not training; with p > 0 only the gradient is
   // checked here (the mask is random), by re-seeding the generator on every evaluation.
   for (const Shape& shape : {Shape{3, 4}, Shape{}}) {
