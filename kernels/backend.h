@@ -252,19 +252,38 @@ class KernelBackend {
                              const float* mean, const float* rstd, const void* weight,
                              DType dtype, int64_t rows, int64_t cols, bool rms) = 0;
 
-  // Cross-entropy over contiguous [rows, cols] logits and int64 targets [rows], never
-  // materializing the probabilities: lse[r] = logsumexp(logits[r]) and
-  // loss[r] = lse[r] - logits[r, targets[r]], or 0 when targets[r] == ignore_index.
-  // loss and lse are of accumulation_dtype(dtype). Targets are bounds-checked by the caller.
+  // Cross-entropy over `rows` positions of `cols` classes, never materializing the
+  // probabilities. Logits are contiguous [rows / inner, cols, inner] (PyTorch's [N, C, d...]
+  // with inner = d1 * d2 * ...; inner == 1 is row-major [rows, cols]): class c of position
+  // r = o * inner + i is logits[(o * cols + c) * inner + i]. Targets are int64 [rows], in
+  // position order. lse[r] = logsumexp over the classes of r and
+  // loss[r] = lse[r] - logit(r, targets[r]), or 0 when targets[r] == ignore_index.
+  // loss and lse are of accumulation_dtype(dtype). The CPU throws kOutOfRange for a target
+  // outside [0, cols) (other than ignore_index); a device records it as an asynchronous
+  // error (raise_async_error) and makes that position's loss NaN, never reading outside it.
   virtual void cross_entropy(void* loss, void* lse, const void* logits, const int64_t* targets,
-                             DType dtype, int64_t rows, int64_t cols, int64_t ignore_index) = 0;
-  // grad_logits[r, c] = grad_loss[r * grad_loss_stride] * (exp(logits[r, c] - lse[r]) -
-  // (c == targets[r])), and 0 on ignored rows. grad_loss (accumulation_dtype(dtype)) may
-  // broadcast one value with stride 0, which is how a mean or sum reduction arrives.
+                             DType dtype, int64_t rows, int64_t cols, int64_t inner,
+                             int64_t ignore_index) = 0;
+  // grad_logits(r, c) = grad_loss[r * grad_loss_stride] * (exp(logit(r, c) - lse[r]) -
+  // (c == targets[r])), and 0 at ignored positions; same layout as the logits. grad_loss
+  // (accumulation_dtype(dtype)) may broadcast one value with stride 0, which is how a mean
+  // or sum reduction arrives.
   virtual void cross_entropy_backward(void* grad_logits, const void* grad_loss,
                                       int64_t grad_loss_stride, const void* logits,
                                       const void* lse, const int64_t* targets, DType dtype,
-                                      int64_t rows, int64_t cols, int64_t ignore_index) = 0;
+                                      int64_t rows, int64_t cols, int64_t inner,
+                                      int64_t ignore_index) = 0;
+
+  // --- rotary position embedding (kernels/rotary.h) ---
+  // Rotates the pairs (i, i + D/2) of x [B, T, H, D] (any strides, D even, a floating dtype)
+  // by position, in the "rotate_half" convention of GPT-NeoX and Hugging Face Llama: with
+  // p = position_offset + t and a = rotary_angle(p, i, D, base) for i < D/2,
+  //   out[..., i] = x_i cos a - x_{i+D/2} sin a;  out[..., i+D/2] = x_{i+D/2} cos a + x_i sin a,
+  // or the rotation by -a when `inverse` (the backward pass). cos and sin come from the
+  // float64 angle, rounded to accumulation_dtype(dtype), where the rotation is computed. x is
+  // read once and out written once; out has x's shape and dtype and may be x itself.
+  virtual void rotary_embedding(const StridedView& out, const StridedView& x,
+                                int64_t position_offset, double base, bool inverse) = 0;
 
   // --- attention (the primitive of kernels/attention.h) ---
   // Whether `kernel` can run this call on this device; when not, *why_not says why (for the

@@ -114,6 +114,17 @@ AddNormResult add_rms_norm(const Tensor& x, const Tensor& residual, const Shape&
                            const Tensor& weight = {}, double eps = 1e-6);
 // Rows of weight [V, E] picked by integer `indices` of any shape -> [..., E].
 Tensor embedding(const Tensor& weight, const Tensor& indices);
+// Rotary position embedding (RoPE) of x [B, T, H, D] (D even, floating), in the
+// "rotate_half" convention of GPT-NeoX and Hugging Face Llama: token t sits at position
+// p = position_offset + t and, for i < D/2 with angle a = p * base^(-2i/D),
+//   out[..., i] = x_i cos a - x_{i+D/2} sin a;  out[..., i+D/2] = x_{i+D/2} cos a + x_i sin a.
+// position_offset gives a shard its global positions: a sequence-parallel rank r of P
+// holding tokens [r * N / P, (r + 1) * N / P) passes r * N / P. The angle is computed in
+// float64 from the integer position (exact up to 2^53), so positions ~1e6 lose nothing
+// beyond float64 rounding; cos and sin are then rounded to float32 (float64 for float64 x).
+// One fused kernel reads x once and writes out once; the backward pass is the inverse
+// rotation (the same kernel).
+Tensor rotary_embedding(const Tensor& x, int64_t position_offset = 0, double base = 10000.0);
 // Zeroes each element with probability p and scales survivors by 1/(1-p), when training.
 Tensor dropout(const Tensor& x, double p, bool training, Generator& gen);
 
@@ -125,9 +136,13 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator& gen);
 void attention_merge_(const Tensor& acc_out, const Tensor& acc_lse, const Tensor& part_out,
                       const Tensor& part_lse);
 enum class Reduction { kNone, kMean, kSum };
-// logits [N, C] (or [C]), integer targets [N] (or []). Targets equal to ignore_index add
-// nothing; kMean divides by the number of targets not ignored (0/0 gives NaN, as PyTorch).
-// One fused kernel per direction: the probabilities are never materialized.
+// logits [N, C], [C] or [N, C, d1, d2, ...] (as PyTorch: classes in dim 1), integer
+// targets [N], [] or [N, d1, d2, ...]. Targets equal to ignore_index add nothing; kMean
+// divides by the number of targets not ignored (0/0 gives NaN, as PyTorch); kNone returns
+// the targets' shape. One fused kernel per direction, reading the logits in their own
+// layout (the class stride of the [N, C, d...] form costs no permuted copy); the
+// probabilities are never materialized. A CPU target outside [0, C) throws here; on CUDA
+// it is found without a host synchronization, raised at the next one (check_async_errors).
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index = -100,
                      Reduction reduction = Reduction::kMean);
 

@@ -1,5 +1,5 @@
-// Neural-network ops: softmax, log_softmax, layer/RMS norm, embedding, dropout and
-// cross-entropy, with their backward passes (fused row-wise kernels where they exist).
+// Neural-network ops: softmax, log_softmax, layer/RMS norm, embedding, rotary embedding,
+// dropout and cross-entropy, with their backward passes (fused kernels where they exist).
 #include <algorithm>
 #include <cstdint>
 #include <string>
@@ -338,6 +338,34 @@ void attention_merge_(const Tensor& acc_out, const Tensor& acc_lse, const Tensor
                        kernel_view(part_out, kOp), kernel_view(part_lse.permute({0, 2, 1}), kOp));
 }
 
+namespace {
+
+// x rotated by the rotary embedding (or its inverse) into a new tensor; no autograd.
+Tensor rotary_raw(const Tensor& x, int64_t position_offset, double base, bool inverse) {
+  constexpr const char* kOp = "rotary_embedding";
+  Tensor out = empty(x.shape(), options_like(x));
+  // The kernel checks the rest (4 dims, even D, base, positions) even when x is empty.
+  backend_for(x.device())
+      .rotary_embedding(kernel_view(out, kOp), kernel_view(x, kOp), position_offset, base,
+                        inverse);
+  return out;
+}
+
+}  // namespace
+
+Tensor rotary_embedding(const Tensor& x, int64_t position_offset, double base) {
+  constexpr const char* kOp = "rotary_embedding";
+  check_defined_floating(x, kOp, "x");
+  Tensor out = rotary_raw(x.detach(), position_offset, base, /*inverse=*/false);
+  if (autograd::needs_grad({&x})) {
+    // The rotation is orthogonal: its adjoint is the inverse rotation.
+    autograd::record(out, kOp, {x}, [position_offset, base](const Tensor& g) {
+      return std::vector<Tensor>{rotary_raw(g, position_offset, base, /*inverse=*/true)};
+    });
+  }
+  return out;
+}
+
 Tensor dropout(const Tensor& x, double p, bool training, Generator& gen) {
   constexpr const char* kOp = "dropout";
   check_defined_floating(x, kOp, "x");
@@ -362,42 +390,60 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator& gen) {
   return mul(x, mask);
 }
 
+namespace {
+
+// The targets shape cross_entropy needs for `logits`: [] for [C], [N] for [N, C] and
+// [N, d1, d2, ...] for [N, C, d1, d2, ...] (the class dim, 1, dropped).
+Shape cross_entropy_targets_shape(const Shape& logits) {
+  if (logits.size() == 1) return {};
+  Shape targets = logits;
+  targets.erase(targets.begin() + 1);
+  return targets;
+}
+
+}  // namespace
+
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
                      Reduction reduction) {
   constexpr const char* kOp = "cross_entropy";
   check_defined_floating(logits, kOp, "logits");
-  RD_CHECK(logits.dim() == 1 || logits.dim() == 2, kShapeMismatch, kOp,
-           ": argument 'logits' must be [N, C] or [C], got shape ", shape_str(logits.shape()));
+  RD_CHECK(logits.dim() >= 1, kShapeMismatch, kOp,
+           ": argument 'logits' must be [C], [N, C] or [N, C, d1, ...], got shape ",
+           shape_str(logits.shape()));
   Tensor target = op_util::int64_index(targets, kOp, "targets");
   check_same_device({&logits, &targets}, kOp);
-  const bool batched = logits.dim() == 2;
-  const int64_t num_classes = logits.size(-1);
-  const Shape expected_targets = batched ? Shape{logits.size(0)} : Shape{};
+  const Shape expected_targets = cross_entropy_targets_shape(logits.shape());
   RD_CHECK(targets.shape() == expected_targets, kShapeMismatch, kOp,
            ": argument 'targets' has shape ", shape_str(targets.shape()),
            " but logits of shape ", shape_str(logits.shape()), " need targets of shape ",
            shape_str(expected_targets));
-  // The fused kernels trust the targets (a bad one would read outside its row), so device
-  // targets are checked here too.
-  op_util::check_index_bounds(target, num_classes, kOp, "targets", "num_classes C",
-                              ignore_index, /*check_device=*/true);
+  // The fused kernels never read outside a position's classes: the CPU's are checked here
+  // (synchronously); a device kernel records a bad target as an asynchronous error raised
+  // at the next synchronization (see check_async_errors) and makes that loss NaN.
+  op_util::check_index_bounds(target, logits.dim() == 1 ? logits.size(0) : logits.size(1), kOp,
+                              "targets", "num_classes C", ignore_index);
 
-  // One fused kernel per direction over [N, C] rows: the forward pass keeps each row's
-  // logsumexp (in the accumulation dtype) for the backward pass, which then needs neither
-  // the probabilities nor a second softmax.
+  // One fused kernel per direction. The logits stay in their own layout [N, C, inner] (inner
+  // = d1 * d2 * ..., 1 for [N, C]): the kernels take the class stride, so the spatial form
+  // costs no permuted copy. The forward pass keeps each position's logsumexp (in the
+  // accumulation dtype) for the backward pass, which needs neither the probabilities nor a
+  // second softmax.
   const DType dtype = logits.dtype();
   const DType acc = accumulation_dtype(dtype);
-  const int64_t rows = batched ? logits.size(0) : 1;
-  Tensor logits_c = logits.detach().reshape({rows, num_classes}).contiguous();
-  Tensor target_c = target.reshape({rows}).contiguous();
-  Tensor losses = empty({rows}, options_like(logits, acc));
-  Tensor lse = empty({rows}, options_like(logits, acc));
+  const int64_t num_classes = logits.dim() == 1 ? logits.size(0) : logits.size(1);
+  const int64_t rows = target.numel();
+  int64_t inner = 1;  // the class stride: the product of the dims after C
+  for (int64_t d = 2; d < logits.dim(); ++d) inner *= logits.size(d);
+  Tensor logits_c = logits.detach().contiguous();
+  Tensor target_c = target.contiguous();
+  Tensor losses = empty(expected_targets, options_like(logits, acc));
+  Tensor lse = empty(expected_targets, options_like(logits, acc));
   const auto* target_data = static_cast<const int64_t*>(contiguous_data(target_c, kOp));
   if (rows > 0) {
     backend_for(logits.device())
         .cross_entropy(contiguous_data(losses, kOp), contiguous_data(lse, kOp),
                        contiguous_data(logits_c, kOp), target_data, dtype, rows, num_classes,
-                       ignore_index);
+                       inner, ignore_index);
   }
 
   // The reduction in the accumulation dtype; kMean divides by the count of targets not
@@ -406,7 +452,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore
   Tensor loss;
   switch (reduction) {
     case Reduction::kNone:
-      loss = batched ? losses : losses.reshape({});
+      loss = losses;
       break;
     case Reduction::kSum:
       loss = sum(losses);
@@ -424,25 +470,25 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore
   autograd::record(
       out, kOp, {logits},
       [logits_c, target_c, lse, count, reduction, ignore_index, acc, rows, num_classes,
-       logits_shape = logits.shape()](const Tensor& g) {
-        // grad_loss per row: g itself for kNone; for kSum and kMean one value (the mean's
-        // 1/count folded in) broadcast to every row through stride 0.
+       inner](const Tensor& g) {
+        // grad_loss per position: g itself for kNone; for kSum and kMean one value (the
+        // mean's 1/count folded in) broadcast to every position through stride 0.
         Tensor grad_loss = g.to(acc).contiguous();
         int64_t grad_loss_stride = 1;
         if (reduction != Reduction::kNone) {
           if (reduction == Reduction::kMean) grad_loss = div(grad_loss, count).contiguous();
           grad_loss_stride = 0;
         }
-        Tensor grad = empty({rows, num_classes}, options_like(logits_c));
+        Tensor grad = empty(logits_c.shape(), options_like(logits_c));
         if (grad.numel() > 0) {
           backend_for(logits_c.device())
               .cross_entropy_backward(
                   contiguous_data(grad, kOp), contiguous_data(grad_loss, kOp), grad_loss_stride,
                   contiguous_data(logits_c, kOp), contiguous_data(lse, kOp),
                   static_cast<const int64_t*>(contiguous_data(target_c, kOp)), logits_c.dtype(),
-                  rows, num_classes, ignore_index);
+                  rows, num_classes, inner, ignore_index);
         }
-        return std::vector<Tensor>{grad.view(logits_shape)};
+        return std::vector<Tensor>{grad};
       });
   return out;
 }

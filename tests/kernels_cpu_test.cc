@@ -1262,13 +1262,13 @@ TEST(CpuKernelsTest, CrossEntropyMatchesFloat64ReferenceOnShortAndLongRows) {
         for (int64_t i = 0; i < buf->size(); ++i) buf->set(i, NAN);
       }
       const auto* tp = static_cast<const int64_t*>(targets.data());
-      cpu().cross_entropy(loss.data(), lse.data(), x.data(), tp, t, rows, cols, c.ignore_index);
+      cpu().cross_entropy(loss.data(), lse.data(), x.data(), tp, t, rows, cols, 1, c.ignore_index);
 
       const double u_acc = unit_roundoff(acc);
       for (bool broadcast : {false, true}) {
         SCOPED_TRACE(broadcast ? "grad_loss stride 0" : "grad_loss stride 1");
         cpu().cross_entropy_backward(gx.data(), g.data(), broadcast ? 0 : 1, x.data(),
-                                     lse.data(), tp, t, rows, cols, c.ignore_index);
+                                     lse.data(), tp, t, rows, cols, 1, c.ignore_index);
         int failures = 0;
         for (int64_t r = 0; r < rows && failures < 10; ++r) {
           std::vector<double> xr(cols);
@@ -1314,36 +1314,99 @@ TEST(CpuKernelsTest, CrossEntropyRejectsBadArguments) {
   expect_error(
       [&] {
         cpu().cross_entropy(loss.data(), lse.data(), x.data(), targets.data(), DType::kFloat32, 2,
-                            3, -100);
+                            3, 1, -100);
       },
       ErrorCode::kOutOfRange, "cross_entropy: target 3");
   targets[1] = -100;
   expect_error(
       [&] {
         cpu().cross_entropy(loss.data(), lse.data(), nullptr, targets.data(), DType::kFloat32, 2,
-                            3, -100);
+                            3, 1, -100);
       },
       ErrorCode::kInvalidArgument, "'logits'");
   expect_error(
       [&] {
         cpu().cross_entropy(loss.data(), lse.data(), x.data(), targets.data(), DType::kFloat32,
-                            -1, 3, -100);
+                            -1, 3, 1, -100);
       },
       ErrorCode::kInvalidArgument, "cross_entropy: rows and cols");
   expect_error(
       [&] {
         cpu().cross_entropy(loss.data(), lse.data(), x.data(), targets.data(), DType::kInt32, 2, 3,
-                            -100);
+                            1, -100);
       },
       ErrorCode::kDTypeMismatch, "cross_entropy");
   expect_error(
       [&] {
         cpu().cross_entropy_backward(x.data(), loss.data(), -1, x.data(), lse.data(),
-                                     targets.data(), DType::kFloat32, 2, 3, -100);
+                                     targets.data(), DType::kFloat32, 2, 3, 1, -100);
       },
       ErrorCode::kInvalidArgument, "cross_entropy_backward: argument 'grad_loss_stride'");
+  expect_error(
+      [&] {
+        cpu().cross_entropy(loss.data(), lse.data(), x.data(), targets.data(), DType::kFloat32, 2,
+                            3, 4, -100);
+      },
+      ErrorCode::kInvalidArgument, "cross_entropy: argument 'inner'");
   // No rows: nothing is read, so null pointers are fine.
-  cpu().cross_entropy(nullptr, nullptr, nullptr, nullptr, DType::kFloat32, 0, 3, -100);
+  cpu().cross_entropy(nullptr, nullptr, nullptr, nullptr, DType::kFloat32, 0, 3, 1, -100);
+}
+
+// Logits [outer, cols, inner] (classes `inner` apart) give bit for bit what the same values
+// moved to row-major [outer * inner, cols] give: every position is reduced in the same order.
+TEST(CpuKernelsTest, CrossEntropyWithAClassStrideMatchesRowMajorBitForBit) {
+  std::mt19937 rng(19);
+  struct Case {
+    int64_t outer, cols, inner;
+  };
+  // inner 37: two full tiles of 16 adjacent positions and a partial one; cols 300 spans
+  // several 128-class blocks.
+  for (const Case& c : {Case{2, 300, 37}, Case{3, 5, 2}, Case{1, 129, 16}}) {
+    for (DType t : kFloatTypes) {
+      SCOPED_TRACE(std::string(dtype_name(t)) + " outer=" + std::to_string(c.outer) +
+                   " cols=" + std::to_string(c.cols) + " inner=" + std::to_string(c.inner));
+      const int64_t rows = c.outer * c.inner, n = rows * c.cols;
+      const DType acc = accumulation_dtype(t);
+      Buffer strided(t, n), row_major(t, n), targets(DType::kInt64, rows), g(acc, rows);
+      strided.randomize(rng, -8, 8);
+      g.randomize(rng, 0.5, 2);
+      for (int64_t o = 0; o < c.outer; ++o) {
+        for (int64_t j = 0; j < c.cols; ++j) {
+          for (int64_t i = 0; i < c.inner; ++i) {
+            row_major.set((o * c.inner + i) * c.cols + j,
+                          strided.get((o * c.cols + j) * c.inner + i));
+          }
+        }
+      }
+      for (int64_t r = 0; r < rows; ++r) {
+        targets.set(r, r % 4 == 1 ? -100.0 : static_cast<double>((r * 7919 + 3) % c.cols));
+      }
+      const auto* tp = static_cast<const int64_t*>(targets.data());
+      Buffer loss_s(acc, rows), lse_s(acc, rows), loss_r(acc, rows), lse_r(acc, rows);
+      cpu().cross_entropy(loss_s.data(), lse_s.data(), strided.data(), tp, t, rows, c.cols,
+                          c.inner, -100);
+      cpu().cross_entropy(loss_r.data(), lse_r.data(), row_major.data(), tp, t, rows, c.cols, 1,
+                          -100);
+      for (int64_t r = 0; r < rows; ++r) {
+        ASSERT_EQ(lse_s.get(r), lse_r.get(r)) << "lse of position " << r;
+        ASSERT_EQ(loss_s.get(r), loss_r.get(r)) << "loss of position " << r;
+      }
+      Buffer gx_s(t, n), gx_r(t, n);
+      cpu().cross_entropy_backward(gx_s.data(), g.data(), 1, strided.data(), lse_s.data(), tp, t,
+                                   rows, c.cols, c.inner, -100);
+      cpu().cross_entropy_backward(gx_r.data(), g.data(), 1, row_major.data(), lse_r.data(), tp,
+                                   t, rows, c.cols, 1, -100);
+      for (int64_t o = 0; o < c.outer; ++o) {
+        for (int64_t j = 0; j < c.cols; ++j) {
+          for (int64_t i = 0; i < c.inner; ++i) {
+            ASSERT_EQ(gx_s.get((o * c.cols + j) * c.inner + i),
+                      gx_r.get((o * c.inner + i) * c.cols + j))
+                << "grad of position " << o * c.inner + i << " class " << j;
+          }
+        }
+      }
+    }
+  }
 }
 
 // ---------------------------------------------------------------------------------------

@@ -705,6 +705,33 @@ void add_nn(CaseTable& t) {
   t.def("embedding", kFloat, {Data({6, 3}), Index({}, 6)}, embed, embed_ref);
   t.def("embedding_i32", kFloat, {Data({5, 2}), Index({7}, 5, DType::kInt32)}, embed, embed_ref);
 
+  // rotary_embedding: plain and offset positions, another base, one head; float64 too, so
+  // the gradient (the inverse rotation) is checked. Around position 2^21 only the
+  // float32-computed dtypes are compared with the reference here: a float64 angle there
+  // carries ~1e-10 rad of rounding, more than the float64 tolerance; rotary_test.cc checks
+  // that case with a tolerance derived from the position.
+  struct RotaryVariant {
+    std::string tag;
+    Shape shape;
+    int64_t offset;
+    double base;
+    std::vector<DType> dtypes;
+  };
+  const std::vector<DType> k32Bit = {DType::kFloat32, DType::kBFloat16, DType::kFloat16};
+  for (const RotaryVariant& v :
+       {RotaryVariant{"", {2, 3, 2, 4}, 0, 10000.0, kFloat},
+        RotaryVariant{"_offset7_base500", {1, 5, 3, 6}, 7, 500.0, kFloat},
+        RotaryVariant{"_one_head", {2, 4, 1, 8}, 3, 10000.0, kFloat},
+        RotaryVariant{"_position2m", {1, 3, 2, 8}, 2'097'151, 10000.0, k32Bit}}) {
+    const int64_t offset = v.offset;
+    const double base = v.base;
+    t.def(
+         "rotary_embedding" + v.tag, v.dtypes, {Data(v.shape)},
+         [offset, base](const Ts& x) { return rotary_embedding(x[0], offset, base); },
+         [offset, base](const Rs& r) { return ref::rotary_embedding(r[0], offset, base); })
+        .accumulates(2);
+  }
+
   // dropout: identity when p = 0 or when not training; with p > 0 only the gradient is
   // checked here (the mask is random), by re-seeding the generator on every evaluation.
   for (const Shape& shape : {Shape{3, 4}, Shape{}}) {
@@ -757,6 +784,33 @@ void add_nn(CaseTable& t) {
          [red](const Ts& x) { return cross_entropy(x[0], x[1], -100, red); },
          [ref_red](const Rs& r) { return ref::cross_entropy(r[0], r[1], -100, ref_red); })
         .accumulates(5);
+  }
+  // The spatial form [N, C, d1, ...] with targets [N, d1, ...]: classes `inner` apart. 37
+  // positions per sample cover two full tiles of adjacent positions and a partial one.
+  struct SpatialCeVariant {
+    Shape logits;
+    int64_t ignore;
+  };
+  for (const SpatialCeVariant& s : {SpatialCeVariant{{2, 5, 3}, -100},
+                                    SpatialCeVariant{{2, 4, 3, 2}, 1},
+                                    SpatialCeVariant{{2, 3, 37}, -100}}) {
+    Shape target_shape = s.logits;
+    target_shape.erase(target_shape.begin() + 1);
+    const int64_t classes = s.logits[1];
+    const int64_t ignore = s.ignore;
+    for (const CeVariant& v : {CeVariant{"mean", rd::Reduction::kMean, Reduction::kMean},
+                               CeVariant{"none", rd::Reduction::kNone, Reduction::kNone}}) {
+      auto red = v.reduction;
+      auto ref_red = v.ref_reduction;
+      t.def(
+           "cross_entropy_spatial_" + v.tag, kFloat,
+           {Data(s.logits), Targets(target_shape, classes, ignore)},
+           [red, ignore](const Ts& x) { return cross_entropy(x[0], x[1], ignore, red); },
+           [ref_red, ignore](const Rs& r) {
+             return ref::cross_entropy(r[0], r[1], ignore, ref_red);
+           })
+          .accumulates(classes);
+    }
   }
   t.def(
        "cross_entropy_mean_all_ignored", kFloat, {Data({3, 4}), AllIgnored({3}, -100)},

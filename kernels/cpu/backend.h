@@ -1,5 +1,5 @@
 // CpuBackend: the KernelBackend for host memory. Its methods are defined by concern across
-// kernels/cpu/*.cc (copy, elementwise, reduce, gemm, rowwise, cross_entropy, adamw,
+// kernels/cpu/*.cc (copy, elementwise, reduce, gemm, rowwise, cross_entropy, rotary, adamw,
 // indexing, random).
 #pragma once
 
@@ -52,11 +52,16 @@ class CpuBackend final : public KernelBackend {
 
   // cross_entropy.cc
   void cross_entropy(void* loss, void* lse, const void* logits, const int64_t* targets,
-                     DType dtype, int64_t rows, int64_t cols, int64_t ignore_index) override;
+                     DType dtype, int64_t rows, int64_t cols, int64_t inner,
+                     int64_t ignore_index) override;
   void cross_entropy_backward(void* grad_logits, const void* grad_loss, int64_t grad_loss_stride,
                               const void* logits, const void* lse, const int64_t* targets,
-                              DType dtype, int64_t rows, int64_t cols,
+                              DType dtype, int64_t rows, int64_t cols, int64_t inner,
                               int64_t ignore_index) override;
+
+  // rotary.cc
+  void rotary_embedding(const StridedView& out, const StridedView& x, int64_t position_offset,
+                        double base, bool inverse) override;
 
   // attention_backend.cc (the math kernels of kernels/cpu/attention.cc)
   bool attention_supports(AttentionKernel kernel, const AttentionForwardArgs& forward,

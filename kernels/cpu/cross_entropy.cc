@@ -1,7 +1,8 @@
-// CPU fused cross-entropy over contiguous [rows, cols] logits and int64 targets: per row a
-// one-pass online logsumexp (the probabilities are never stored) and the backward
-// g * (softmax - onehot). Rows run in parallel; each is computed in float32 (float64 for
-// float64 data).
+// CPU fused cross-entropy over contiguous [rows / inner, cols, inner] logits (row-major
+// [rows, cols] when inner == 1) and int64 targets: per position a one-pass blocked
+// logsumexp (the probabilities are never stored) and the backward g * (softmax - onehot).
+// Positions run in parallel, adjacent ones together when classes are strided; each is
+// computed in float32 (float64 for float64 data), in the same order whatever the layout.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -44,31 +45,94 @@ LseState<A> merge(const LseState<A>& a, const LseState<A>& b) {
   return {m, rescale(a.sum, a.max, m) + rescale(b.sum, b.max, m)};
 }
 
-// The logsumexp of a row, read once: each block of kBlock values (in L1 after its max is
-// taken) becomes a state, and states merge pairwise like a binary counter, so the rounding
-// error grows with log2(cols / kBlock), not with cols.
-template <class T>
-Compute<T> row_logsumexp(const T* x, int64_t cols) {
+// Positions whose classes lie `stride` apart (the class stride of [N, C, d1, ...] logits)
+// are taken `lanes` at a time: lane l of class j is x[j * stride + l], so the inner loops run
+// over adjacent memory. kLanes > 0 fixes the lane count at compile time (1 for row-major
+// [rows, cols] logits, where the lane loops vanish); kLanes == 0 reads it from `lanes`.
+template <int kLanes>
+struct LaneCount {
+  int runtime;
+  constexpr int get() const { return kLanes > 0 ? kLanes : runtime; }
+};
+
+// Positions processed together when classes are strided: their states fit in L1.
+constexpr int kMaxLanes = 16;
+
+// The logsumexp over `cols` classes of each lane, read once: each block of kBlock classes
+// (in L1 after its max is taken) becomes a state, and states merge pairwise like a binary
+// counter, so the rounding error grows with log2(cols / kBlock), not with cols. Every lane
+// follows the order a single row-major row would, so results do not depend on the layout.
+template <class T, int kLanes>
+void lanes_logsumexp(const T* x, int64_t cols, int64_t stride, LaneCount<kLanes> lane_count,
+                     Compute<T>* out) {
   using A = Compute<T>;
   constexpr int64_t kBlock = 128;
   constexpr int kLevels = 57;  // 2^57 blocks exceed any int64 column count
-  LseState<A> levels[kLevels];
+  const int lanes = lane_count.get();
+  LseState<A> levels[kLevels][kLanes > 0 ? kLanes : kMaxLanes];
+  LseState<A> block[kLanes > 0 ? kLanes : kMaxLanes];
   uint64_t blocks = 0;
   for (int64_t start = 0; start < cols; start += kBlock) {
     const int64_t end = std::min(cols, start + kBlock);
-    LseState<A> block;
-    for (int64_t j = start; j < end; ++j) block.max = std::max(block.max, static_cast<A>(x[j]));
-    for (int64_t j = start; j < end; ++j) block.sum += exp_shifted(static_cast<A>(x[j]), block.max);
+    for (int l = 0; l < lanes; ++l) block[l] = LseState<A>{};
+    for (int64_t j = start; j < end; ++j) {
+      for (int l = 0; l < lanes; ++l) {
+        block[l].max = std::max(block[l].max, static_cast<A>(x[j * stride + l]));
+      }
+    }
+    for (int64_t j = start; j < end; ++j) {
+      for (int l = 0; l < lanes; ++l) {
+        block[l].sum += exp_shifted(static_cast<A>(x[j * stride + l]), block[l].max);
+      }
+    }
     int level = 0;
-    for (; (blocks >> level) & 1u; ++level) block = merge(levels[level], block);
-    levels[level] = block;
+    for (; (blocks >> level) & 1u; ++level) {
+      for (int l = 0; l < lanes; ++l) block[l] = merge(levels[level][l], block[l]);
+    }
+    for (int l = 0; l < lanes; ++l) levels[level][l] = block[l];
     ++blocks;
   }
-  LseState<A> total;
-  for (int level = kLevels - 1; level >= 0; --level) {
-    if ((blocks >> level) & 1u) total = merge(total, levels[level]);
+  for (int l = 0; l < lanes; ++l) {
+    LseState<A> total;
+    for (int level = kLevels - 1; level >= 0; --level) {
+      if ((blocks >> level) & 1u) total = merge(total, levels[level][l]);
+    }
+    out[l] = total.max + std::log(total.sum);
   }
-  return total.max + std::log(total.sum);
+}
+
+// Logits of `rows` positions over `cols` classes, laid out [rows / inner, cols, inner]: the
+// classes of position r lie `inner` apart. inner == 1 is the row-major [rows, cols] case.
+// Work is split into tiles of up to kMaxLanes adjacent positions of one outer index.
+struct ClassLayout {
+  int64_t rows, cols, inner;
+
+  int64_t tiles_per_outer() const { return inner == 1 ? 1 : (inner + kMaxLanes - 1) / kMaxLanes; }
+  int64_t tiles() const { return inner == 1 ? rows : rows / inner * tiles_per_outer(); }
+  // The first position of a tile and its number of positions.
+  int64_t first(int64_t tile) const {
+    if (inner == 1) return tile;
+    return tile / tiles_per_outer() * inner + tile % tiles_per_outer() * kMaxLanes;
+  }
+  int lanes(int64_t tile) const {
+    if (inner == 1) return 1;
+    return static_cast<int>(std::min<int64_t>(kMaxLanes, inner - tile % tiles_per_outer() * kMaxLanes));
+  }
+  // The offset of class 0 of position r.
+  int64_t base(int64_t r) const { return r / inner * cols * inner + r % inner; }
+};
+
+// Runs body(first, lanes_of_tile) on every tile in parallel, with the lane count fixed at
+// compile time for row-major logits (body is a generic lambda over LaneCount<k>).
+template <class Body>
+void for_each_tile(const ClassLayout& layout, const Body& body) {
+  if (layout.inner == 1) {
+    parallel_items(layout.rows, layout.cols, [&](int64_t r) { body(r, LaneCount<1>{1}); });
+    return;
+  }
+  parallel_items(layout.tiles(), layout.cols * kMaxLanes, [&](int64_t tile) {
+    body(layout.first(tile), LaneCount<0>{layout.lanes(tile)});
+  });
 }
 
 using NamedPointers = std::initializer_list<std::pair<const char*, const void*>>;
@@ -76,10 +140,13 @@ using NamedPointers = std::initializer_list<std::pair<const char*, const void*>>
 // Rows run in parallel bodies that must not throw, so every check happens before them.
 // Pointers read or written per row must be set when there are rows; per element, when
 // there are elements.
-void check_args(const char* op, int64_t rows, int64_t cols, const int64_t* targets,
-                int64_t ignore_index, NamedPointers per_row, NamedPointers per_element) {
+ClassLayout check_args(const char* op, int64_t rows, int64_t cols, int64_t inner,
+                       const int64_t* targets, int64_t ignore_index, NamedPointers per_row,
+                       NamedPointers per_element) {
   RD_CHECK(rows >= 0 && cols >= 0, kInvalidArgument, op,
            ": rows and cols must be non-negative, got rows=", rows, " cols=", cols);
+  RD_CHECK(inner >= 1 && rows % inner == 0, kInvalidArgument, op,
+           ": argument 'inner' must be positive and divide rows=", rows, ", got ", inner);
   RD_CHECK(rows == 0 || targets != nullptr, kInvalidArgument, op,
            ": argument 'targets' must not be null for ", rows, " rows");
   for (const auto& [name, p] : per_row) {
@@ -98,67 +165,80 @@ void check_args(const char* op, int64_t rows, int64_t cols, const int64_t* targe
              " of row ", r, " is out of range for ", cols, " classes (ignore_index ",
              ignore_index, ")");
   }
+  return ClassLayout{rows, cols, inner};
 }
 
 template <class T>
 void cross_entropy_rows(Compute<T>* loss, Compute<T>* lse, const T* logits,
-                        const int64_t* targets, int64_t rows, int64_t cols,
+                        const int64_t* targets, const ClassLayout& layout,
                         int64_t ignore_index) {
   using A = Compute<T>;
-  parallel_items(rows, cols, [&](int64_t r) {
-    const T* x = logits + r * cols;
-    const A row_lse = row_logsumexp(x, cols);
-    lse[r] = row_lse;
-    const int64_t t = targets[r];
-    loss[r] = t == ignore_index ? A(0) : row_lse - static_cast<A>(x[t]);
+  for_each_tile(layout, [&](int64_t first, auto lane_count) {
+    const T* x = logits + layout.base(first);
+    lanes_logsumexp(x, layout.cols, layout.inner, lane_count, lse + first);
+    for (int l = 0; l < lane_count.get(); ++l) {
+      const int64_t t = targets[first + l];
+      loss[first + l] =
+          t == ignore_index ? A(0) : lse[first + l] - static_cast<A>(x[t * layout.inner + l]);
+    }
   });
 }
 
 template <class T>
 void cross_entropy_backward_rows(T* grad_logits, const Compute<T>* grad_loss,
                                  int64_t grad_loss_stride, const T* logits, const Compute<T>* lse,
-                                 const int64_t* targets, int64_t rows, int64_t cols,
+                                 const int64_t* targets, const ClassLayout& layout,
                                  int64_t ignore_index) {
   using A = Compute<T>;
-  parallel_items(rows, cols, [&](int64_t r) {
-    const T* x = logits + r * cols;
-    T* gx = grad_logits + r * cols;
-    const int64_t t = targets[r];
-    if (t == ignore_index) {
-      std::fill(gx, gx + cols, static_cast<T>(A(0)));
-      return;
+  for_each_tile(layout, [&](int64_t first, auto lane_count) {
+    const int lanes = lane_count.get();
+    const int64_t offset = layout.base(first);
+    const T* x = logits + offset;
+    T* gx = grad_logits + offset;
+    // Ignored positions get g = 0 (and an exact 0 gradient, even for non-finite logits).
+    A g[kMaxLanes];
+    bool ignored[kMaxLanes];
+    for (int l = 0; l < lanes; ++l) {
+      ignored[l] = targets[first + l] == ignore_index;
+      g[l] = ignored[l] ? A(0) : grad_loss[(first + l) * grad_loss_stride];
     }
-    const A g = grad_loss[r * grad_loss_stride];
-    const A row_lse = lse[r];
-    for (int64_t j = 0; j < cols; ++j) {
-      gx[j] = static_cast<T>(g * std::exp(static_cast<A>(x[j]) - row_lse));
+    for (int64_t j = 0; j < layout.cols; ++j) {
+      for (int l = 0; l < lanes; ++l) {
+        const int64_t e = j * layout.inner + l;
+        const A onehot = j == targets[first + l] ? A(1) : A(0);
+        gx[e] = ignored[l] ? static_cast<T>(A(0))
+                           : static_cast<T>(g[l] * (std::exp(static_cast<A>(x[e]) - lse[first + l]) - onehot));
+      }
     }
-    gx[t] = static_cast<T>(g * (std::exp(static_cast<A>(x[t]) - row_lse) - A(1)));
   });
 }
 
 }  // namespace
 
 void CpuBackend::cross_entropy(void* loss, void* lse, const void* logits, const int64_t* targets,
-                               DType dtype, int64_t rows, int64_t cols, int64_t ignore_index) {
+                               DType dtype, int64_t rows, int64_t cols, int64_t inner,
+                               int64_t ignore_index) {
   constexpr const char* kOp = "cross_entropy";
-  check_args(kOp, rows, cols, targets, ignore_index, {{"loss", loss}, {"lse", lse}},
-             {{"logits", logits}});
+  const ClassLayout layout = check_args(kOp, rows, cols, inner, targets, ignore_index,
+                                        {{"loss", loss}, {"lse", lse}}, {{"logits", logits}});
   dispatch_floating(dtype, kOp, [&](auto tag) {
     using T = typename decltype(tag)::type;
     using A = Compute<T>;
     cross_entropy_rows(static_cast<A*>(loss), static_cast<A*>(lse), static_cast<const T*>(logits),
-                       targets, rows, cols, ignore_index);
+                       targets, layout, ignore_index);
   });
 }
 
 void CpuBackend::cross_entropy_backward(void* grad_logits, const void* grad_loss,
                                         int64_t grad_loss_stride, const void* logits,
                                         const void* lse, const int64_t* targets, DType dtype,
-                                        int64_t rows, int64_t cols, int64_t ignore_index) {
+                                        int64_t rows, int64_t cols, int64_t inner,
+                                        int64_t ignore_index) {
   constexpr const char* kOp = "cross_entropy_backward";
-  check_args(kOp, rows, cols, targets, ignore_index, {{"grad_loss", grad_loss}, {"lse", lse}},
-             {{"grad_logits", grad_logits}, {"logits", logits}});
+  const ClassLayout layout =
+      check_args(kOp, rows, cols, inner, targets, ignore_index,
+                 {{"grad_loss", grad_loss}, {"lse", lse}},
+                 {{"grad_logits", grad_logits}, {"logits", logits}});
   RD_CHECK(grad_loss_stride >= 0, kInvalidArgument, kOp,
            ": argument 'grad_loss_stride' must be >= 0, got ", grad_loss_stride);
   dispatch_floating(dtype, kOp, [&](auto tag) {
@@ -166,7 +246,7 @@ void CpuBackend::cross_entropy_backward(void* grad_logits, const void* grad_loss
     using A = Compute<T>;
     cross_entropy_backward_rows(static_cast<T*>(grad_logits), static_cast<const A*>(grad_loss),
                                 grad_loss_stride, static_cast<const T*>(logits),
-                                static_cast<const A*>(lse), targets, rows, cols, ignore_index);
+                                static_cast<const A*>(lse), targets, layout, ignore_index);
   });
 }
 

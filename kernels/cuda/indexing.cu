@@ -7,10 +7,10 @@
 // the CPU's order when lines are plentiful, else each long line with a whole thread block
 // (deterministic, but float sums associate differently from the CPU's serial order).
 //
-// Index values are validated on the device before anything is written, like the CPU's
-// up-front check: a small kernel records the first out-of-range position, and the host waits
-// for it (one stream synchronization per indexing call) and throws kOutOfRange naming the
-// op and the value.
+// Index values are checked by the kernels as they run, without a host synchronization: an
+// out-of-range index is recorded in the device's AsyncErrors (async_error.h), raised at the
+// next synchronization, and its element skipped (a read writes 0, a write writes nothing),
+// so nothing outside the tensors is ever touched.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -20,6 +20,7 @@
 #include <string>
 #include <type_traits>
 
+#include "ringdilated/kernels/cuda/async_error.h"
 #include "ringdilated/kernels/cuda/dtype_dispatch.cuh"
 #include "ringdilated/kernels/cuda/kernels.h"
 #include "ringdilated/kernels/cuda/runtime.h"
@@ -63,64 +64,22 @@ StridedView lines_of(const StridedView& v, int dim) {
   return r;
 }
 
-// --- index validation ---
-
-// Records in *first_bad the smallest logical position whose index is outside [0, limit).
-struct IndexCheckBody {
-  const void* index;
-  bool is_int64;
-  int64_t limit;
-  OffsetCalculator<1> calc;
-  unsigned long long* first_bad;
-
-  RD_HOST_DEVICE void operator()(int64_t i) const {
-    const int64_t v = load_index(index, is_int64, calc.get(i).v[0]);
-    if (v >= 0 && v < limit) return;
-    const auto position = static_cast<unsigned long long>(i);
-#if defined(__CUDA_ARCH__)
-    atomicMin(first_bad, position);
-#else
-    if (position < *first_bad) *first_bad = position;
-#endif
-  }
-};
-
-// Throws kOutOfRange naming the first (row-major) index value outside [0, limit), like the
-// CPU's check; waits for the stream.
-void check_index_values(const char* op, const StridedView& index, int64_t limit,
-                        Allocator& scratch_pool, cudaStream_t stream) {
-  dispatch_index(index.dtype, op, [](auto) {});  // int64 or int32, else kDTypeMismatch
-  const int64_t n = index.numel();
-  if (n == 0) return;
-  const bool is_int64 = index.dtype == DType::kInt64;
-  const OffsetCalculator<1> calc = make_offset_calculator<1>({&index});
-  ScratchBuffer scratch(scratch_pool, sizeof(unsigned long long));
-  auto* first_bad = static_cast<unsigned long long*>(scratch.get());
-  RD_CUDA_CHECK(cudaMemsetAsync(first_bad, 0xff, sizeof(unsigned long long), stream));
-  launch_grid_stride(n, IndexCheckBody{index.data, is_int64, limit, calc, first_bad}, stream);
-  unsigned long long bad_position = 0;
-  RD_CUDA_CHECK(cudaMemcpyAsync(&bad_position, first_bad, sizeof(bad_position),
-                                cudaMemcpyDeviceToHost, stream));
-  RD_CUDA_CHECK(cudaStreamSynchronize(stream));
-  if (bad_position == ~0ull) return;
-  // Fetch the offending value for the message.
-  const int64_t offset = calc.get(static_cast<int64_t>(bad_position)).v[0];
-  int64_t value = 0;
-  if (is_int64) {
-    RD_CUDA_CHECK(cudaMemcpy(&value, static_cast<const int64_t*>(index.data) + offset,
-                             sizeof(int64_t), cudaMemcpyDeviceToHost));
-  } else {
-    int32_t v32 = 0;
-    RD_CUDA_CHECK(cudaMemcpy(&v32, static_cast<const int32_t*>(index.data) + offset,
-                             sizeof(int32_t), cudaMemcpyDeviceToHost));
-    value = v32;
-  }
-  RD_FAIL(kOutOfRange, op, ": index ", value, " is out of range for a dim of size ", limit);
-}
-
 // --- reads through an index ---
 
-// out[e] = in_base[e + index[e] * dim_stride] for every element e of out (element offsets).
+// Throws kDTypeMismatch unless the index is int64 or int32 (what load_index reads).
+void check_index_dtype(const char* op, const StridedView& index) {
+  dispatch_index(index.dtype, op, [](auto) {});
+}
+
+// True when idx is in [0, limit); otherwise reports it, for the caller to skip the element.
+RD_HOST_DEVICE inline bool index_ok(int64_t idx, int64_t limit, const AsyncErrorSink& errors) {
+  if (idx >= 0 && idx < limit) return true;
+  errors.report(idx, limit);
+  return false;
+}
+
+// out[e] = in_base[e + index[e] * dim_stride] for every element e of out (element offsets);
+// 0 where the index is out of range.
 template <class U>
 struct GatherBody {
   U* out;
@@ -128,17 +87,20 @@ struct GatherBody {
   const void* index;
   bool is_int64;
   int64_t dim_stride;
+  int64_t limit;  // in's size along dim
+  AsyncErrorSink errors;
   OffsetCalculator<3> calc;  // out, in_base, index
 
   RD_HOST_DEVICE void operator()(int64_t i) const {
     const Offsets<3> o = calc.get(i);
     const int64_t idx = load_index(index, is_int64, o.v[2]);
-    out[o.v[0]] = in[o.v[1] + idx * dim_stride];
+    out[o.v[0]] = index_ok(idx, limit, errors) ? in[o.v[1] + idx * dim_stride] : U(0);
   }
 };
 
 void gather_kernel(const StridedView& out, const StridedView& in_base, const StridedView& index,
-                   int64_t dim_stride, cudaStream_t stream) {
+                   int64_t dim_stride, int64_t limit, const AsyncErrorSink& errors,
+                   cudaStream_t stream) {
   const int64_t n = out.numel();
   if (n == 0) return;
   const OffsetCalculator<3> calc = make_offset_calculator<3>({&out, &in_base, &index});
@@ -147,7 +109,7 @@ void gather_kernel(const StridedView& out, const StridedView& in_base, const Str
     using U = typename decltype(tag)::type;
     launch_grid_stride(n,
                        GatherBody<U>{static_cast<U*>(out.data), static_cast<const U*>(in_base.data),
-                                     index.data, is_int64, dim_stride, calc},
+                                     index.data, is_int64, dim_stride, limit, errors, calc},
                        stream);
   });
 }
@@ -163,6 +125,8 @@ struct ScatterArgs {
   bool is_int64;
   bool accumulate;
   int64_t out_dim_stride;
+  int64_t limit;  // out's size along dim
+  AsyncErrorSink errors;
 };
 
 // One line along dim per item, its elements in order: races only across lines, whose targets
@@ -179,6 +143,7 @@ struct ScatterLineBody {
     const Offsets<3> o = lines.get(line);
     for (int64_t k = 0; k < length; ++k) {
       const int64_t idx = load_index(args.index, args.is_int64, o.v[1] + k * index_dim_stride);
+      if (!index_ok(idx, args.limit, args.errors)) continue;
       T& target = args.out[o.v[0] + idx * args.out_dim_stride];
       const T x = args.src[o.v[2] + k * src_dim_stride];
       if (args.accumulate) {
@@ -199,6 +164,7 @@ struct ScatterElementBody {
   RD_HOST_DEVICE void operator()(int64_t i) const {
     const Offsets<3> o = calc.get(i);
     const int64_t idx = load_index(args.index, args.is_int64, o.v[1]);
+    if (!index_ok(idx, args.limit, args.errors)) return;
     T* target = args.out + o.v[0] + idx * args.out_dim_stride;
     const T x = args.src[o.v[2]];
     if (args.accumulate) {
@@ -213,7 +179,7 @@ struct ScatterElementBody {
 // element e of the index space (src's shape, which index and out_base share).
 void scatter_kernel(const StridedView& out, const StridedView& out_base, int dim,
                     const StridedView& index, const StridedView& src, bool accumulate,
-                    cudaStream_t stream) {
+                    const AsyncErrorSink& errors, cudaStream_t stream) {
   const int64_t n = src.numel();
   if (n == 0) return;
   const int64_t length = src.shape[dim];
@@ -228,7 +194,7 @@ void scatter_kernel(const StridedView& out, const StridedView& out_base, int dim
     using T = typename decltype(tag)::type;
     const ScatterArgs<T> args{static_cast<T*>(out_base.data), static_cast<const T*>(src.data),
                               index.data, index.dtype == DType::kInt64, accumulate,
-                              out.strides[dim]};
+                              out.strides[dim], out.shape[dim], errors};
     if (line_mode) {
       const StridedView out_lines = lines_of(out_base, dim);
       const StridedView index_lines = lines_of(index, dim);
@@ -348,35 +314,37 @@ __global__ void __launch_bounds__(kScanThreads)
 }  // namespace
 
 void index_select(const StridedView& out, const StridedView& in, int dim,
-                  const StridedView& index, Allocator& scratch, cudaStream_t stream) {
+                  const StridedView& index, AsyncErrors& errors, cudaStream_t stream) {
   check_index_select_args(out, in, dim, index);
-  check_index_values("index_select", index, in.shape[dim], scratch, stream);
+  check_index_dtype("index_select", index);
   gather_kernel(out, line_base(in, out, dim), index_along(index, out, dim), in.strides[dim],
-                stream);
+                in.shape[dim], errors.sink(AsyncErrorOp::kIndexSelect), stream);
 }
 
 void gather(const StridedView& out, const StridedView& in, int dim, const StridedView& index,
-            Allocator& scratch, cudaStream_t stream) {
+            AsyncErrors& errors, cudaStream_t stream) {
   check_gather_args(out, in, dim, index);
-  check_index_values("gather", index, in.shape[dim], scratch, stream);
-  gather_kernel(out, line_base(in, out, dim), index, in.strides[dim], stream);
+  check_index_dtype("gather", index);
+  gather_kernel(out, line_base(in, out, dim), index, in.strides[dim], in.shape[dim],
+                errors.sink(AsyncErrorOp::kGather), stream);
 }
 
 void index_add(const StridedView& out, int dim, const StridedView& index, const StridedView& src,
-               Allocator& scratch, cudaStream_t stream) {
+               AsyncErrors& errors, cudaStream_t stream) {
   check_index_add_args(out, dim, index, src);
-  check_index_values("index_add", index, out.shape[dim], scratch, stream);
+  check_index_dtype("index_add", index);
   scatter_kernel(out, line_base(out, src, dim), dim, index_along(index, src, dim), src,
-                 /*accumulate=*/true, stream);
+                 /*accumulate=*/true, errors.sink(AsyncErrorOp::kIndexAdd), stream);
 }
 
 void scatter(const StridedView& out, int dim, const StridedView& index, const StridedView& src,
-             bool accumulate, Allocator& scratch, cudaStream_t stream) {
+             bool accumulate, AsyncErrors& errors, cudaStream_t stream) {
   check_scatter_args(out, dim, index, src);
-  check_index_values("scatter", index, out.shape[dim], scratch, stream);
+  check_index_dtype("scatter", index);
   StridedView src_view = src;  // src restricted to the index's shape
   src_view.shape = index.shape;
-  scatter_kernel(out, line_base(out, index, dim), dim, index, src_view, accumulate, stream);
+  scatter_kernel(out, line_base(out, index, dim), dim, index, src_view, accumulate,
+                 errors.sink(AsyncErrorOp::kScatter), stream);
 }
 
 void cumsum(const StridedView& out, const StridedView& in, int dim, bool reverse,

@@ -9,6 +9,7 @@
 
 #include "ringdilated/kernels/allocator.h"
 #include "ringdilated/kernels/backend.h"
+#include "ringdilated/kernels/cuda/async_error.h"
 
 namespace rd::kernels::cuda {
 
@@ -28,15 +29,16 @@ void where(const StridedView& out, const StridedView& cond, const StridedView& a
 void random(const StridedView& out, Distribution dist, double a, double b, uint64_t seed,
             uint64_t offset, cudaStream_t stream);
 
-// indexing.cu (the index-bounds flag comes from `scratch`, the device's caching allocator)
+// indexing.cu: out-of-range index values are recorded in `errors` (the device's; see
+// async_error.h) and their elements skipped, with no host synchronization.
 void index_select(const StridedView& out, const StridedView& in, int dim,
-                  const StridedView& index, Allocator& scratch, cudaStream_t stream);
+                  const StridedView& index, AsyncErrors& errors, cudaStream_t stream);
 void index_add(const StridedView& out, int dim, const StridedView& index, const StridedView& src,
-               Allocator& scratch, cudaStream_t stream);
+               AsyncErrors& errors, cudaStream_t stream);
 void gather(const StridedView& out, const StridedView& in, int dim, const StridedView& index,
-            Allocator& scratch, cudaStream_t stream);
+            AsyncErrors& errors, cudaStream_t stream);
 void scatter(const StridedView& out, int dim, const StridedView& index, const StridedView& src,
-             bool accumulate, Allocator& scratch, cudaStream_t stream);
+             bool accumulate, AsyncErrors& errors, cudaStream_t stream);
 void cumsum(const StridedView& out, const StridedView& in, int dim, bool reverse,
             cudaStream_t stream);
 
@@ -57,14 +59,19 @@ void norm_backward(void* grad_in, float* grad_weight, float* grad_bias, const vo
                    const void* weight, DType dtype, int64_t rows, int64_t cols, bool rms,
                    Allocator& scratch, cudaStream_t stream);
 
-// cross_entropy.cu
+// cross_entropy.cu: out-of-range targets are recorded in `errors` (their losses and
+// gradients are NaN), with no host synchronization.
 void cross_entropy(void* loss, void* lse, const void* logits, const int64_t* targets,
-                   DType dtype, int64_t rows, int64_t cols, int64_t ignore_index,
-                   cudaStream_t stream);
+                   DType dtype, int64_t rows, int64_t cols, int64_t inner, int64_t ignore_index,
+                   AsyncErrors& errors, cudaStream_t stream);
 void cross_entropy_backward(void* grad_logits, const void* grad_loss, int64_t grad_loss_stride,
                             const void* logits, const void* lse, const int64_t* targets,
-                            DType dtype, int64_t rows, int64_t cols, int64_t ignore_index,
-                            cudaStream_t stream);
+                            DType dtype, int64_t rows, int64_t cols, int64_t inner,
+                            int64_t ignore_index, AsyncErrors& errors, cudaStream_t stream);
+
+// rotary.cu
+void rotary_embedding(const StridedView& out, const StridedView& x, int64_t position_offset,
+                      double base, bool inverse, cudaStream_t stream);
 
 // adamw.cu (one launch for the whole tensor list)
 void adamw(std::span<const AdamWTensor> tensors, DType dtype, const AdamWStep& step,

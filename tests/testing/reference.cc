@@ -453,26 +453,52 @@ RefArray embedding(const RefArray& weight, const RefArray& indices) {
   return out;
 }
 
+RefArray rotary_embedding(const RefArray& x, int64_t position_offset, double base) {
+  RefArray out = x;
+  const int64_t dim = x.shape[3], half = dim / 2;
+  for (int64_t b = 0; b < x.shape[0]; ++b) {
+    for (int64_t t = 0; t < x.shape[1]; ++t) {
+      for (int64_t i = 0; i < half; ++i) {
+        const long double freq = std::pow(static_cast<long double>(base),
+                                          -2.0L * static_cast<long double>(i) / dim);
+        const long double angle = static_cast<long double>(position_offset + t) * freq;
+        const long double c = std::cos(angle), s = std::sin(angle);
+        for (int64_t h = 0; h < x.shape[2]; ++h) {
+          const long double x1 = x.at({b, t, h, i}), x2 = x.at({b, t, h, i + half});
+          out.at({b, t, h, i}) = static_cast<double>(x1 * c - x2 * s);
+          out.at({b, t, h, i + half}) = static_cast<double>(x2 * c + x1 * s);
+        }
+      }
+    }
+  }
+  return out;
+}
+
 RefArray cross_entropy(const RefArray& logits, const RefArray& targets, int64_t ignore_index,
                        Reduction reduction) {
-  // A single sample [C] with target [] is the batch [1, C] with the batch dim dropped.
+  // A single sample [C] with target [] is the batch [1, C] with the batch dim dropped. Each
+  // target position p = (n, d1, ...) picks class targets[p] of logits (n, :, d1, ...).
   bool single = logits.dim() == 1;
   RefArray lg = single ? RefArray({1, logits.shape[0]}, logits.data) : logits;
   RefArray lsm = log_softmax(lg, 1);
-  int64_t n = lg.shape[0];
+  Shape target_shape = lg.shape;
+  target_shape.erase(target_shape.begin() + 1);
+  const int64_t n = numel_of(target_shape);
   std::vector<double> losses(n, 0.0);
   double total = 0.0;
   int64_t counted = 0;
   for (int64_t i = 0; i < n; ++i) {
     int64_t t = static_cast<int64_t>(targets.data[i]);
     if (t == ignore_index) continue;
-    losses[i] = -lsm.at({i, t});
+    Index at = unravel(i, target_shape);
+    at.insert(at.begin() + 1, t);
+    losses[i] = -lsm.at(at);
     total += losses[i];
     ++counted;
   }
   switch (reduction) {
     case Reduction::kNone:
-      return RefArray(single ? Shape{} : Shape{n}, losses);
+      return RefArray(single ? Shape{} : target_shape, losses);
     case Reduction::kSum:
       return RefArray({}, {total});
     case Reduction::kMean:

@@ -92,6 +92,9 @@ std::vector<RefArray> add_rms_norm(const RefArray& x, const RefArray& residual,
                                    const Shape& normalized_shape,
                                    const std::optional<RefArray>& weight, double eps);
 RefArray embedding(const RefArray& weight, const RefArray& indices);
+// RoPE of x [B, T, H, D] ("rotate_half" pairs (i, i + D/2)), with the angle
+// (position_offset + t) * base^(-2i/D) and its cos/sin in long double.
+RefArray rotary_embedding(const RefArray& x, int64_t position_offset, double base);
 enum class Reduction { kNone, kMean, kSum };
 RefArray cross_entropy(const RefArray& logits, const RefArray& targets, int64_t ignore_index,
                        Reduction reduction);
