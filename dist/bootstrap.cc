@@ -7,6 +7,7 @@
 #include <cstdlib>
 
 #include "ringdilated/dist/gloo.h"
+#include "ringdilated/dist/nccl.h"
 #include "ringdilated/kernels/error.h"
 
 namespace rd::dist {
@@ -113,11 +114,28 @@ std::shared_ptr<Communicator> init_process_group(const ProcessGroupOptions& opti
 
 std::shared_ptr<Communicator> init_process_group(const LaunchEnv& env,
                                                  const ProcessGroupOptions& options) {
-  RD_CHECK(options.backend == "gloo", kInvalidArgument, kOp, ": unknown backend '", options.backend,
-           "' (this build offers: gloo)");
+  RD_CHECK(options.backend == "gloo" || options.backend == "nccl", kInvalidArgument, kOp,
+           ": unknown backend '", options.backend, "' (gloo or nccl)");
+  const std::string who = str_cat(kOp, ": rank ", env.rank, " of ", env.world_size, ": ");
+  if (options.backend == "nccl") {
+    std::string why_not;
+    RD_CHECK(nccl_available(&why_not), kUnimplemented, who, "backend 'nccl' cannot run: ", why_not);
+    try {
+      // Rank 0 makes the NCCL unique id and shares it through the store.
+      std::shared_ptr<TcpStore> store = connect_store(env, options);
+      constexpr const char* kIdKey = "nccl_unique_id";
+      if (env.rank == 0) store->set(kIdKey, nccl_unique_id());
+      const std::string id = store->get(kIdKey);
+      NcclOptions nccl_options;
+      nccl_options.timeout = options.timeout;
+      const Device device = options.device.is_cuda() ? options.device : Device::cuda(env.local_rank);
+      return make_nccl_communicator(id, env.rank, env.world_size, device, nccl_options);
+    } catch (const Error& e) {
+      throw Error(e.code(), who + e.what());
+    }
+  }
   RD_CHECK(gloo_available(), kUnimplemented, kOp, ": backend 'gloo' is not in this build ",
            "(libgloo-dev was not found when it was configured)");
-  const std::string who = str_cat(kOp, ": rank ", env.rank, " of ", env.world_size, ": ");
   try {
     std::shared_ptr<TcpStore> store = connect_store(env, options);
     GlooOptions gloo_options;

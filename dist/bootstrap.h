@@ -33,7 +33,10 @@ using GetEnv = std::function<const char*(const char*)>;
 LaunchEnv launch_env_from_environment(const GetEnv& getenv = {});
 
 struct ProcessGroupOptions {
-  std::string backend = "gloo";  // the only one so far
+  // "gloo" (CPU tensors) or "nccl" (CUDA tensors, one GPU per process: `device`, or
+  // cuda:LOCAL_RANK when it is the CPU).
+  std::string backend = "gloo";
+  Device device = Device::cpu();
   // Every operation's timeout (a transfer, a collective), see GlooOptions::timeout.
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
   // Reaching the store (rank 0 may start later than the others) and connecting the ranks.

@@ -1,6 +1,8 @@
 // DilatedAttention and MultiheadDilatedAttention (see dilated_attention_modules.h).
 #include "ringdilated/nn/dilated_attention_modules.h"
 
+#include <cmath>
+
 #include "ringdilated/kernels/error.h"
 #include "ringdilated/tensor/device.h"
 #include "ringdilated/tensor/ops.h"
@@ -60,8 +62,9 @@ MultiheadDilatedAttention::MultiheadDilatedAttention(int64_t embed_dim, int64_t 
                                                      DilatedAttentionOptions options,
                                                      Generator& generator,
                                                      const MultiheadOptions& module_options)
-    : embed_dim_(embed_dim), num_heads_(num_heads) {
+    : embed_dim_(embed_dim), num_heads_(num_heads), rope_base_(module_options.rope_base) {
   checked_head_dim(embed_dim, num_heads);
+  attention_modules_internal::check_rope(rope_base_, embed_dim / num_heads, "MultiheadDilatedAttention");
   validate_options(options, num_heads);
   const TensorOptions t = module_tensor_options(module_options);
   qkv_ = register_module("qkv", std::make_shared<Linear>(embed_dim, 3 * embed_dim,
@@ -72,6 +75,26 @@ MultiheadDilatedAttention::MultiheadDilatedAttention(int64_t embed_dim, int64_t 
                                                           module_options.bias, generator, t));
 }
 
+namespace attention_modules_internal {
+
+void check_rope(double rope_base, int64_t head_dim, const char* module) {
+  RD_CHECK(rope_base == 0.0 || (rope_base > 1.0 && std::isfinite(rope_base)), kInvalidArgument,
+           module, ": rope_base must be 0 (no rotary positions) or > 1, got ", rope_base);
+  RD_CHECK(rope_base == 0.0 || head_dim % 2 == 0, kInvalidArgument, module,
+           ": rotary positions need an even head dim, got ", head_dim);
+}
+
+Qkv split_qkv(const Tensor& qkv, double rope_base, int64_t position_offset) {
+  Qkv r{qkv.select(2, 0), qkv.select(2, 1), qkv.select(2, 2)};
+  if (rope_base > 0) {
+    r.q = rotary_embedding(r.q, position_offset, rope_base);
+    r.k = rotary_embedding(r.k, position_offset, rope_base);
+  }
+  return r;
+}
+
+}  // namespace attention_modules_internal
+
 Tensor MultiheadDilatedAttention::forward(const Tensor& x) {
   RD_CHECK(x.defined() && x.dim() == 3 && x.size(2) == embed_dim_, kShapeMismatch,
            "MultiheadDilatedAttention: input must be [B, N, ", embed_dim_, "], got shape ",
@@ -81,7 +104,13 @@ Tensor MultiheadDilatedAttention::forward(const Tensor& x) {
   // [B, N, 3E] viewed as [B, N, 3, H, D]: q, k and v are strided views, never copied, and
   // their gradient is written into one packed buffer.
   const Tensor qkv = qkv_->forward(x).view({batch, seq_len, 3, num_heads_, head_dim});
-  const Tensor attended = attention_->forward_packed(qkv);
+  Tensor attended;
+  if (rope_base_ > 0) {  // rotated q and k are new tensors; v stays a view
+    const attention_modules_internal::Qkv p = attention_modules_internal::split_qkv(qkv, rope_base_, 0);
+    attended = attention_->forward(p.q, p.k, p.v);
+  } else {
+    attended = attention_->forward_packed(qkv);
+  }
   return out_->forward(attended.reshape({batch, seq_len, embed_dim_}));
 }
 

@@ -79,7 +79,24 @@ struct MultiheadOptions {
   // run in recommended_dtype(device) instead of `dtype`.
   TensorOptions tensor_options{};
   bool use_recommended_dtype = false;
+  // Rotary position embedding (rd::rotary_embedding) of q and k with this base (10000 in
+  // most models); 0: none. Positions are global: the sequence-parallel module offsets its
+  // block's positions by rank x block length.
+  double rope_base = 0.0;
 };
+
+namespace attention_modules_internal {
+
+// q, k and v of a [B, N, 3, H, D] QKV projection; q and k rotated (rope_base > 0) with
+// positions position_offset, position_offset + 1, ...
+struct Qkv {
+  Tensor q, k, v;
+};
+Qkv split_qkv(const Tensor& qkv, double rope_base, int64_t position_offset);
+// Throws rd::Error naming `module` unless rope_base is 0 or > 1 with an even head dim.
+void check_rope(double rope_base, int64_t head_dim, const char* module);
+
+}  // namespace attention_modules_internal
 
 // [B, N, E] -> [B, N, E]: x -> (q, k, v) = split(x W_qkv^T + b) into H heads of E / H ->
 // dilated attention -> output projection. q, k and v are strided views of the one QKV
@@ -107,6 +124,7 @@ class MultiheadDilatedAttention : public UnaryModule {
   std::shared_ptr<Linear> qkv_;
   std::shared_ptr<DilatedAttention> attention_;
   std::shared_ptr<Linear> out_;
+  double rope_base_;
 };
 
 }  // namespace rd::nn

@@ -37,10 +37,12 @@ RingMultiheadDilatedAttention::RingMultiheadDilatedAttention(
     int64_t embed_dim, int64_t num_heads, DilatedAttentionOptions options,
     std::shared_ptr<dist::Communicator> comm, Generator& generator, DistStrategy strategy,
     const MultiheadOptions& module_options)
-    : embed_dim_(embed_dim), num_heads_(num_heads) {
+    : embed_dim_(embed_dim), num_heads_(num_heads), rope_base_(module_options.rope_base) {
   RD_CHECK(embed_dim >= 1 && num_heads >= 1 && embed_dim % num_heads == 0, kInvalidArgument,
            "RingMultiheadDilatedAttention: embed_dim (", embed_dim,
            ") must be a positive multiple of num_heads (", num_heads, ")");
+  attention_modules_internal::check_rope(rope_base_, embed_dim / num_heads,
+                                         "RingMultiheadDilatedAttention");
   validate_options(options, num_heads);
   TensorOptions t = module_options.tensor_options;
   if (module_options.use_recommended_dtype) t.dtype = recommended_dtype(t.device);
@@ -63,7 +65,14 @@ Tensor RingMultiheadDilatedAttention::forward(const Tensor& x) {
   const int64_t batch = x.size(0), block = x.size(1);
   const Tensor qkv =
       qkv_->forward(x).view({batch, block, 3, num_heads_, embed_dim_ / num_heads_});
-  const Tensor attended = attention_->forward_packed(qkv).attention.out;
+  Tensor attended;
+  if (rope_base_ > 0) {  // global positions: this rank's block starts at rank x block
+    const attention_modules_internal::Qkv p = attention_modules_internal::split_qkv(
+        qkv, rope_base_, static_cast<int64_t>(attention_->communicator().rank()) * block);
+    attended = attention_->forward(p.q, p.k, p.v);
+  } else {
+    attended = attention_->forward_packed(qkv).attention.out;
+  }
   return out_->forward(attended.reshape({batch, block, embed_dim_}));
 }
 

@@ -73,6 +73,7 @@ class RingMultiheadDilatedAttention : public UnaryModule {
   std::shared_ptr<Linear> qkv_;
   std::shared_ptr<RingDilatedAttention> attention_;
   std::shared_ptr<Linear> out_;
+  double rope_base_;
 };
 
 }  // namespace rd::nn

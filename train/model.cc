@@ -1,0 +1,171 @@
+// LanguageModel: embedding, pre-norm dilated-attention blocks, final norm, tied head; its
+// GPT-2 style initialization and FLOP count.
+#include "ringdilated/train/model.h"
+
+#include <cmath>
+
+#include "ringdilated/kernels/error.h"
+#include "ringdilated/nn/containers.h"
+#include "ringdilated/nn/dilated_attention_modules.h"
+#include "ringdilated/nn/init.h"
+#include "ringdilated/nn/ring_dilated_attention_modules.h"
+#include "ringdilated/tensor/autograd.h"
+#include "ringdilated/tensor/ops.h"
+#include "ringdilated/tensor/recompute.h"
+
+namespace rd::train {
+namespace {
+
+constexpr const char* kOp = "LanguageModel";
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// The projections that write into the residual stream get the smaller GPT-2 init.
+bool is_residual_projection(const std::string& name) {
+  return ends_with(name, "attn.out.weight") || ends_with(name, "mlp.fc2.weight") ||
+         ends_with(name, "mlp.down.weight");
+}
+
+nn::DilatedAttentionOptions causal_attention(const ModelConfig& config) {
+  nn::DilatedAttentionOptions o = config.attention;
+  o.causal = true;
+  return o;
+}
+
+}  // namespace
+
+void check_model_config(const ModelConfig& c) {
+  RD_CHECK(c.vocab_size >= 2, kInvalidArgument, kOp, ": vocab_size must be >= 2, got ", c.vocab_size);
+  RD_CHECK(c.dim >= 1 && c.heads >= 1 && c.depth >= 1, kInvalidArgument, kOp,
+           ": dim, heads and depth must be >= 1, got dim ", c.dim, ", heads ", c.heads,
+           ", depth ", c.depth);
+  RD_CHECK(c.dim % c.heads == 0, kInvalidArgument, kOp, ": dim ", c.dim,
+           " must be a multiple of heads ", c.heads);
+  RD_CHECK((c.dim / c.heads) % 2 == 0, kInvalidArgument, kOp, ": the head dim dim / heads = ",
+           c.dim / c.heads, " must be even for rotary positions");
+  RD_CHECK(c.mlp_ratio > 0 && std::isfinite(c.mlp_ratio), kInvalidArgument, kOp,
+           ": mlp_ratio must be > 0, got ", c.mlp_ratio);
+  RD_CHECK(c.rope_base > 1 && std::isfinite(c.rope_base), kInvalidArgument, kOp,
+           ": rope_base must be > 1, got ", c.rope_base);
+  RD_CHECK(c.init_std > 0 && std::isfinite(c.init_std), kInvalidArgument, kOp,
+           ": init_std must be > 0, got ", c.init_std);
+  nn::validate_options(causal_attention(c), c.heads);
+}
+
+int64_t mlp_hidden(const ModelConfig& c) {
+  double hidden = c.mlp_ratio * static_cast<double>(c.dim);
+  if (c.mlp == nn::MLPActivation::kSwiGLU) hidden = hidden * 2.0 / 3.0;
+  const auto rounded = static_cast<int64_t>(std::ceil(hidden / 8.0)) * 8;
+  return std::max<int64_t>(rounded, 8);
+}
+
+TransformerBlock::TransformerBlock(const ModelConfig& config, Generator& generator,
+                                   TensorOptions options,
+                                   std::shared_ptr<dist::Communicator> sequence_comm,
+                                   nn::DistStrategy strategy) {
+  attn_norm_ = register_module("attn_norm", std::make_shared<nn::RMSNorm>(config.dim, 1e-6, true, options));
+  nn::MultiheadOptions mo;
+  mo.bias = false;
+  mo.tensor_options = options;
+  mo.rope_base = config.rope_base;
+  if (sequence_comm) {
+    attn_ = register_module("attn", std::make_shared<nn::RingMultiheadDilatedAttention>(
+                                        config.dim, config.heads, causal_attention(config),
+                                        std::move(sequence_comm), generator, strategy, mo));
+  } else {
+    attn_ = register_module("attn", std::make_shared<nn::MultiheadDilatedAttention>(
+                                        config.dim, config.heads, causal_attention(config),
+                                        generator, mo));
+  }
+  mlp_norm_ = register_module("mlp_norm", std::make_shared<nn::RMSNorm>(config.dim, 1e-6, true, options));
+  mlp_ = register_module("mlp", std::make_shared<nn::MLP>(config.dim, mlp_hidden(config), config.mlp,
+                                                         /*bias=*/false, generator, options));
+}
+
+Tensor TransformerBlock::forward(const Tensor& x) {
+  const Tensor h = add(x, attn_->forward(attn_norm_->forward(x)));
+  return add(h, mlp_->forward(mlp_norm_->forward(h)));
+}
+
+LanguageModel::LanguageModel(const ModelConfig& config, Generator& generator,
+                             TensorOptions options,
+                             std::shared_ptr<dist::Communicator> sequence_comm,
+                             nn::DistStrategy strategy)
+    : config_(config) {
+  check_model_config(config);
+  embed_ = register_module("embed", std::make_shared<nn::Embedding>(config.vocab_size, config.dim,
+                                                                   generator, options));
+  auto blocks = register_module("blocks", std::make_shared<nn::ModuleList>());
+  for (int64_t i = 0; i < config.depth; ++i) {
+    blocks_.push_back(blocks->push_back(
+        std::make_shared<TransformerBlock>(config, generator, options, sequence_comm, strategy)));
+  }
+  norm_ = register_module("norm", std::make_shared<nn::RMSNorm>(config.dim, 1e-6, true, options));
+  // GPT-2 initialization, drawn after construction in parameter order (one generator
+  // reproduces the model).
+  const double residual_std = config.init_std / std::sqrt(2.0 * static_cast<double>(config.depth));
+  for (auto& [name, param] : named_parameters()) {
+    if (param.dim() < 2) continue;  // norm weights keep 1; the model has no biases
+    const double std = is_residual_projection(name) ? residual_std : config.init_std;
+    Tensor p = param;
+    autograd::NoGradGuard no_grad;
+    p.copy_(nn::normal_init(param.shape(), std, generator, TensorOptions(param.dtype()).with_device(param.device())));
+  }
+}
+
+Tensor LanguageModel::forward(const Tensor& tokens) {
+  RD_CHECK(tokens.defined() && tokens.dim() == 2, kShapeMismatch, kOp,
+           ": argument 'tokens' must be [B, T] integers, got ",
+           tokens.defined() ? shape_str(tokens.shape()) : std::string("undefined"));
+  Tensor x = embed_->forward(tokens);
+  for (const std::shared_ptr<TransformerBlock>& block : blocks_) {
+    if (config_.recompute && is_training() && autograd::grad_enabled()) {
+      TransformerBlock* b = block.get();
+      x = recompute([b](const std::vector<Tensor>& in) { return std::vector<Tensor>{b->forward(in[0])}; },
+                    {x})[0];
+    } else {
+      x = block->forward(x);
+    }
+  }
+  return linear(norm_->forward(x), embed_->weight());
+}
+
+int64_t LanguageModel::num_parameters() const {
+  int64_t n = 0;
+  for (const Tensor& p : parameters()) n += p.numel();
+  return n;
+}
+
+double train_flops_per_sequence(const ModelConfig& c, int64_t seq_len) {
+  const double n = static_cast<double>(seq_len), d = static_cast<double>(c.dim);
+  const double hidden = static_cast<double>(mlp_hidden(c));
+  const double mlp_mats = c.mlp == nn::MLPActivation::kSwiGLU ? 3.0 : 2.0;
+  // Per token and layer: QKV (3 d^2) + out (d^2) + MLP; then the head (vocab x d).
+  const double matmul_params =
+      static_cast<double>(c.depth) * (4.0 * d * d + mlp_mats * d * hidden) +
+      static_cast<double>(c.vocab_size) * d;
+  const double matmul = 2.0 * matmul_params * n;
+  // Attended (query, key) pairs per head and layer, causal: per pair i, segments of w_i
+  // (the whole sequence for the global variant's cycled list) hold w_i / r_i selected
+  // rows, each attending to those at or before it.
+  const nn::DilatedAttentionOptions& a = c.attention;
+  const double heads = static_cast<double>(c.heads);
+  const double groups = static_cast<double>(a.segment_lengths.size());
+  double pairs = 0;  // summed over heads
+  for (size_t i = 0; i < a.segment_lengths.size(); ++i) {
+    const double r = static_cast<double>(a.dilation_rates[i]);
+    const bool global = a.variant == nn::DilationVariant::kGlobal;
+    const double w = global ? n : std::min(n, static_cast<double>(a.segment_lengths[i]));
+    const double rows = global ? w : w / r;  // the global list is N rows long
+    const double per_head = (n / w) * rows * (rows + 1.0) / 2.0;
+    const double heads_on_pair = a.mixing == nn::HeadMixing::kAllHeads ? heads : heads / groups;
+    pairs += per_head * heads_on_pair;
+  }
+  const double head_dim = d / heads;
+  const double attention = 4.0 * head_dim * pairs * static_cast<double>(c.depth);
+  return 3.0 * (matmul + attention);
+}
+
+}  // namespace rd::train

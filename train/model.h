@@ -1,0 +1,94 @@
+// The language model rd_train trains: a decoder-only transformer whose blocks attend with
+// causal dilated attention, on one device or sequence-parallel across ranks.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ringdilated/dist/communicator.h"
+#include "ringdilated/nn/dilated_attention.h"
+#include "ringdilated/nn/embedding.h"
+#include "ringdilated/nn/mlp.h"
+#include "ringdilated/nn/module.h"
+#include "ringdilated/nn/norm.h"
+#include "ringdilated/nn/ring_dilated_attention.h"
+#include "ringdilated/tensor/generator.h"
+
+namespace rd::train {
+
+struct ModelConfig {
+  int64_t vocab_size = 259;
+  int64_t dim = 128;
+  int64_t depth = 2;
+  int64_t heads = 4;
+  // The MLP's hidden width is mlp_ratio * dim (for SwiGLU, 2/3 of that, as in Llama, so
+  // both activations cost about the same), rounded up to a multiple of 8.
+  double mlp_ratio = 4.0;
+  nn::MLPActivation mlp = nn::MLPActivation::kSwiGLU;
+  // Segment lengths, dilation rates, variant, mixing; `causal` is always set. Every segment
+  // length must divide the sequence length the model is run on.
+  nn::DilatedAttentionOptions attention;
+  double rope_base = 10000.0;
+  double init_std = 0.02;
+  // Recompute each block's activations in the backward instead of keeping them.
+  bool recompute = false;
+};
+
+// Checks a configuration; throws rd::Error naming the field.
+void check_model_config(const ModelConfig& config);
+
+// The hidden width of the MLP of `config` (see ModelConfig::mlp_ratio).
+int64_t mlp_hidden(const ModelConfig& config);
+
+// One pre-norm block: x + attn(norm1(x)), then + mlp(norm2(.)). Children "attn_norm",
+// "attn" (the multi-head dilated attention, or its sequence-parallel form), "mlp_norm",
+// "mlp".
+class TransformerBlock : public nn::UnaryModule {
+ public:
+  TransformerBlock(const ModelConfig& config, Generator& generator, TensorOptions options,
+                   std::shared_ptr<dist::Communicator> sequence_comm,
+                   nn::DistStrategy strategy);
+  Tensor forward(const Tensor& x) override;
+
+ private:
+  std::shared_ptr<nn::RMSNorm> attn_norm_;
+  std::shared_ptr<nn::UnaryModule> attn_;
+  std::shared_ptr<nn::RMSNorm> mlp_norm_;
+  std::shared_ptr<nn::MLP> mlp_;
+};
+
+// tokens [B, T] -> logits [B, T, vocab]. Children: "embed" (token embedding, also the
+// output head: logits = norm(x) embed.weight^T), "blocks.<i>", "norm".
+//
+// With a sequence communicator of P ranks the model runs context parallel: each rank passes
+// its block of T / P tokens and gets its block's logits; attention is the sequence-parallel
+// form (rotary positions are global), everything else is per token.
+//
+// Initialization (GPT-2 style, documented in docs/training.md): every Linear weight and the
+// embedding ~ N(0, init_std); the residual projections (attention "out", MLP "fc2"/"down")
+// ~ N(0, init_std / sqrt(2 depth)); biases 0; norm weights 1.
+class LanguageModel : public nn::Module {
+ public:
+  LanguageModel(const ModelConfig& config, Generator& generator, TensorOptions options = {},
+                std::shared_ptr<dist::Communicator> sequence_comm = nullptr,
+                nn::DistStrategy strategy = nn::DistStrategy::kAuto);
+
+  Tensor forward(const Tensor& tokens);
+  const ModelConfig& config() const { return config_; }
+  int64_t num_parameters() const;
+
+ private:
+  ModelConfig config_;
+  std::shared_ptr<nn::Embedding> embed_;
+  std::vector<std::shared_ptr<TransformerBlock>> blocks_;
+  std::shared_ptr<nn::RMSNorm> norm_;
+};
+
+// Matmul and attention FLOPs of one forward+backward over `tokens_per_sequence` tokens of
+// one sequence (3x the forward: matmuls 2 * params-in-matmuls per token, attention
+// 4 * D per attended (query, key) pair per head, counting only pairs the pattern visits).
+double train_flops_per_sequence(const ModelConfig& config, int64_t seq_len);
+
+}  // namespace rd::train

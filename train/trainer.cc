@@ -1,0 +1,685 @@
+// Trainer: the training step (micro-batches, mixed precision, gradient all-reduce, clipping,
+// AdamW), evaluation, checkpoints and resume, metrics and the console line.
+#include "ringdilated/train/trainer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <unistd.h>
+
+#include "ringdilated/kernels/error.h"
+#include "ringdilated/nn/dilated_attention_modules.h"
+#include "ringdilated/nn/grad_clip.h"
+#include "ringdilated/nn/optimizer.h"
+#include "ringdilated/tensor/allocator.h"
+#include "ringdilated/tensor/autograd.h"
+#include "ringdilated/tensor/device.h"
+#include "ringdilated/tensor/ops.h"
+#include "ringdilated/train/checkpoint.h"
+#include "ringdilated/train/metrics_log.h"
+#include "ringdilated/train/progress.h"
+
+namespace rd::train {
+namespace {
+
+using Json = nlohmann::json;
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+constexpr const char* kOp = "Trainer";
+
+const char* decay_name(nn::LrDecay d) {
+  switch (d) {
+    case nn::LrDecay::kCosine: return "cosine";
+    case nn::LrDecay::kLinear: return "linear";
+    case nn::LrDecay::kConstant: return "constant";
+  }
+  return "?";
+}
+
+nn::LrDecay decay_from_name(const std::string& name) {
+  for (nn::LrDecay d : {nn::LrDecay::kCosine, nn::LrDecay::kLinear, nn::LrDecay::kConstant}) {
+    if (name == decay_name(d)) return d;
+  }
+  RD_FAIL(kInvalidArgument, kOp, ": unknown learning-rate decay '", name,
+          "' (cosine, linear or constant)");
+}
+
+DType compute_dtype(const TrainConfig& c) {
+  if (c.dtype.empty()) return nn::recommended_dtype(c.device);
+  for (DType d : {DType::kFloat32, DType::kBFloat16, DType::kFloat16, DType::kFloat64}) {
+    if (c.dtype == dtype_name(d)) return d;
+  }
+  RD_FAIL(kInvalidArgument, kOp, ": unknown dtype '", c.dtype,
+          "' (float32, bfloat16, float16 or float64)");
+}
+
+// Dense bf16/fp16 tensor-core peak of the device, for MFU; 0 where unknown (the CPU).
+double peak_flops(Device device) {
+  const int cc = cuda_compute_capability(device);
+  if (cc >= 90) return 989e12;  // H100 / H200 SXM
+  if (cc >= 80) return 312e12;  // A100
+  return 0;
+}
+
+// The rows [row0, row0 + rows) and positions [t0, t0 + len) of a batch.
+Batch slice(const Batch& b, int64_t row0, int64_t rows, int64_t t0, int64_t len) {
+  Batch s;
+  s.batch_size = rows;
+  s.seq_len = len;
+  for (int64_t r = row0; r < row0 + rows; ++r) {
+    const auto at = static_cast<ptrdiff_t>(r * b.seq_len + t0);
+    s.inputs.insert(s.inputs.end(), b.inputs.begin() + at, b.inputs.begin() + at + len);
+    s.targets.insert(s.targets.end(), b.targets.begin() + at, b.targets.begin() + at + len);
+    s.answer.insert(s.answer.end(), b.answer.begin() + at, b.answer.begin() + at + len);
+  }
+  return s;
+}
+
+int64_t scored_tokens(const Batch& b) {
+  return std::count_if(b.targets.begin(), b.targets.end(),
+                       [](int32_t t) { return t != kIgnoreIndex; });
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------
+// Configuration.
+
+void check_train_config(const TrainConfig& c, int world_size) {
+  check_model_config(c.model);
+  RD_CHECK(c.batch_size >= 1, kInvalidArgument, kOp, ": batch_size must be >= 1, got ", c.batch_size);
+  RD_CHECK(c.steps >= 1, kInvalidArgument, kOp, ": steps must be >= 1, got ", c.steps);
+  RD_CHECK(c.tokens_per_step >= 0, kInvalidArgument, kOp, ": tokens_per_step must be >= 0, got ",
+           c.tokens_per_step);
+  RD_CHECK(c.lr > 0 && std::isfinite(c.lr), kInvalidArgument, kOp, ": lr must be > 0, got ", c.lr);
+  RD_CHECK(c.grad_clip >= 0, kInvalidArgument, kOp, ": grad_clip must be >= 0, got ", c.grad_clip);
+  RD_CHECK(c.eval_every >= 0 && c.log_every >= 1 && c.checkpoint_every >= 0 && c.eval_batches >= 1,
+           kInvalidArgument, kOp, ": eval_every and checkpoint_every must be >= 0, log_every and "
+           "eval_batches >= 1, got ", c.eval_every, ", ", c.checkpoint_every, ", ", c.log_every,
+           ", ", c.eval_batches);
+  RD_CHECK(c.keep_checkpoints >= 1, kInvalidArgument, kOp, ": keep_checkpoints must be >= 1, got ",
+           c.keep_checkpoints);
+  RD_CHECK(c.context_parallel >= 1 && world_size % c.context_parallel == 0, kInvalidArgument, kOp,
+           ": context_parallel ", c.context_parallel, " must divide the world size ", world_size);
+  const int64_t seq_len = c.data_options.task.seq_len;
+  RD_CHECK(seq_len % c.context_parallel == 0, kInvalidArgument, kOp, ": seq_len ", seq_len,
+           " must be a multiple of context_parallel ", c.context_parallel);
+  compute_dtype(c);
+}
+
+std::string config_to_json(const TrainConfig& c) {
+  const ModelConfig& m = c.model;
+  const nn::DilatedAttentionOptions& a = m.attention;
+  Json j;
+  j["model"] = {{"vocab_size", m.vocab_size},
+                {"dim", m.dim},
+                {"depth", m.depth},
+                {"heads", m.heads},
+                {"mlp_ratio", m.mlp_ratio},
+                {"mlp", m.mlp == nn::MLPActivation::kSwiGLU ? "swiglu" : "gelu"},
+                {"segment_lengths", a.segment_lengths},
+                {"dilation_rates", a.dilation_rates},
+                {"variant", a.variant == nn::DilationVariant::kGlobal ? "original" : "fixed"},
+                {"mixing", a.mixing == nn::HeadMixing::kAllHeads ? "all_heads" : "head_groups"},
+                {"offset_rule", a.offset_rule == nn::OffsetRule::kRotating ? "rotating" : "constant"},
+                {"attention_dropout", a.dropout},
+                {"rope_base", m.rope_base},
+                {"init_std", m.init_std},
+                {"recompute", m.recompute}};
+  const TaskOptions& t = c.data_options.task;
+  j["data"] = {{"spec", c.data},
+               {"seq_len", t.seq_len},
+               {"passkey_digits", t.passkey_digits},
+               {"mqar_pairs", t.mqar_pairs},
+               {"mqar_queries", t.mqar_queries},
+               {"copy_length", t.copy_length},
+               {"seed", c.data_options.seed},
+               {"loss_on", c.data_options.loss_on == LossOn::kAll ? "all" : "answers"},
+               {"val_fraction", c.data_options.val_fraction}};
+  j["train"] = {{"batch_size", c.batch_size},
+                {"tokens_per_step", c.tokens_per_step},
+                {"steps", c.steps},
+                {"lr", c.lr},
+                {"min_lr_ratio", c.min_lr_ratio},
+                {"warmup_steps", c.warmup_steps},
+                {"decay", decay_name(c.decay)},
+                {"weight_decay", c.weight_decay},
+                {"beta1", c.beta1},
+                {"beta2", c.beta2},
+                {"grad_clip", c.grad_clip},
+                {"dtype", c.dtype},
+                {"seed", c.seed},
+                {"context_parallel", c.context_parallel},
+                {"strategy", nn::strategy_name(c.strategy)}};
+  return j.dump();
+}
+
+TrainConfig config_from_json(const std::string& text) {
+  const Json j = Json::parse(text, nullptr, false);
+  RD_CHECK(!j.is_discarded() && j.contains("model") && j.contains("data") && j.contains("train"),
+           kCorruptFile, kOp, ": the saved configuration is not valid");
+  TrainConfig c;
+  try {
+    const Json& m = j["model"];
+    c.model.vocab_size = m["vocab_size"];
+    c.model.dim = m["dim"];
+    c.model.depth = m["depth"];
+    c.model.heads = m["heads"];
+    c.model.mlp_ratio = m["mlp_ratio"];
+    c.model.mlp = m["mlp"] == "swiglu" ? nn::MLPActivation::kSwiGLU : nn::MLPActivation::kGelu;
+    c.model.attention.segment_lengths = m["segment_lengths"].get<std::vector<int64_t>>();
+    c.model.attention.dilation_rates = m["dilation_rates"].get<std::vector<int64_t>>();
+    c.model.attention.variant =
+        m["variant"] == "original" ? nn::DilationVariant::kGlobal : nn::DilationVariant::kSegmentLocal;
+    c.model.attention.mixing =
+        m["mixing"] == "all_heads" ? nn::HeadMixing::kAllHeads : nn::HeadMixing::kHeadGroups;
+    c.model.attention.offset_rule =
+        m["offset_rule"] == "rotating" ? nn::OffsetRule::kRotating : nn::OffsetRule::kConstant;
+    c.model.attention.dropout = m["attention_dropout"];
+    c.model.rope_base = m["rope_base"];
+    c.model.init_std = m["init_std"];
+    c.model.recompute = m["recompute"];
+    const Json& d = j["data"];
+    c.data = d["spec"];
+    c.data_options.task.seq_len = d["seq_len"];
+    c.data_options.task.passkey_digits = d["passkey_digits"];
+    c.data_options.task.mqar_pairs = d["mqar_pairs"];
+    c.data_options.task.mqar_queries = d["mqar_queries"];
+    c.data_options.task.copy_length = d["copy_length"];
+    c.data_options.seed = d["seed"];
+    c.data_options.loss_on = d["loss_on"] == "all" ? LossOn::kAll : LossOn::kAnswers;
+    c.data_options.val_fraction = d["val_fraction"];
+    const Json& t = j["train"];
+    c.batch_size = t["batch_size"];
+    c.tokens_per_step = t["tokens_per_step"];
+    c.steps = t["steps"];
+    c.lr = t["lr"];
+    c.min_lr_ratio = t["min_lr_ratio"];
+    c.warmup_steps = t["warmup_steps"];
+    c.decay = decay_from_name(t["decay"]);
+    c.weight_decay = t["weight_decay"];
+    c.beta1 = t["beta1"];
+    c.beta2 = t["beta2"];
+    c.grad_clip = t["grad_clip"];
+    c.dtype = t["dtype"];
+    c.seed = t["seed"];
+    c.context_parallel = t["context_parallel"];
+    const std::string strategy = t["strategy"];
+    c.strategy = strategy == "ring"         ? nn::DistStrategy::kRing
+                 : strategy == "all_gather" ? nn::DistStrategy::kAllGather
+                                            : nn::DistStrategy::kAuto;
+  } catch (const Json::exception& e) {
+    RD_FAIL(kCorruptFile, kOp, ": the saved configuration is incomplete: ", e.what());
+  }
+  return c;
+}
+
+TrainConfig config_from_checkpoint(const std::string& trainer_state) {
+  const Json j = Json::parse(trainer_state, nullptr, false);
+  RD_CHECK(!j.is_discarded() && j.contains("config"), kCorruptFile, kOp,
+           ": the checkpoint's trainer state has no configuration");
+  return config_from_json(j["config"].dump());
+}
+
+// ---------------------------------------------------------------------------------------
+// The trainer's state.
+
+struct Trainer::State {
+  TrainConfig config;
+  std::shared_ptr<dist::Communicator> world;  // null: one process
+  std::shared_ptr<dist::Communicator> sequence;  // the context-parallel group (null: none)
+  int rank = 0, world_size = 1;
+  int cp_rank = 0, cp_size = 1, dp_rank = 0, dp_size = 1;
+  DType dtype = DType::kFloat32;
+  std::unique_ptr<LanguageModel> model;
+  // Lower precision: the model computes in `dtype` and these float32 copies of its
+  // parameters (same names, same order) are what the optimizer updates.
+  std::vector<std::pair<std::string, Tensor>> masters;
+  std::unique_ptr<nn::AdamW> optimizer;
+  std::unique_ptr<nn::LrSchedule> schedule;
+  std::unique_ptr<Dataset> data;
+  std::unique_ptr<MetricsLog> metrics;
+  double loss_scale = 1.0;  // float16 only: dynamic loss scaling
+  int64_t good_steps = 0;   // float16: steps since the scale last changed
+  int64_t micro_batches = 1;
+  double flops_per_step = 0;
+  double elapsed_before = 0;  // training seconds before run_start (of the runs resumed)
+  std::optional<Clock::time_point> run_start;  // set while run() is training
+  int64_t tokens_before = 0;
+  std::string last_checkpoint;
+
+  bool lower_precision() const { return dtype != DType::kFloat32 && dtype != DType::kFloat64; }
+  bool is_root() const { return rank == 0; }
+  std::string checkpoint_root() const { return (fs::path(config.out_dir) / "checkpoints").string(); }
+  int64_t step() const { return optimizer->step_count(); }
+  // Training seconds so far, over every resumed run.
+  double elapsed() const {
+    return elapsed_before +
+           (run_start ? std::chrono::duration<double>(Clock::now() - *run_start).count() : 0.0);
+  }
+  // The parameters the optimizer steps: the masters, or the model's own.
+  std::vector<std::pair<std::string, Tensor>> optimized() const {
+    return lower_precision() ? masters : model->named_parameters();
+  }
+  void all_reduce(const Tensor& t) const {
+    if (world && world_size > 1) world->all_reduce(t);
+  }
+  void barrier() const {
+    if (world && world_size > 1) world->barrier();
+  }
+};
+
+Trainer::Trainer(TrainConfig config, std::shared_ptr<dist::Communicator> world)
+    : s_(std::make_unique<State>()) {
+  State& s = *s_;
+  s.world = std::move(world);
+  s.world_size = s.world ? s.world->size() : 1;
+  s.rank = s.world ? s.world->rank() : 0;
+  check_train_config(config, s.world_size);
+  s.config = std::move(config);
+  const TrainConfig& c = s.config;
+  s.dtype = compute_dtype(c);
+  s.cp_size = c.context_parallel;
+  s.dp_size = s.world_size / s.cp_size;
+  s.cp_rank = s.rank % s.cp_size;
+  s.dp_rank = s.rank / s.cp_size;
+  if (s.cp_size > 1) s.sequence = s.world->split(s.dp_rank, s.cp_rank);
+
+  s.data = make_dataset(c.data, c.data_options);
+  ModelConfig mc = c.model;
+  mc.vocab_size = s.data->vocab_size();
+  s.config.model.vocab_size = mc.vocab_size;
+  Generator init(c.seed);
+  s.model = std::make_unique<LanguageModel>(mc, init, TensorOptions(DType::kFloat32).with_device(c.device),
+                                            s.sequence, c.strategy);
+  if (s.lower_precision()) {
+    for (auto& [name, p] : s.model->named_parameters()) s.masters.emplace_back(name, p.detach().clone());
+    s.model->to(s.dtype);
+  }
+  nn::AdamWOptions ao;
+  ao.lr = c.lr;
+  ao.beta1 = c.beta1;
+  ao.beta2 = c.beta2;
+  ao.weight_decay = c.weight_decay;
+  s.optimizer = std::make_unique<nn::AdamW>(nn::default_param_groups(s.optimized(), c.weight_decay), ao);
+  nn::LrScheduleOptions lo;
+  lo.peak_lr = c.lr;
+  lo.warmup_steps = std::min(c.warmup_steps, c.steps - 1);
+  lo.total_steps = c.steps;
+  lo.decay = c.decay;
+  lo.min_lr_ratio = c.decay == nn::LrDecay::kConstant ? 0.0 : c.min_lr_ratio;
+  s.schedule = std::make_unique<nn::LrSchedule>(lo);
+  if (s.dtype == DType::kFloat16) s.loss_scale = 65536.0;
+
+  const int64_t seq_len = s.data->seq_len();
+  const int64_t micro_tokens = c.batch_size * seq_len * s.dp_size;
+  s.micro_batches = std::max<int64_t>(1, (c.tokens_per_step + micro_tokens - 1) / micro_tokens);
+  s.flops_per_step = train_flops_per_sequence(mc, seq_len) *
+                     static_cast<double>(c.batch_size * s.dp_size * s.micro_batches);
+
+  // Resume: the newest checkpoint of out_dir ("auto", or "latest"), or a given folder.
+  std::optional<std::string> from;
+  if (c.resume == "auto" || c.resume == "latest") {
+    from = latest_checkpoint(s.checkpoint_root());
+    RD_CHECK(from || c.resume == "auto", kInvalidArgument, kOp, ": --resume=latest but '",
+             s.checkpoint_root(), "' holds no checkpoint");
+  } else if (!c.resume.empty()) {
+    from = c.resume;
+  }
+  if (from) {
+    const CheckpointContents ck = load_checkpoint(*from);
+    const Json trainer = Json::parse(ck.trainer_state);
+    std::map<std::string, Tensor> weights = ck.model;
+    if (s.lower_precision()) {
+      autograd::NoGradGuard no_grad;
+      for (auto& [name, master] : s.masters) {
+        RD_CHECK(weights.count(name), kCorruptFile, kOp, ": checkpoint '", *from,
+                 "' has no weight '", name, "'");
+        Tensor m = master;
+        m.copy_(weights.at(name));
+      }
+    }
+    const nn::LoadStateDictResult r = s.model->load_state_dict(weights, /*strict=*/true);
+    (void)r;
+    s.optimizer->load_state_dict(ck.optimizer);
+    s.data->set_state({trainer.at("data_epoch").get<int64_t>(), trainer.at("data_index").get<int64_t>()});
+    s.loss_scale = trainer.value("loss_scale", s.loss_scale);
+    s.good_steps = trainer.value("good_steps", int64_t{0});
+    s.elapsed_before = trainer.value("elapsed_s", 0.0);
+    s.tokens_before = trainer.value("tokens", int64_t{0});
+    s.last_checkpoint = *from;
+  }
+  if (s.is_root()) {
+    std::error_code ec;
+    fs::create_directories(c.out_dir, ec);
+    RD_CHECK(!ec, kIo, kOp, ": cannot create '", c.out_dir, "': ", ec.message());
+    s.metrics = std::make_unique<MetricsLog>((fs::path(c.out_dir) / "metrics.jsonl").string(),
+                                             std::optional<int64_t>(s.step()));
+  }
+}
+
+Trainer::~Trainer() = default;
+
+int64_t Trainer::step() const { return s_->step(); }
+LanguageModel& Trainer::model() { return *s_->model; }
+const TrainConfig& Trainer::config() const { return s_->config; }
+
+std::string Trainer::save() {
+  State& s = *s_;
+  std::string path = checkpoint_path(s.checkpoint_root(), s.step());
+  if (s.is_root()) {
+    CheckpointContents ck;
+    ck.model = s.model->state_dict();
+    for (const auto& [name, master] : s.masters) ck.model[name] = master;  // float32 weights
+    ck.optimizer = s.optimizer->state_dict();
+    const DataState ds = s.data->state();
+    Json t = {{"step", s.step()},
+              {"data_epoch", ds.epoch},
+              {"data_index", ds.index},
+              {"loss_scale", s.loss_scale},
+              {"good_steps", s.good_steps},
+              {"elapsed_s", s.elapsed()},
+              {"tokens", s.tokens_before},
+              {"config", Json::parse(config_to_json(s.config))}};
+    ck.trainer_state = t.dump();
+    path = save_checkpoint(s.checkpoint_root(), s.step(), ck, s.config.keep_checkpoints);
+  }
+  s.barrier();  // nobody goes on (or exits) before the checkpoint is complete
+  s.last_checkpoint = path;
+  return path;
+}
+
+// ---------------------------------------------------------------------------------------
+// Evaluation.
+
+EvalResult Trainer::evaluate() {
+  State& s = *s_;
+  const TrainConfig& c = s.config;
+  s.model->eval();
+  autograd::NoGradGuard no_grad;
+  const Device dev = c.device;
+  const int64_t seq_len = s.data->seq_len(), local_len = seq_len / s.cp_size;
+  // [loss sum, scored tokens, correct answer tokens, answer tokens, exact samples, samples]
+  Tensor totals = zeros({6}, TensorOptions(DType::kFloat64).with_device(dev));
+  for (int64_t i = 0; i < c.eval_batches; ++i) {
+    const Batch global = s.data->eval_batch(c.batch_size * s.dp_size, i);
+    const Batch mine = slice(global, s.dp_rank * c.batch_size, c.batch_size, s.cp_rank * local_len, local_len);
+    const Batch::Tensors t = mine.to_tensors();
+    const Tensor logits = s.model->forward(t.inputs.to(dev));
+    const int64_t vocab = logits.size(2);
+    const Tensor loss_sum = cross_entropy(logits.view({-1, vocab}).to(DType::kFloat32),
+                                          t.targets.to(dev).view({-1}), kIgnoreIndex, Reduction::kSum);
+    Tensor predictions = argmax(logits, 2);
+    if (s.cp_size > 1) {  // every rank of the group scores the whole sequence
+      Tensor all = empty({s.cp_size, c.batch_size, local_len}, TensorOptions(predictions.dtype()).with_device(predictions.device()));
+      s.sequence->all_gather(all, predictions.contiguous());
+      predictions = all.permute({1, 0, 2}).reshape({c.batch_size, seq_len});
+    }
+    const Batch rows = slice(global, s.dp_rank * c.batch_size, c.batch_size, 0, seq_len);
+    const AccuracyCounts acc = score_predictions(rows, predictions);
+    const bool counts_here = s.cp_rank == 0;  // count each sample once
+    const std::vector<double> host = {0.0, counts_here ? static_cast<double>(scored_tokens(rows)) : 0.0,
+                                      counts_here ? static_cast<double>(acc.correct_tokens) : 0.0,
+                                      counts_here ? static_cast<double>(acc.answer_tokens) : 0.0,
+                                      counts_here ? static_cast<double>(acc.exact_samples) : 0.0,
+                                      counts_here ? static_cast<double>(acc.samples) : 0.0};
+    Tensor add_counts = from_vector<double>(host, {6}).to(dev);
+    totals = add(totals, add_counts);
+    Tensor loss_slot = zeros({6}, TensorOptions(DType::kFloat64).with_device(dev));
+    loss_slot.narrow(0, 0, 1).copy_(loss_sum.to(DType::kFloat64).view({1}));
+    totals = add(totals, loss_slot);
+  }
+  s.all_reduce(totals);
+  const std::vector<double> v = totals.to(Device::cpu()).to_vector<double>();
+  s.model->train();
+  EvalResult r;
+  r.loss = v[1] > 0 ? v[0] / v[1] : 0.0;
+  r.perplexity = std::exp(r.loss);
+  r.accuracy.correct_tokens = static_cast<int64_t>(v[2]);
+  r.accuracy.answer_tokens = static_cast<int64_t>(v[3]);
+  r.accuracy.exact_samples = static_cast<int64_t>(v[4]);
+  r.accuracy.samples = static_cast<int64_t>(v[5]);
+  return r;
+}
+
+// ---------------------------------------------------------------------------------------
+// Training.
+
+namespace {
+
+struct Accumulated {
+  Tensor loss_sum;  // float32 on the device: this rank's summed token losses
+  int64_t scored_tokens = 0;  // over every rank
+};
+
+// One optimizer step's gradients: forward and backward over its micro-batches, scaled so
+// that they sum to the gradient of the mean token loss over every rank (times the loss
+// scale), then summed over every rank (data and context parallel).
+//
+// Every rank draws the whole global batch of each micro-batch (cheap, deterministic) and
+// keeps its rows (data parallel) and positions (context parallel); so every rank knows the
+// global count of scored tokens, the loss's denominator, without communicating.
+Accumulated accumulate_gradients(Trainer::State& s) {
+  const TrainConfig& c = s.config;
+  const Device dev = c.device;
+  const int64_t local_len = s.data->seq_len() / s.cp_size;
+  std::vector<Batch> micro;
+  Accumulated a;
+  a.loss_sum = zeros({}, TensorOptions(DType::kFloat32).with_device(dev));
+  for (int64_t m = 0; m < s.micro_batches; ++m) {
+    micro.push_back(s.data->next_batch(c.batch_size * s.dp_size));
+    a.scored_tokens += scored_tokens(micro.back());
+  }
+  const double denominator = static_cast<double>(std::max<int64_t>(a.scored_tokens, 1));
+  for (const Batch& global : micro) {
+    const Batch mine = slice(global, s.dp_rank * c.batch_size, c.batch_size,
+                             s.cp_rank * local_len, local_len);
+    const Batch::Tensors t = mine.to_tensors();
+    const Tensor logits = s.model->forward(t.inputs.to(dev));
+    const Tensor loss_sum = cross_entropy(logits.view({-1, logits.size(2)}),
+                                          t.targets.to(dev).view({-1}), kIgnoreIndex,
+                                          Reduction::kSum);
+    mul(loss_sum, s.loss_scale / denominator).backward();
+    a.loss_sum = add(a.loss_sum, loss_sum.detach().to(DType::kFloat32));
+  }
+  for (const Tensor& p : s.model->parameters()) {
+    if (p.grad().defined()) s.all_reduce(p.grad());
+  }
+  return a;
+}
+
+}  // namespace
+
+Trainer::Gradients Trainer::compute_gradients() {
+  State& s = *s_;
+  s.model->train();
+  for (Tensor p : s.model->parameters()) p.set_grad(Tensor());
+  const Accumulated a = accumulate_gradients(s);
+  Tensor loss = a.loss_sum.to(DType::kFloat64).view({1});
+  s.all_reduce(loss);
+  Gradients g;
+  g.loss = loss.item<double>() / static_cast<double>(std::max<int64_t>(a.scored_tokens, 1));
+  for (auto& [name, p] : s.model->named_parameters()) {
+    if (p.grad().defined()) g.grads[name] = mul(p.grad(), 1.0 / s.loss_scale);
+    p.set_grad(Tensor());
+  }
+  return g;
+}
+
+TrainResult Trainer::run(const std::atomic<bool>* stop) {
+  State& s = *s_;
+  const TrainConfig& c = s.config;
+  const Device dev = c.device;
+  const int64_t seq_len = s.data->seq_len();
+  const TensorOptions acc_opts = TensorOptions(DType::kFloat32).with_device(dev);
+  Progress progress(c.steps, c.quiet || !s.is_root());
+  if (s.is_root() && !c.quiet) {
+    progress.print_summary(*s.model, s.dtype, dev, s.lower_precision(), s.micro_batches,
+                           c.batch_size * seq_len * s.dp_size * s.micro_batches);
+  }
+  TrainResult result;
+  s.run_start = Clock::now();
+  auto seconds = [&] { return s.elapsed(); };
+  // Logged between console lines: loss sum and scored tokens (device), steps.
+  Tensor window_loss = zeros({}, acc_opts);
+  double window_tokens = 0;
+  int64_t window_steps = 0;
+  double window_start = seconds();
+  Tensor grad_norm;
+  double lr = 0;
+  s.model->train();
+
+  while (s.step() < c.steps) {
+    const Accumulated a = accumulate_gradients(s);
+    window_loss = add(window_loss, a.loss_sum);
+    window_tokens += static_cast<double>(a.scored_tokens) / s.cp_size / s.dp_size;  // this rank's share
+    const std::vector<std::pair<std::string, Tensor>> params = s.model->named_parameters();
+    if (s.lower_precision()) {
+      for (size_t i = 0; i < params.size(); ++i) {
+        const Tensor& g = params[i].second.grad();
+        if (!g.defined()) continue;
+        Tensor master = s.masters[i].second;
+        master.set_grad(s.loss_scale == 1.0 ? g.to(DType::kFloat32)
+                                            : mul(g.to(DType::kFloat32), 1.0 / s.loss_scale));
+      }
+    }
+    std::vector<Tensor> stepped;
+    for (const auto& [name, p] : s.optimized()) stepped.push_back(p);
+    grad_norm = c.grad_clip > 0 ? nn::clip_grad_norm_(stepped, c.grad_clip) : Tensor();
+    bool skip = false;
+    if (s.dtype == DType::kFloat16) {  // dynamic loss scaling reads the norm: one sync
+      const Tensor norm = grad_norm.defined() ? grad_norm : nn::clip_grad_norm_(stepped, 1e30);
+      skip = !std::isfinite(norm.item<double>());
+      s.loss_scale = skip ? std::max(1.0, s.loss_scale / 2) : s.loss_scale;
+      s.good_steps = skip ? 0 : s.good_steps + 1;
+      if (s.good_steps >= 1000) {
+        s.loss_scale *= 2;
+        s.good_steps = 0;
+      }
+    }
+    lr = s.schedule->lr_at(s.step());
+    s.optimizer->set_lr(lr);
+    if (!skip) s.optimizer->step();
+    s.optimizer->zero_grad();
+    for (Tensor p : s.model->parameters()) p.set_grad(Tensor());
+    if (s.lower_precision()) {
+      autograd::NoGradGuard no_grad;
+      for (size_t i = 0; i < params.size(); ++i) {
+        Tensor p = params[i].second;
+        p.copy_(s.masters[i].second);
+      }
+    }
+    s.tokens_before += static_cast<int64_t>(c.batch_size * seq_len * s.dp_size * s.micro_batches);
+    ++window_steps;
+    const int64_t step = s.step();
+    const bool last = step >= c.steps;
+
+    if (step % c.log_every == 0 || last) {
+      // The one host synchronization of a logged step: the loss and the norm.
+      Tensor loss = window_loss.to(DType::kFloat64).view({1});
+      s.all_reduce(loss);
+      const double tokens_all = window_tokens * s.cp_size * s.dp_size;
+      const double mean_loss = loss.item<double>() / std::max(tokens_all, 1.0);
+      const double now = seconds();
+      const double dt = std::max(now - window_start, 1e-9);
+      const double tokens_per_s = static_cast<double>(c.batch_size * seq_len * s.dp_size *
+                                                      s.micro_batches * window_steps) / dt;
+      const double peak = peak_flops(dev) * s.world_size;
+      const double mfu = peak > 0 ? s.flops_per_step * window_steps / dt / peak : 0.0;
+      const double norm = grad_norm.defined() ? grad_norm.item<double>() : 0.0;
+      result.last_loss = mean_loss;
+      if (s.is_root()) {
+        Json rec = {{"step", step},     {"time_s", now},         {"split", "train"},
+                    {"loss", mean_loss}, {"lr", lr},              {"grad_norm", norm},
+                    {"tokens", s.tokens_before}, {"tokens_per_s", tokens_per_s}};
+        if (mfu > 0) rec["mfu"] = mfu;
+        if (s.dtype == DType::kFloat16) rec["loss_scale"] = s.loss_scale;
+        s.metrics->append(rec.dump());
+        progress.update(step, mean_loss, lr, norm, tokens_per_s, mfu);
+      }
+      window_loss = zeros({}, acc_opts);
+      window_tokens = 0;
+      window_steps = 0;
+      window_start = now;
+      // Stop requests (Ctrl-C) are agreed on at logged steps, so every rank stops together.
+      Tensor stop_flag = full({1}, stop != nullptr && stop->load() ? 1.0 : 0.0,
+                              TensorOptions(DType::kFloat64).with_device(dev));
+      s.all_reduce(stop_flag);
+      if (stop_flag.item<double>() > 0 && !last) {
+        result.stopped = true;
+        break;
+      }
+    }
+    if ((c.eval_every > 0 && step % c.eval_every == 0) || last) {
+      const EvalResult e = evaluate();
+      result.final_eval = e;
+      if (s.is_root()) {
+        Json rec = {{"step", step},
+                    {"time_s", seconds()},
+                    {"split", "eval"},
+                    {"loss", e.loss},
+                    {"perplexity", e.perplexity},
+                    {"accuracy", e.accuracy.token_accuracy()},
+                    {"exact_match", e.accuracy.exact_match()}};
+        s.metrics->append(rec.dump());
+        progress.eval(step, e.loss, e.accuracy.token_accuracy(), e.accuracy.exact_match());
+      }
+    }
+    if (c.checkpoint_every > 0 && step % c.checkpoint_every == 0 && !last) save();
+  }
+  result.checkpoint = save();
+  s.elapsed_before = s.elapsed();
+  s.run_start.reset();
+  result.steps_done = s.step();
+  result.seconds = s.elapsed_before;
+  progress.finish();
+  return result;
+}
+
+// ---------------------------------------------------------------------------------------
+// Sampling.
+
+std::vector<int32_t> generate(LanguageModel& model, const std::vector<int32_t>& prompt,
+                              int64_t max_new_tokens, double temperature, int64_t top_k,
+                              uint64_t seed) {
+  RD_CHECK(!prompt.empty(), kInvalidArgument, "generate: the prompt is empty");
+  RD_CHECK(max_new_tokens >= 0 && temperature >= 0 && top_k >= 0, kInvalidArgument,
+           "generate: max_new_tokens, temperature and top_k must be >= 0, got ", max_new_tokens,
+           ", ", temperature, ", ", top_k);
+  const bool was_training = model.is_training();
+  model.eval();
+  autograd::NoGradGuard no_grad;
+  const Device dev = model.parameters().front().device();
+  std::mt19937_64 rng(seed);
+  std::vector<int32_t> tokens = prompt;
+  for (int64_t i = 0; i < max_new_tokens; ++i) {
+    std::vector<int64_t> ids(tokens.begin(), tokens.end());
+    const auto n = static_cast<int64_t>(ids.size());
+    const Tensor logits = model.forward(from_vector<int64_t>(ids, {1, n}).to(dev));
+    std::vector<double> last =
+        logits.select(1, n - 1).view({-1}).to(DType::kFloat64).to(Device::cpu()).to_vector<double>();
+    int32_t next = 0;
+    if (temperature == 0) {
+      next = static_cast<int32_t>(std::max_element(last.begin(), last.end()) - last.begin());
+    } else {
+      std::vector<int32_t> order(last.size());
+      for (size_t k = 0; k < order.size(); ++k) order[k] = static_cast<int32_t>(k);
+      std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return last[a] > last[b]; });
+      const size_t keep = top_k > 0 ? std::min(order.size(), static_cast<size_t>(top_k)) : order.size();
+      std::vector<double> weights(keep);
+      for (size_t k = 0; k < keep; ++k) weights[k] = std::exp((last[order[k]] - last[order[0]]) / temperature);
+      std::discrete_distribution<size_t> pick(weights.begin(), weights.end());
+      next = order[pick(rng)];
+    }
+    tokens.push_back(next);
+  }
+  if (was_training) model.train();
+  return tokens;
+}
+
+}  // namespace rd::train
