@@ -826,7 +826,7 @@ void cross_entropy_row(benchmark::State& state, Ceilings& ceilings, bool backwar
                  (backward ? "_backward" : ""));
   auto forward = [&] {
     device_backend().cross_entropy(loss.raw_data(), lse.raw_data(), logits.raw_data(), target_ptr,
-                                   dtype, rows, cols, kIgnoreIndex);
+                                   dtype, rows, cols, /*inner=*/1, kIgnoreIndex);
   };
   if (!backward) {
     measure(state, bandwidth_work(ceilings, forward_bytes, kNoTarget), forward);
@@ -839,7 +839,7 @@ void cross_entropy_row(benchmark::State& state, Ceilings& ceilings, bool backwar
     device_backend().cross_entropy_backward(grad_logits.raw_data(), grad_loss.raw_data(),
                                             /*grad_loss_stride=*/0, logits.raw_data(),
                                             lse.raw_data(), target_ptr, dtype, rows, cols,
-                                            kIgnoreIndex);
+                                            /*inner=*/1, kIgnoreIndex);
   });
 }
 

@@ -6,6 +6,7 @@
 #include "ringdilated/tensor/shape_util.h"
 
 #if defined(RD_WITH_CUDA)
+#include "ringdilated/kernels/cuda/async_error.h"
 #include "ringdilated/kernels/cuda/backend.h"
 #include "ringdilated/kernels/cuda/device_info.h"
 #include "ringdilated/kernels/cuda/runtime.h"
@@ -35,10 +36,21 @@ int cuda_compute_capability(Device device) {
 void synchronize(Device device) {
   if (device.is_cpu()) return;
 #if defined(RD_WITH_CUDA)
-  kernels::cuda::DeviceGuard guard(device.index);
-  RD_CUDA_CHECK(cudaStreamSynchronize(kernels::cuda::current_stream(device.index)));
+  kernels::cuda::synchronize_stream(device.index, kernels::cuda::current_stream(device.index));
 #else
   RD_FAIL(kDeviceMismatch, "synchronize: this build has no CUDA backend (asked for ",
+          device.str(), ")");
+#endif
+}
+
+void check_async_errors(Device device) { synchronize(device); }
+
+int64_t host_sync_count(Device device) {
+  if (device.is_cpu()) return 0;
+#if defined(RD_WITH_CUDA)
+  return kernels::cuda::async_errors(device.index).host_syncs();
+#else
+  RD_FAIL(kDeviceMismatch, "host_sync_count: this build has no CUDA backend (asked for ",
           device.str(), ")");
 #endif
 }

@@ -7,6 +7,7 @@
 #if defined(RD_WITH_CUDA)
 #include <cuda_runtime.h>
 
+#include "ringdilated/kernels/cuda/async_error.h"
 #include "ringdilated/kernels/cuda/caching_allocator.h"
 #include "ringdilated/kernels/cuda/runtime.h"
 #endif
@@ -38,8 +39,7 @@ Stream Stream::create(Device device) {
 
 void Stream::synchronize() const {
   if (device_.is_cpu()) return;
-  kernels::cuda::DeviceGuard guard(device_.index);
-  RD_CUDA_CHECK(cudaStreamSynchronize(native_of(*this)));
+  kernels::cuda::synchronize_stream(device_.index, native_of(*this));
 }
 
 StreamGuard::StreamGuard(const Stream& stream) : stream_(stream) {
@@ -74,6 +74,7 @@ void Event::block(const Stream& stream) const {
 void Event::synchronize() const {
   if (!event_) return;
   RD_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(event_.get())));
+  kernels::cuda::after_host_wait(device_.index);
 }
 
 bool Event::query() const {

@@ -119,7 +119,12 @@ void expect_scratch_returned() {
 }
 
 // Skips without a device; launches on its own stream (stream()).
-class CudaRowwiseGemmTest : public test::CudaStreamTest {};
+class CudaRowwiseGemmTest : public test::CudaStreamTest {
+ protected:
+  // Where the cross-entropy kernels record out-of-range targets: device 0's record.
+  static gpu::AsyncErrors& errors() { return gpu::async_errors(0); }
+  void cross_entropy_bad_targets(int64_t inner);
+};
 
 bool same_or_within(double got, double want, double tol) {
   if (std::isnan(want)) return std::isnan(got);
@@ -1047,7 +1052,7 @@ TEST_F(CudaRowwiseGemmTest, CrossEntropyForwardAndBackwardMatchCpu) {
       const auto* targets = elements<int64_t>(in.targets);
       HostBuffer loss(acc_t, c.rows), lse(acc_t, c.rows);
       cpu_backend().cross_entropy(loss.data(), lse.data(), in.logits.data(), targets, t, c.rows,
-                                  c.cols, c.ignore_index);
+                                  c.cols, 1, c.ignore_index);
 
       DeviceBuffer dx(t, n, c.offset), dtargets(DType::kInt64, c.rows), dloss(acc_t, c.rows),
           dlse(acc_t, c.rows);
@@ -1056,8 +1061,8 @@ TEST_F(CudaRowwiseGemmTest, CrossEntropyForwardAndBackwardMatchCpu) {
       dloss.poison();
       dlse.poison();
       const auto* dtp = static_cast<const int64_t*>(dtargets.get());
-      gpu::cross_entropy(dloss.get(), dlse.get(), dx.get(), dtp, t, c.rows, c.cols,
-                         c.ignore_index, stream());
+      gpu::cross_entropy(dloss.get(), dlse.get(), dx.get(), dtp, t, c.rows, c.cols, 1,
+                         c.ignore_index, errors(), stream());
       sync();
       const double out_eps = 2 * unit_roundoff(t), acc = 64 * compute_roundoff(t);
       // Error scale of a logsumexp: the largest |logit| and the length of the sum.
@@ -1083,10 +1088,11 @@ TEST_F(CudaRowwiseGemmTest, CrossEntropyForwardAndBackwardMatchCpu) {
         HostBuffer gx(t, n);
         cpu_backend().cross_entropy_backward(gx.data(), grad_loss.data(), stride,
                                              in.logits.data(), lse.data(), targets, t, c.rows,
-                                             c.cols, c.ignore_index);
+                                             c.cols, 1, c.ignore_index);
         dgx.poison();
         gpu::cross_entropy_backward(dgx.get(), dgrad_loss.get(), stride, dx.get(), dlse.get(),
-                                    dtp, t, c.rows, c.cols, c.ignore_index, stream());
+                                    dtp, t, c.rows, c.cols, 1, c.ignore_index, errors(),
+                                    stream());
         sync();
         expect_close(
             dgx.download(), gx,
@@ -1106,10 +1112,78 @@ TEST_F(CudaRowwiseGemmTest, CrossEntropyForwardAndBackwardMatchCpu) {
   }
 }
 
+// Logits [outer, cols, inner] (PyTorch's [N, C, d...]): the class-strided kernels (one
+// thread per position) against the CPU's, on many positions with few classes, a vocabulary
+// with a few positions, and a partial last block of threads.
+TEST_F(CudaRowwiseGemmTest, CrossEntropyWithAClassStrideMatchesCpu) {
+  struct Case {
+    int64_t outer, cols, inner;
+  };
+  for (const Case& c : {Case{2, 1000, 37}, Case{1, 50000, 3}, Case{3, 5, 4099}}) {
+    for (DType t : kFloatTypes) {
+      SCOPED_TRACE("outer=" + std::to_string(c.outer) + " cols=" + std::to_string(c.cols) +
+                   " inner=" + std::to_string(c.inner) + " dtype=" + std::string(dtype_name(t)));
+      const int64_t rows = c.outer * c.inner, n = rows * c.cols;
+      const DType acc_t = accumulation_dtype(t);
+      const HostBuffer x = random_buffer(t, n, -8, 8, 61 + n);
+      HostBuffer targets(DType::kInt64, rows);
+      for (int64_t r = 0; r < rows; ++r) {
+        targets.set(r, r % 3 == 1 ? -100.0 : static_cast<double>((r * 7919 + 11) % c.cols));
+      }
+      const auto* tp = elements<int64_t>(targets);
+      HostBuffer loss(acc_t, rows), lse(acc_t, rows), gx(t, n);
+      const HostBuffer grad_loss = random_buffer(acc_t, rows, -2, 2, 62 + n);
+      cpu_backend().cross_entropy(loss.data(), lse.data(), x.data(), tp, t, rows, c.cols,
+                                  c.inner, -100);
+      cpu_backend().cross_entropy_backward(gx.data(), grad_loss.data(), 1, x.data(), lse.data(),
+                                           tp, t, rows, c.cols, c.inner, -100);
+
+      DeviceBuffer dx(t, n), dtargets(DType::kInt64, rows), dloss(acc_t, rows),
+          dlse(acc_t, rows), dgrad_loss(acc_t, rows), dgx(t, n);
+      dx.upload(x);
+      dtargets.upload(targets);
+      dgrad_loss.upload(grad_loss);
+      dloss.poison();
+      dlse.poison();
+      dgx.poison();
+      const auto* dtp = static_cast<const int64_t*>(dtargets.get());
+      gpu::cross_entropy(dloss.get(), dlse.get(), dx.get(), dtp, t, rows, c.cols, c.inner, -100,
+                         errors(), stream());
+      sync();
+      dlse.upload(lse);  // the backward from the CPU's lse, as in the row-major test
+      gpu::cross_entropy_backward(dgx.get(), dgrad_loss.get(), 1, dx.get(), dlse.get(), dtp, t,
+                                  rows, c.cols, c.inner, -100, errors(), stream());
+      sync();
+      const double out_eps = 2 * unit_roundoff(t), acc = 64 * compute_roundoff(t);
+      const double scale = 8 + std::log(static_cast<double>(c.cols)) + 1;
+      expect_close(
+          dloss.download(), loss, [&](int64_t) { return acc * scale; }, "loss");
+      expect_close(
+          dgx.download(), gx,
+          [&](int64_t e) {
+            const int64_t r = e / (c.cols * c.inner) * c.inner + e % c.inner;
+            const double p = std::exp(x.get(e) - lse.get(r));
+            return out_eps * std::fabs(gx.get(e)) + tiny_step(t) +
+                   acc * std::fabs(grad_loss.get(r)) * p * (std::fabs(x.get(e)) + scale + 1);
+          },
+          "grad_logits");
+    }
+  }
+}
+
 // Device targets are not bounds-checked by the tensor layer, so the kernels must not trust
-// them: an out-of-range target gives its row a NaN loss and NaN gradients, and reads nothing
-// outside the row.
+// them: an out-of-range target gives its row a NaN loss and NaN gradients, reads nothing
+// outside the row, and is recorded as an asynchronous error that the next synchronization
+// through the library raises. Row-major and class-strided (inner 2: two positions per
+// sample, the second sample's first position bad) layouts alike.
 TEST_F(CudaRowwiseGemmTest, CrossEntropyOutOfRangeTargetsGiveNaNRows) {
+  for (int64_t inner : {1, 2}) {
+    SCOPED_TRACE("inner=" + std::to_string(inner));
+    cross_entropy_bad_targets(inner);
+  }
+}
+
+void CudaRowwiseGemmTest::cross_entropy_bad_targets(int64_t inner) {
   const DType t = DType::kFloat32;
   const int64_t rows = 4, cols = 40;
   const HostBuffer x = random_buffer(t, rows * cols, -3, 3, 51);
@@ -1127,37 +1201,55 @@ TEST_F(CudaRowwiseGemmTest, CrossEntropyOutOfRangeTargetsGiveNaNRows) {
   dlse.poison();
   dgx.poison();
   const auto* dtp = static_cast<const int64_t*>(dtargets.get());
-  gpu::cross_entropy(dloss.get(), dlse.get(), dx.get(), dtp, t, rows, cols, -100, stream());
+  gpu::cross_entropy(dloss.get(), dlse.get(), dx.get(), dtp, t, rows, cols, inner, -100,
+                     errors(), stream());
   gpu::cross_entropy_backward(dgx.get(), dg.get(), 0, dx.get(), dlse.get(), dtp, t, rows, cols,
-                              -100, stream());
+                              inner, -100, errors(), stream());
   sync();
+  try {
+    gpu::synchronize_stream(0, stream());
+    ADD_FAILURE() << "out-of-range targets were not raised at the next synchronization";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kOutOfRange) << e.what();
+    const std::string what = e.what();
+    EXPECT_NE(what.find("cross_entropy"), std::string::npos) << what;
+    EXPECT_TRUE(what.find("target 40 ") != std::string::npos ||
+                what.find("target -1 ") != std::string::npos)
+        << what;
+  }
+  gpu::synchronize_stream(0, stream());  // raised once, then cleared
   const HostBuffer loss = dloss.download(), lse = dlse.download(), gx = dgx.download();
+  // Element (r, j) of the logits, in the layout `inner` gives: [rows / inner, cols, inner].
+  auto element = [&](int64_t r, int64_t j) { return (r / inner * cols + j) * inner + r % inner; };
   for (int64_t r = 0; r < rows; ++r) {
     EXPECT_FALSE(std::isnan(lse.get(r))) << "row " << r;
     const bool bad = r == 1 || r == 2;
     EXPECT_EQ(std::isnan(loss.get(r)), bad) << "row " << r;
     for (int64_t j = 0; j < cols; ++j) {
-      EXPECT_EQ(std::isnan(gx.get(r * cols + j)), bad) << "row " << r << " col " << j;
+      EXPECT_EQ(std::isnan(gx.get(element(r, j))), bad) << "row " << r << " col " << j;
     }
   }
   EXPECT_EQ(loss.get(3), 0.0);
-  EXPECT_EQ(gx.get(3 * cols), 0.0);
+  EXPECT_EQ(gx.get(element(3, 0)), 0.0);
 }
 
 TEST_F(CudaRowwiseGemmTest, CrossEntropyRejectsBadArguments) {
   DeviceBuffer x(DType::kFloat32, 6), loss(DType::kFloat32, 2), targets(DType::kInt64, 2);
   const auto* tp = static_cast<const int64_t*>(targets.get());
-  EXPECT_THROW(gpu::cross_entropy(loss.get(), loss.get(), x.get(), tp, DType::kInt32, 2, 3, -100,
-                                  stream()),
+  EXPECT_THROW(gpu::cross_entropy(loss.get(), loss.get(), x.get(), tp, DType::kInt32, 2, 3, 1,
+                                  -100, errors(), stream()),
                Error);
-  EXPECT_THROW(gpu::cross_entropy(loss.get(), nullptr, x.get(), tp, DType::kFloat32, 2, 3, -100,
-                                  stream()),
+  EXPECT_THROW(gpu::cross_entropy(loss.get(), nullptr, x.get(), tp, DType::kFloat32, 2, 3, 1,
+                                  -100, errors(), stream()),
                Error);
-  EXPECT_THROW(gpu::cross_entropy(loss.get(), loss.get(), x.get(), tp, DType::kFloat32, -1, 3,
-                                  -100, stream()),
+  EXPECT_THROW(gpu::cross_entropy(loss.get(), loss.get(), x.get(), tp, DType::kFloat32, -1, 3, 1,
+                                  -100, errors(), stream()),
+               Error);
+  EXPECT_THROW(gpu::cross_entropy(loss.get(), loss.get(), x.get(), tp, DType::kFloat32, 2, 3, 4,
+                                  -100, errors(), stream()),
                Error);
   EXPECT_THROW(gpu::cross_entropy_backward(x.get(), loss.get(), -1, x.get(), loss.get(), tp,
-                                           DType::kFloat32, 2, 3, -100, stream()),
+                                           DType::kFloat32, 2, 3, 1, -100, errors(), stream()),
                Error);
 }
 

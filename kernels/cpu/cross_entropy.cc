@@ -107,7 +107,9 @@ void lanes_logsumexp(const T* x, int64_t cols, int64_t stride, LaneCount<kLanes>
 struct ClassLayout {
   int64_t rows, cols, inner;
 
-  int64_t tiles_per_outer() const { return inner == 1 ? 1 : (inner + kMaxLanes - 1) / kMaxLanes; }
+  int64_t tiles_per_outer() const {
+    return inner == 1 ? 1 : (inner + kMaxLanes - 1) / kMaxLanes;
+  }
   int64_t tiles() const { return inner == 1 ? rows : rows / inner * tiles_per_outer(); }
   // The first position of a tile and its number of positions.
   int64_t first(int64_t tile) const {
@@ -116,7 +118,8 @@ struct ClassLayout {
   }
   int lanes(int64_t tile) const {
     if (inner == 1) return 1;
-    return static_cast<int>(std::min<int64_t>(kMaxLanes, inner - tile % tiles_per_outer() * kMaxLanes));
+    const int64_t start = tile % tiles_per_outer() * kMaxLanes;
+    return static_cast<int>(std::min<int64_t>(kMaxLanes, inner - start));
   }
   // The offset of class 0 of position r.
   int64_t base(int64_t r) const { return r / inner * cols * inner + r % inner; }
@@ -206,8 +209,8 @@ void cross_entropy_backward_rows(T* grad_logits, const Compute<T>* grad_loss,
       for (int l = 0; l < lanes; ++l) {
         const int64_t e = j * layout.inner + l;
         const A onehot = j == targets[first + l] ? A(1) : A(0);
-        gx[e] = ignored[l] ? static_cast<T>(A(0))
-                           : static_cast<T>(g[l] * (std::exp(static_cast<A>(x[e]) - lse[first + l]) - onehot));
+        const A p = std::exp(static_cast<A>(x[e]) - lse[first + l]);
+        gx[e] = static_cast<T>(ignored[l] ? A(0) : g[l] * (p - onehot));
       }
     }
   });

@@ -1,11 +1,13 @@
 // CudaBackend: forwards each KernelBackend call to the kernels of kernels/cuda/kernels.h on
-// the device's current stream, with that device made current and its pool as scratch.
+// the device's current stream, with that device made current and its pool as scratch. It
+// owns the device's AsyncErrors (the record of bad indices found by running kernels).
 #include "ringdilated/kernels/cuda/backend.h"
 
 #include <memory>
 #include <mutex>
 #include <vector>
 
+#include "ringdilated/kernels/cuda/async_error.h"
 #include "ringdilated/kernels/cuda/caching_allocator.h"
 #include "ringdilated/kernels/cuda/device_info.h"
 #include "ringdilated/kernels/cuda/kernels.h"
@@ -17,8 +19,9 @@ namespace {
 
 class CudaBackend final : public KernelBackend {
  public:
-  explicit CudaBackend(int device) : device_(device) {}
+  explicit CudaBackend(int device) : device_(device), errors_(device) {}
   const char* name() const override { return "cuda"; }
+  AsyncErrors& errors() { return errors_; }
 
   void fill(const StridedView& out, double value) override {
     Scope s(device_);
@@ -95,17 +98,24 @@ class CudaBackend final : public KernelBackend {
                         weight, dtype, rows, cols, rms, scratch(), s.stream);
   }
   void cross_entropy(void* loss, void* lse, const void* logits, const int64_t* targets,
-                     DType dtype, int64_t rows, int64_t cols, int64_t ignore_index) override {
+                     DType dtype, int64_t rows, int64_t cols, int64_t inner,
+                     int64_t ignore_index) override {
     Scope s(device_);
-    cuda::cross_entropy(loss, lse, logits, targets, dtype, rows, cols, ignore_index, s.stream);
+    cuda::cross_entropy(loss, lse, logits, targets, dtype, rows, cols, inner, ignore_index,
+                        errors_, s.stream);
   }
   void cross_entropy_backward(void* grad_logits, const void* grad_loss, int64_t grad_loss_stride,
                               const void* logits, const void* lse, const int64_t* targets,
-                              DType dtype, int64_t rows, int64_t cols,
+                              DType dtype, int64_t rows, int64_t cols, int64_t inner,
                               int64_t ignore_index) override {
     Scope s(device_);
     cuda::cross_entropy_backward(grad_logits, grad_loss, grad_loss_stride, logits, lse, targets,
-                                 dtype, rows, cols, ignore_index, s.stream);
+                                 dtype, rows, cols, inner, ignore_index, errors_, s.stream);
+  }
+  void rotary_embedding(const StridedView& out, const StridedView& x, int64_t position_offset,
+                        double base, bool inverse) override {
+    Scope s(device_);
+    cuda::rotary_embedding(out, x, position_offset, base, inverse, s.stream);
   }
   bool attention_supports(AttentionKernel kernel, const AttentionForwardArgs& forward,
                           const AttentionBackwardArgs* backward, std::string* why_not) override {
@@ -132,22 +142,22 @@ class CudaBackend final : public KernelBackend {
   void index_select(const StridedView& out, const StridedView& in, int dim,
                     const StridedView& index) override {
     Scope s(device_);
-    cuda::index_select(out, in, dim, index, scratch(), s.stream);
+    cuda::index_select(out, in, dim, index, errors_, s.stream);
   }
   void index_add(const StridedView& out, int dim, const StridedView& index,
                  const StridedView& src) override {
     Scope s(device_);
-    cuda::index_add(out, dim, index, src, scratch(), s.stream);
+    cuda::index_add(out, dim, index, src, errors_, s.stream);
   }
   void gather(const StridedView& out, const StridedView& in, int dim,
               const StridedView& index) override {
     Scope s(device_);
-    cuda::gather(out, in, dim, index, scratch(), s.stream);
+    cuda::gather(out, in, dim, index, errors_, s.stream);
   }
   void scatter(const StridedView& out, int dim, const StridedView& index, const StridedView& src,
                bool accumulate) override {
     Scope s(device_);
-    cuda::scatter(out, dim, index, src, accumulate, scratch(), s.stream);
+    cuda::scatter(out, dim, index, src, accumulate, errors_, s.stream);
   }
 
  private:
@@ -161,15 +171,14 @@ class CudaBackend final : public KernelBackend {
   Allocator& scratch() const { return cuda_caching_allocator(device_); }
 
   int device_;
+  AsyncErrors errors_;
 };
 
-}  // namespace
-
-KernelBackend& cuda_backend(int device) {
+// The backend of `device`, created on first use and kept for the process (like the pools).
+CudaBackend& cuda_backend_of(int device) {
   int count = device_count();
   RD_CHECK(device >= 0 && device < count, kDeviceMismatch, "cuda_backend: device cuda:", device,
            " does not exist (", count, " CUDA devices visible)");
-  // One backend per device, created on first use and kept for the process (like the pools).
   static std::mutex mutex;
   static std::vector<std::unique_ptr<CudaBackend>>* backends =
       new std::vector<std::unique_ptr<CudaBackend>>();
@@ -179,5 +188,11 @@ KernelBackend& cuda_backend(int device) {
   if (slot == nullptr) slot = std::make_unique<CudaBackend>(device);
   return *slot;
 }
+
+}  // namespace
+
+KernelBackend& cuda_backend(int device) { return cuda_backend_of(device); }
+
+AsyncErrors& async_errors(int device) { return cuda_backend_of(device).errors(); }
 
 }  // namespace rd::kernels::cuda

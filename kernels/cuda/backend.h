@@ -9,5 +9,6 @@ namespace rd::kernels::cuda {
 // current, queues its work on the thread's current stream of that device and returns
 // without waiting.
 KernelBackend& cuda_backend(int device);
+// (async_errors(device), declared in async_error.h, is the error record this backend owns.)
 
 }  // namespace rd::kernels::cuda

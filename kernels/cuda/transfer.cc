@@ -8,6 +8,7 @@
 #include <cstring>
 #include <utility>
 
+#include "ringdilated/kernels/cuda/async_error.h"
 #include "ringdilated/kernels/cuda/pinned_pool.h"
 #include "ringdilated/kernels/cuda/runtime.h"
 #include "ringdilated/kernels/error.h"
@@ -88,7 +89,7 @@ void device_to_host(void* dst, const void* src, int device, size_t nbytes) {
     const size_t chunk = std::min(kStagingChunkBytes, nbytes - offset);
     RD_CUDA_CHECK(cudaMemcpyAsync(staging.get(), static_cast<const char*>(src) + offset, chunk,
                                   cudaMemcpyDeviceToHost, stream));
-    RD_CUDA_CHECK(cudaStreamSynchronize(stream));
+    synchronize_stream(device, stream);  // raises what earlier kernels recorded
     std::memcpy(static_cast<char*>(dst) + offset, staging.get(), chunk);
   }
 }  // the stream is idle with respect to `staging`: it returns to the pool at once

@@ -1,0 +1,137 @@
+// rotary_embedding beyond the op suite: accuracy at positions around 2^21 against a long
+// double reference with a tolerance derived from the dtype and the position (on every
+// device this process can run), the sequence-parallel shard property of position_offset,
+// the backward pass as the inverse rotation, and argument errors.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "ringdilated/tensor/autograd.h"
+#include "ringdilated/tensor/device.h"
+#include "ringdilated/tensor/ops.h"
+#include "ringdilated/tensor/tensor.h"
+#include "testing/dtype_precision.h"
+#include "testing/raises.h"
+#include "testing/reference.h"
+#include "testing/tensor_util.h"
+
+namespace rd::test {
+namespace {
+
+const DType kFloatTypes[] = {DType::kFloat32, DType::kFloat64, DType::kBFloat16,
+                             DType::kFloat16};
+
+std::vector<Device> devices() {
+  std::vector<Device> d{Device::cpu()};
+  if (cuda_available()) d.push_back(Device::cuda(0));
+  return d;
+}
+
+RefArray random_x(const Shape& shape, std::mt19937_64& rng) {
+  return random_values(shape, Domain::kAny, DType::kFloat64, rng);
+}
+
+// |got - want| allowed for one output element of a pair (x1, x2) at `position`:
+//   - rounding cos and sin to the compute type and the two products and the sum in it:
+//     a few units of the compute type's roundoff times |x1| + |x2|;
+//   - rounding the result to the dtype: one unit of its roundoff times the same;
+//   - the float64 angle position * freq (freq <= 1): its rounding is ~2^-53 * position rad,
+//     which moves the result by up to that times |x1| + |x2|. This is the term a float32
+//     angle would blow up (2^-24 * 2^21 = 0.125 rad), so the test catches one.
+double pair_tolerance(DType dtype, int64_t position, double magnitude) {
+  const double u_compute = unit_roundoff(dtype == DType::kFloat64 ? dtype : DType::kFloat32);
+  const double angle_error = 4.0 * std::ldexp(1.0, -53) * static_cast<double>(position);
+  return (8.0 * u_compute + unit_roundoff(dtype) + angle_error) * magnitude;
+}
+
+TEST(RotaryEmbedding, MatchesLongDoubleReferenceAroundPosition2M) {
+  std::mt19937_64 rng(2024);
+  const Shape shape = {2, 5, 3, 16};  // B, T, H, D
+  const int64_t half = shape[3] / 2;
+  for (int64_t offset : {int64_t{0}, int64_t{2'097'150}, int64_t{1'999'993}}) {
+    const RefArray x = random_x(shape, rng);
+    for (DType dtype : kFloatTypes) {
+      const Tensor x_cpu = from_ref(x, dtype);
+      const RefArray x_rounded = to_ref(x_cpu);  // the reference rotates what the op sees
+      const RefArray want = ref::rotary_embedding(x_rounded, offset, 10000.0);
+      for (Device device : devices()) {
+        SCOPED_TRACE(std::string(dtype_name(dtype)) + " on " + device.str() + " offset " +
+                     std::to_string(offset));
+        const RefArray got = to_ref(rotary_embedding(x_cpu.to(device), offset));
+        int failures = 0;
+        for (int64_t e = 0; e < x.numel() && failures < 5; ++e) {
+          ref::Index at = ref::unravel(e, shape);
+          ref::Index pair = at;
+          pair[3] = at[3] < half ? at[3] + half : at[3] - half;
+          const double magnitude = std::fabs(x_rounded.at(at)) + std::fabs(x_rounded.at(pair));
+          const double tol = pair_tolerance(dtype, offset + at[1], magnitude);
+          if (!(std::fabs(got.data[e] - want.data[e]) <= tol)) {
+            ++failures;
+            ADD_FAILURE() << "element " << e << " (t=" << at[1] << ", d=" << at[3] << "): got "
+                          << got.data[e] << ", want " << want.data[e] << " (tol " << tol << ")";
+          }
+        }
+      }
+    }
+  }
+}
+
+// A sequence-parallel shard holding tokens [k, T) with position_offset k computes what the
+// whole sequence computes for those tokens, bit for bit.
+TEST(RotaryEmbedding, AShardWithItsOffsetMatchesTheWholeSequence) {
+  std::mt19937_64 rng(7);
+  const Shape shape = {2, 12, 2, 8};
+  for (DType dtype : kFloatTypes) {
+    for (Device device : devices()) {
+      SCOPED_TRACE(std::string(dtype_name(dtype)) + " on " + device.str());
+      const Tensor x = from_ref(random_x(shape, rng), dtype, device);
+      const int64_t start = 1'000'000;
+      const Tensor whole = rotary_embedding(x, start);
+      for (int64_t k : {int64_t{4}, int64_t{9}}) {
+        const Tensor shard = rotary_embedding(x.narrow(1, k, shape[1] - k), start + k);
+        EXPECT_TRUE(values_close(to_ref(whole.narrow(1, k, shape[1] - k)), to_ref(shard), {}))
+            << "shard from token " << k;
+      }
+    }
+  }
+}
+
+// The backward pass is the inverse rotation: the gradient of sum(w * rotary(x)) is
+// rotary^-1(w), and rotating that forward again gives w back.
+TEST(RotaryEmbedding, BackwardIsTheInverseRotation) {
+  std::mt19937_64 rng(11);
+  const Shape shape = {1, 6, 2, 10};
+  for (Device device : devices()) {
+    SCOPED_TRACE(device.str());
+    const int64_t offset = 2'000'000;
+    Tensor x = from_ref(random_x(shape, rng), DType::kFloat64, device);
+    x.set_requires_grad(true);
+    const Tensor w = from_ref(random_x(shape, rng), DType::kFloat64, device);
+    sum(mul(rotary_embedding(x, offset), w)).backward();
+    const RefArray back = to_ref(rotary_embedding(x.grad(), offset));
+    EXPECT_TRUE(values_close(to_ref(w), back, tolerance_for(DType::kFloat64, 4)));
+    // ... and the gradient differs from w (the rotation is not the identity there).
+    EXPECT_FALSE(values_close(to_ref(w), to_ref(x.grad()), tolerance_for(DType::kFloat64, 4)));
+  }
+}
+
+TEST(RotaryEmbedding, RejectsBadArguments) {
+  const Tensor x = zeros({1, 2, 2, 4});
+  EXPECT_TRUE(raises([&] { rotary_embedding(zeros({1, 2, 2, 3})); }, {ErrorCode::kShapeMismatch},
+                     {"rotary_embedding", "even"}));
+  EXPECT_TRUE(raises([&] { rotary_embedding(zeros({2, 2, 4})); }, {ErrorCode::kShapeMismatch},
+                     {"rotary_embedding", "[B, T, H, D]"}));
+  EXPECT_TRUE(raises([&] { rotary_embedding(x, -1); }, {ErrorCode::kInvalidArgument},
+                     {"rotary_embedding", "positions"}));
+  EXPECT_TRUE(raises([&] { rotary_embedding(x, 0, 0.0); }, {ErrorCode::kInvalidArgument},
+                     {"rotary_embedding", "base"}));
+  EXPECT_TRUE(raises([&] { rotary_embedding(zeros({1, 2, 2, 4}, DType::kInt64)); },
+                     {ErrorCode::kDTypeMismatch}, {"rotary_embedding"}));
+}
+
+}  // namespace
+}  // namespace rd::test
