@@ -55,7 +55,8 @@ void Progress::print_summary(const LanguageModel& model, DType dtype, Device dev
   std::printf("model: %s parameters (%lld layers, width %lld, %lld heads, vocab %lld), %s on %s\n",
               format_count(params).c_str(), static_cast<long long>(c.depth),
               static_cast<long long>(c.dim), static_cast<long long>(c.heads),
-              static_cast<long long>(c.vocab_size), dtype_name(dtype), device.str().c_str());
+              static_cast<long long>(c.vocab_size), std::string(dtype_name(dtype)).c_str(),
+              device.str().c_str());
   std::printf("memory: weights %sB, optimizer%s %sB", format_count(weight_bytes).c_str(),
               master_weights ? " + float32 masters" : "", format_count(state_bytes).c_str());
   if (device.is_cuda()) {
