@@ -35,6 +35,10 @@ Usage: ./rd <command> [args]
                    is found), cpu (no CUDA) or asan (ASan + UBSan, CPU only).
   test             setup, then build and test the release and asan presets (GPU tests run
                    only where a GPU is present); prints "tests: N passed, F failed".
+  train [args]     setup, build rd_train and train (defaults: a small model on the passkey
+                   task, on the GPU when there is one), then plot the run's metrics into
+                   <out_dir>/plots; `train sample --checkpoint=runs/passkey --prompt=...`
+                   samples from it (docs/training.md; rd_train --help lists the flags).
   demo [args]      setup, build and run the demo (build/release/train/rd_demo).
   launch [args]    setup, build rd_launch and run it: start the ranks of a job on this
                    machine, e.g. ./rd launch -n 4 -- ./my_program (docs/launching.md).
@@ -473,6 +477,36 @@ plot_python() {
 }
 
 # Plotting needs only matplotlib, so this installs just that (not the whole setup).
+# rd_train (train/train_main.cc, docs/training.md): builds it (with CUDA where a GPU and nvcc
+# are present, else the CPU-only preset, which builds much faster), trains (the passkey task
+# by default; arguments go to rd_train), then draws the run's metrics into <out_dir>/plots.
+# `./rd train sample ...` samples from a checkpoint instead.
+cmd_train() {
+  cmd_setup
+  prefer_passive_openmp
+  local preset=cpu
+  if have_gpu && have_nvcc; then preset=release; fi
+  configure_and_build "$preset" rd_train_cli
+  local binary="build/$preset/train/rd_train"
+  if [[ "${1:-}" == sample ]]; then
+    exec "$binary" "$@"
+  fi
+  local out_dir="runs/passkey" arg
+  for arg in "$@"; do
+    [[ "$arg" == --out_dir=* ]] && out_dir="${arg#--out_dir=}"
+  done
+  log "run: $binary $*"
+  "$binary" "$@" || return
+  local python
+  python="$(plot_python)"
+  if [[ -n "$python" && -f "$out_dir/metrics.jsonl" ]]; then
+    "$python" tools/rdplot.py metrics "$out_dir/metrics.jsonl" -o "$out_dir/plots" &&
+      log "plots: $out_dir/plots"
+  else
+    log "no plots: python3-matplotlib is missing (./rd setup installs it)"
+  fi
+}
+
 cmd_plot() {
   local python
   python="$(plot_python)"
@@ -494,6 +528,7 @@ case "$command" in
   setup) cmd_setup ;;
   build) cmd_build "$@" ;;
   test) cmd_test ;;
+  train) cmd_train "$@" ;;
   demo) cmd_demo "$@" ;;
   launch) cmd_launch "$@" ;;
   bench) cmd_bench "$@" ;;

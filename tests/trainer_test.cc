@@ -46,6 +46,7 @@ class TrainerTest : public ::testing::Test {
     c.warmup_steps = 2;
     c.eval_every = 3;
     c.eval_batches = 2;
+    c.final_eval_batches = 2;
     c.log_every = 2;
     c.out_dir = (dir_ / run).string();
     c.seed = 11;

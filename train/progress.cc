@@ -72,11 +72,14 @@ void Progress::print_summary(const LanguageModel& model, DType dtype, Device dev
 void Progress::update(int64_t step, double loss, double lr, double grad_norm,
                       double tokens_per_s, double mfu) {
   if (silent_) return;
-  const double elapsed =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-  if (first_step_ < 0) first_step_ = step - 1;
-  const double per_step = elapsed / static_cast<double>(std::max<int64_t>(step - first_step_, 1));
-  const double eta = per_step * static_cast<double>(total_steps_ - step);
+  // The ETA extrapolates the steps since the last update (the first update's window also
+  // holds start-up costs, and a resumed run starts late).
+  const auto now = std::chrono::steady_clock::now();
+  const double window = std::chrono::duration<double>(now - last_time_).count();
+  const double per_step = window / static_cast<double>(std::max<int64_t>(step - last_step_, 1));
+  const double eta = last_step_ < 0 ? -1 : per_step * static_cast<double>(total_steps_ - step);
+  last_time_ = now;
+  last_step_ = step;
   char line[256];
   int n = std::snprintf(line, sizeof(line), "step %lld/%lld | loss %.4f", static_cast<long long>(step),
                         static_cast<long long>(total_steps_), loss);

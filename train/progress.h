@@ -31,8 +31,8 @@ class Progress {
   bool silent_;
   bool tty_;
   bool line_open_ = false;
-  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
-  int64_t first_step_ = -1;  // the step of the first update (a resumed run starts late)
+  std::chrono::steady_clock::time_point last_time_ = std::chrono::steady_clock::now();
+  int64_t last_step_ = -1;  // the step of the last update; -1 before the first
   double accuracy_ = -1;     // the last eval's exact-match accuracy
 };
 

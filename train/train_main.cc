@@ -26,7 +26,7 @@
 ABSL_FLAG(std::string, data, "passkey",
           "passkey, mqar, copy (synthetic, generated on the fly), text:<file> (bytes of a file) "
           "or tokens:<file> (an RDTOK token file)");
-ABSL_FLAG(int64_t, seq_len, 512, "tokens per sequence");
+ABSL_FLAG(int64_t, seq_len, 256, "tokens per sequence");
 ABSL_FLAG(int64_t, passkey_digits, 5, "digits of the passkey (chance is 10^-digits)");
 ABSL_FLAG(int64_t, mqar_pairs, 32, "key-value pairs of the mqar task");
 ABSL_FLAG(int64_t, mqar_queries, 8, "queries of the mqar task");
@@ -38,22 +38,22 @@ ABSL_FLAG(int64_t, depth, 2, "transformer blocks");
 ABSL_FLAG(int64_t, heads, 4, "attention heads");
 ABSL_FLAG(double, mlp_ratio, 4.0, "MLP hidden width / model width (SwiGLU uses 2/3 of it)");
 ABSL_FLAG(std::string, mlp, "swiglu", "swiglu or gelu");
-ABSL_FLAG(std::vector<std::string>, segments, std::vector<std::string>({"64", "512"}),
+ABSL_FLAG(std::vector<std::string>, segments, std::vector<std::string>({"32", "256"}),
           "segment lengths of the dilated attention pairs, comma separated");
-ABSL_FLAG(std::vector<std::string>, dilations, std::vector<std::string>({"1", "8"}),
+ABSL_FLAG(std::vector<std::string>, dilations, std::vector<std::string>({"1", "2"}),
           "dilation rates, one per segment length");
 ABSL_FLAG(std::string, variant, "fixed", "fixed (segment-local) or original (global) dilation");
-ABSL_FLAG(std::string, mixing, "head_groups", "head_groups or all_heads");
+ABSL_FLAG(std::string, mixing, "all_heads", "head_groups or all_heads");
 ABSL_FLAG(double, rope_base, 10000.0, "rotary position embedding base");
 ABSL_FLAG(bool, recompute, false, "recompute each block's activations in the backward");
 // Optimization.
-ABSL_FLAG(int64_t, steps, 600, "optimizer steps");
+ABSL_FLAG(int64_t, steps, 2000, "optimizer steps");
 ABSL_FLAG(int64_t, batch_size, 8, "sequences per micro-batch on each data-parallel rank");
 ABSL_FLAG(int64_t, tokens_per_step, 0,
           "target batch in tokens over every rank (gradient accumulation); 0: one micro-batch");
 ABSL_FLAG(double, lr, 3e-3, "peak learning rate");
 ABSL_FLAG(double, min_lr_ratio, 0.1, "the decay's floor, as a fraction of the peak");
-ABSL_FLAG(int64_t, warmup_steps, 50, "linear warmup steps");
+ABSL_FLAG(int64_t, warmup_steps, 100, "linear warmup steps");
 ABSL_FLAG(std::string, decay, "cosine", "cosine, linear or constant");
 ABSL_FLAG(double, weight_decay, 0.1, "AdamW weight decay (not on norms and embeddings)");
 ABSL_FLAG(double, grad_clip, 1.0, "global gradient-norm clip; 0: off");
@@ -62,10 +62,11 @@ ABSL_FLAG(std::string, device, "auto", "auto (a GPU when there is one), cpu or c
 ABSL_FLAG(int, threads, 0, "CPU threads; 0: every core");
 ABSL_FLAG(uint64_t, seed, 0, "seed of the model's initialization and dropout");
 // Evaluation, logging, checkpoints.
-ABSL_FLAG(int64_t, eval_every, 100, "evaluate every N steps (and at the end)");
+ABSL_FLAG(int64_t, eval_every, 250, "evaluate every N steps (and at the end)");
 ABSL_FLAG(int64_t, eval_batches, 8, "held-out batches per evaluation");
+ABSL_FLAG(int64_t, final_eval_batches, 32, "held-out batches of the final evaluation");
 ABSL_FLAG(int64_t, log_every, 10, "progress line and metrics record every N steps");
-ABSL_FLAG(int64_t, checkpoint_every, 200, "checkpoint every N steps (and at the end); 0: end only");
+ABSL_FLAG(int64_t, checkpoint_every, 500, "checkpoint every N steps (and at the end); 0: end only");
 ABSL_FLAG(int, keep_checkpoints, 3, "checkpoints to keep");
 ABSL_FLAG(std::string, out_dir, "runs/passkey", "run folder: checkpoints/, metrics.jsonl");
 ABSL_FLAG(std::string, resume, "auto",
@@ -171,6 +172,7 @@ TrainConfig config_from_flags() {
   c.seed = absl::GetFlag(FLAGS_seed);
   c.eval_every = absl::GetFlag(FLAGS_eval_every);
   c.eval_batches = absl::GetFlag(FLAGS_eval_batches);
+  c.final_eval_batches = absl::GetFlag(FLAGS_final_eval_batches);
   c.log_every = absl::GetFlag(FLAGS_log_every);
   c.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
   c.keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);

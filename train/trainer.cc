@@ -98,7 +98,8 @@ void check_train_config(const TrainConfig& c, int world_size) {
            c.tokens_per_step);
   RD_CHECK(c.lr > 0 && std::isfinite(c.lr), kInvalidArgument, kOp, ": lr must be > 0, got ", c.lr);
   RD_CHECK(c.grad_clip >= 0, kInvalidArgument, kOp, ": grad_clip must be >= 0, got ", c.grad_clip);
-  RD_CHECK(c.eval_every >= 0 && c.log_every >= 1 && c.checkpoint_every >= 0 && c.eval_batches >= 1,
+  RD_CHECK(c.eval_every >= 0 && c.log_every >= 1 && c.checkpoint_every >= 0 && c.eval_batches >= 1 &&
+               c.final_eval_batches >= 1,
            kInvalidArgument, kOp, ": eval_every and checkpoint_every must be >= 0, log_every and "
            "eval_batches >= 1, got ", c.eval_every, ", ", c.checkpoint_every, ", ", c.log_every,
            ", ", c.eval_batches);
@@ -397,7 +398,7 @@ std::string Trainer::save() {
 // ---------------------------------------------------------------------------------------
 // Evaluation.
 
-EvalResult Trainer::evaluate() {
+EvalResult Trainer::evaluate(int64_t batches) {
   State& s = *s_;
   const TrainConfig& c = s.config;
   s.model->eval();
@@ -406,7 +407,7 @@ EvalResult Trainer::evaluate() {
   const int64_t seq_len = s.data->seq_len(), local_len = seq_len / s.cp_size;
   // [loss sum, scored tokens, correct answer tokens, answer tokens, exact samples, samples]
   Tensor totals = zeros({6}, TensorOptions(DType::kFloat64).with_device(dev));
-  for (int64_t i = 0; i < c.eval_batches; ++i) {
+  for (int64_t i = 0; i < batches; ++i) {
     const Batch global = s.data->eval_batch(c.batch_size * s.dp_size, i);
     const Batch mine = slice(global, s.dp_rank * c.batch_size, c.batch_size, s.cp_rank * local_len, local_len);
     const Batch::Tensors t = mine.to_tensors();
@@ -616,7 +617,7 @@ TrainResult Trainer::run(const std::atomic<bool>* stop) {
       }
     }
     if ((c.eval_every > 0 && step % c.eval_every == 0) || last) {
-      const EvalResult e = evaluate();
+      const EvalResult e = evaluate(last ? c.final_eval_batches : c.eval_batches);
       result.final_eval = e;
       if (s.is_root()) {
         Json rec = {{"step", step},

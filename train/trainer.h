@@ -48,6 +48,7 @@ struct TrainConfig {
 
   int64_t eval_every = 100;  // 0: only at the end
   int64_t eval_batches = 8;  // of batch_size held-out sequences
+  int64_t final_eval_batches = 32;  // the evaluation at the end (the reported accuracy)
   int64_t log_every = 10;
   int64_t checkpoint_every = 0;  // 0: only at the end (and on a stop request)
   int keep_checkpoints = 3;
@@ -98,8 +99,9 @@ class Trainer {
   // Trains from the current step to config.steps, evaluating, logging and checkpointing as
   // configured; returns early (after a checkpoint) once *stop becomes true on any rank.
   TrainResult run(const std::atomic<bool>* stop = nullptr);
-  // Loss, perplexity and answer accuracy on config.eval_batches held-out batches.
-  EvalResult evaluate();
+  // Loss, perplexity and answer accuracy on `batches` held-out batches (the same ones every
+  // time: held-out batches 0, 1, ...).
+  EvalResult evaluate(int64_t batches);
   // Writes a checkpoint of the current state (rank 0 writes; every rank must call).
   std::string save();
 
