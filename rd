@@ -317,6 +317,9 @@ gpu_targets() {
   echo dilated_attention_test
   echo attention_merge_test
   echo ring_dilated_attention_test
+  echo rotary_test
+  # The trainer, for training runs on the GPU (MFU, longest sequence; docs/benchmarks.md).
+  echo rd_train_cli
 }
 
 cmd_gpu_pack() {
@@ -335,9 +338,10 @@ cmd_gpu_pack() {
       [[ -x "$binary" ]] && strip -o "$GPU_PACK_DIR/bin/$name" "$binary"
     done
   done
+  strip -o "$GPU_PACK_DIR/bin/rd_train" build/release/train/rd_train
   cp bench/report.py "$GPU_PACK_DIR/bin/" 2>/dev/null || true
   # Carry what a binary links beyond the C/C++ runtime, the driver and the CUDA toolkit.
-  for binary in "$GPU_PACK_DIR"/bin/*_test "$GPU_PACK_DIR"/bin/*_bench; do
+  for binary in "$GPU_PACK_DIR"/bin/*_test "$GPU_PACK_DIR"/bin/*_bench "$GPU_PACK_DIR"/bin/rd_train; do
     while read -r name path; do
       [[ "$name" =~ ^lib(absl_|gomp|openblas|gfortran|quadmath|benchmark) ]] || continue
       cp -L -n "$path" "$GPU_PACK_DIR/lib/$name"
