@@ -343,7 +343,7 @@ cmd_gpu_pack() {
   # Carry what a binary links beyond the C/C++ runtime, the driver and the CUDA toolkit.
   for binary in "$GPU_PACK_DIR"/bin/*_test "$GPU_PACK_DIR"/bin/*_bench "$GPU_PACK_DIR"/bin/rd_train; do
     while read -r name path; do
-      [[ "$name" =~ ^lib(absl_|gomp|openblas|gfortran|quadmath|benchmark) ]] || continue
+      [[ "$name" =~ ^lib(absl_|gomp|openblas|gfortran|quadmath|benchmark|gloo|hiredis|ibverbs|nl-) ]] || continue
       cp -L -n "$path" "$GPU_PACK_DIR/lib/$name"
     done < <(ldd "$binary" | awk '$3 ~ /^\// {print $1, $3}')
   done
