@@ -2,8 +2,6 @@
 // and clear errors (that spare the other checkpoints) for truncated or corrupted files.
 #include "ringdilated/train/checkpoint.h"
 
-#include <unistd.h>
-
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -13,6 +11,7 @@
 #include "ringdilated/kernels/error.h"
 #include "ringdilated/tensor/ops.h"
 #include "ringdilated/tensor/tensor.h"
+#include "testing/temp_dir.h"
 
 namespace rd::train {
 namespace {
@@ -21,14 +20,6 @@ namespace fs = std::filesystem;
 
 class CheckpointTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    root_ = fs::temp_directory_path() /
-            ("rd_ckpt_" + std::to_string(::getpid()) + "_" + info->name());
-    fs::remove_all(root_);
-  }
-  void TearDown() override { fs::remove_all(root_); }
-
   // Random non-zero contents that differ per step.
   static CheckpointContents contents(int64_t step) {
     Generator gen(static_cast<uint64_t>(step) + 1);
@@ -69,7 +60,8 @@ class CheckpointTest : public ::testing::Test {
     return "";
   }
 
-  fs::path root_;
+  test::TestTempDir temp_;
+  fs::path root_ = temp_.path() / "checkpoints";
 };
 
 TEST_F(CheckpointTest, RoundTripsBitExactly) {

@@ -3,8 +3,6 @@
 // sampling.
 #include "ringdilated/train/trainer.h"
 
-#include <unistd.h>
-
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -14,6 +12,7 @@
 #include "ringdilated/kernels/error.h"
 #include "ringdilated/tensor/ops.h"
 #include "ringdilated/train/checkpoint.h"
+#include "testing/temp_dir.h"
 
 namespace rd::train {
 namespace {
@@ -22,14 +21,6 @@ namespace fs = std::filesystem;
 
 class TrainerTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = fs::temp_directory_path() /
-           ("rd_trainer_" + std::to_string(::getpid()) + "_" + info->name());
-    fs::remove_all(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
   // A tiny model on the copy task: 2 layers of width 32, 4 heads, sequences of 64.
   TrainConfig tiny(const std::string& run) const {
     TrainConfig c;
@@ -54,7 +45,8 @@ class TrainerTest : public ::testing::Test {
     return c;
   }
 
-  fs::path dir_;
+  test::TestTempDir temp_;
+  fs::path dir_ = temp_.path();
 };
 
 std::map<std::string, Tensor> weights(Trainer& t) {
