@@ -482,7 +482,8 @@ Accumulated accumulate_gradients(Trainer::State& s) {
                              s.cp_rank * local_len, local_len);
     const Batch::Tensors t = mine.to_tensors();
     const Tensor logits = s.model->forward(t.inputs.to(dev));
-    const Tensor loss_sum = cross_entropy(logits.view({-1, logits.size(2)}),
+    // The loss in float32 whatever the compute dtype (the logits are [tokens, vocab], small).
+    const Tensor loss_sum = cross_entropy(logits.view({-1, logits.size(2)}).to(DType::kFloat32),
                                           t.targets.to(dev).view({-1}), kIgnoreIndex,
                                           Reduction::kSum);
     mul(loss_sum, s.loss_scale / denominator).backward();
