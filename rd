@@ -313,6 +313,8 @@ gpu_targets() {
   echo dilated_attention_test
   echo attention_merge_test
   echo ring_dilated_attention_test
+  # Loads cuBLASLt and cuDNN (opened at run time, not linked) the way the library does.
+  echo shared_library_test
 }
 
 cmd_gpu_pack() {
