@@ -320,6 +320,8 @@ gpu_targets() {
   echo rotary_test
   # The trainer, for training runs on the GPU (MFU, longest sequence; docs/benchmarks.md).
   echo rd_train_cli
+  # Loads cuBLASLt and cuDNN (opened at run time, not linked) the way the library does.
+  echo shared_library_test
 }
 
 cmd_gpu_pack() {

@@ -38,7 +38,9 @@ install(EXPORT RingDilatedTargets
         DESTINATION "${RD_INSTALL_CMAKE_DIR}")
 
 # The config re-creates what the exported targets name: absl, nlohmann_json, OpenMP, the
-# OpenBLAS pkg-config target, RdGloo::gloo in Gloo builds and, in CUDA builds, CUDA::cudart.
+# OpenBLAS pkg-config target, RdGloo::gloo in Gloo builds and, in CUDA builds,
+# CUDA::cudart_static (the only CUDA library linked: cuBLASLt and cuDNN are opened at run time,
+# so programs built against the package start without any CUDA library installed).
 if(RD_WITH_CUDA)
   set(RD_CONFIG_CUDA_ROOT "")
   if(CUDAToolkit_BIN_DIR)

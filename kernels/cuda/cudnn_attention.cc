@@ -7,7 +7,11 @@
 // program runs where cuDNN is missing (this path then reports itself unavailable), and the
 // frontend's experimental NVRTC engines, which its headers always reference, need no
 // libnvrtc either. The frontend finds the CUDA runtime the same way (libcudart.so.12 or .13;
-// the environment variable CUDNN_FRONTEND_CUDART_LIB_NAME picks one where both exist).
+// the environment variable CUDNN_FRONTEND_CUDART_LIB_NAME picks one where both exist): that
+// is a second copy of the runtime, since ours is linked statically (no program of a CUDA
+// build needs libcudart to start), which is fine: both drive the same driver contexts,
+// streams and memory, as the copies inside libcudnn and libcublasLt already do. It is opened
+// with cuDNN (loaded_cudnn), and where it is missing the path is unavailable.
 //
 // Process-wide state, never freed (destroying cuDNN handles during static destruction can
 // run after the CUDA driver shut down, as in gemm.cc): the loaded library and its version
@@ -34,11 +38,10 @@
 #include "ringdilated/kernels/cuda/kernels.h"
 #include "ringdilated/kernels/cuda/runtime.h"
 #include "ringdilated/kernels/error.h"
+#include "ringdilated/kernels/shared_library.h"
 #include "ringdilated/kernels/view_checks.h"
 
 #if defined(RD_WITH_CUDNN)
-#include <dlfcn.h>
-
 #define NV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING
 #include <cudnn.h>
 #include <cudnn_frontend.h>
@@ -70,24 +73,33 @@ struct LoadedCudnn {
   std::string problem;  // "" when usable
 };
 
+// The shared CUDA runtime of the major version we were compiled against, for the frontend
+// (see the file comment): the loader's search path first, then the toolkit the build used.
+std::vector<std::string> cudart_candidates() {
+  const std::string soname = str_cat("libcudart.so.", CUDART_VERSION / 1000);
+  return {soname, str_cat(RD_CUDA_LIBRARY_DIR, "/", soname)};
+}
+
 const LoadedCudnn& loaded_cudnn() {
   static const LoadedCudnn* const loaded = [] {
     auto* result = new LoadedCudnn();
     // The soname through the loader's search path first, then where CMake found cuDNN.
-    std::string errors;
-    void* handle = nullptr;
-    for (const std::string& name :
-         {std::string("libcudnn.so.9"), std::string(RD_CUDNN_LIBRARY_DIR) + "/libcudnn.so.9"}) {
-      handle = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
-      if (handle != nullptr) break;
-      const char* error = dlerror();
-      errors += str_cat(errors.empty() ? "" : "; ", error != nullptr ? error : name);
-    }
-    if (handle == nullptr) {
-      result->problem = str_cat("the cuDNN 9 library could not be loaded (", errors, ")");
+    const SharedLibrary cudnn = open_shared_library(
+        "the cuDNN 9 library",
+        {"libcudnn.so.9", str_cat(RD_CUDNN_LIBRARY_DIR, "/libcudnn.so.9")});
+    if (!cudnn.usable()) {
+      result->problem = cudnn.problem;
       return result;
     }
-    fe::cudnn_dlhandle = handle;
+    // Loaded here, once, so that the frontend's dlopen by soname finds it even where the
+    // toolkit is not on the loader's search path.
+    const SharedLibrary cudart = open_shared_library(
+        "the shared CUDA runtime (cudnn-frontend calls it)", cudart_candidates());
+    if (!cudart.usable()) {
+      result->problem = cudart.problem;
+      return result;
+    }
+    fe::cudnn_dlhandle = cudnn.handle;
     try {
       result->version = static_cast<int>(fe::detail::get_backend_version());
     } catch (const std::exception& e) {

@@ -16,6 +16,9 @@
 // by cuBLASLt's heuristic for each problem (shapes, leading dims, strides, dtype, compute
 // mode, epilogue, pointer alignments). All of it sits behind one mutex, and is never freed:
 // destroying handles during static destruction can run after the CUDA driver shut down.
+//
+// cuBLASLt is not linked: its entry points come from cublaslt_api() (loaded on the first
+// GEMM), so programs that never multiply on a GPU run without the library.
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
@@ -29,6 +32,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
+#include "ringdilated/kernels/cuda/cublaslt_api.h"
 #include "ringdilated/kernels/cuda/gemm_epilogue.h"
 #include "ringdilated/kernels/cuda/kernels.h"
 #include "ringdilated/kernels/cuda/runtime.h"
@@ -38,6 +42,10 @@
 namespace rd::kernels::cuda {
 namespace {
 
+// The loaded cuBLASLt. Where the library is missing, the first request (creating the
+// handle, in gemm()) throws kUnimplemented naming it: GEMMs on a GPU fail, nothing else.
+const CublasLtApi& lt() { return cublaslt_api("gemm"); }
+
 // Throws rd::Error naming the failed cuBLASLt call, its status and where it happened.
 [[noreturn]] void throw_cublas_error(cublasStatus_t status, const char* expression,
                                      const char* file, int line) {
@@ -45,8 +53,8 @@ namespace {
   if (status == CUBLAS_STATUS_ALLOC_FAILED) code = ErrorCode::kOutOfMemory;
   if (status == CUBLAS_STATUS_NOT_SUPPORTED) code = ErrorCode::kUnimplemented;
   throw Error(
-      code, str_cat("cuBLASLt error ", cublasLtGetStatusName(status), " (",
-                    cublasLtGetStatusString(status), ") in ", expression, " at ", file, ":", line));
+      code, str_cat("cuBLASLt error ", lt().get_status_name(status), " (",
+                    lt().get_status_string(status), ") in ", expression, " at ", file, ":", line));
 }
 
 }  // namespace
@@ -134,7 +142,7 @@ class LtContext {
     auto it = handles_.find(device);
     if (it != handles_.end()) return it->second;
     cublasLtHandle_t h = nullptr;
-    RD_CUBLAS_CHECK(cublasLtCreate(&h));
+    RD_CUBLAS_CHECK(lt().create(&h));
     handles_.emplace(device, h);
     return h;
   }
@@ -171,13 +179,13 @@ class LtContext {
 };
 
 struct MatmulDescDeleter {
-  void operator()(cublasLtMatmulDescOpaque_t* d) const { cublasLtMatmulDescDestroy(d); }
+  void operator()(cublasLtMatmulDescOpaque_t* d) const { lt().matmul_desc_destroy(d); }
 };
 struct LayoutDeleter {
-  void operator()(cublasLtMatrixLayoutOpaque_t* d) const { cublasLtMatrixLayoutDestroy(d); }
+  void operator()(cublasLtMatrixLayoutOpaque_t* d) const { lt().matrix_layout_destroy(d); }
 };
 struct PreferenceDeleter {
-  void operator()(cublasLtMatmulPreferenceOpaque_t* d) const { cublasLtMatmulPreferenceDestroy(d); }
+  void operator()(cublasLtMatmulPreferenceOpaque_t* d) const { lt().matmul_preference_destroy(d); }
 };
 using MatmulDesc = std::unique_ptr<cublasLtMatmulDescOpaque_t, MatmulDescDeleter>;
 using Layout = std::unique_ptr<cublasLtMatrixLayoutOpaque_t, LayoutDeleter>;
@@ -192,13 +200,13 @@ void set_attribute(Handle h, Setter setter, Attr attr, const V& value) {
 Layout make_layout(cudaDataType_t type, int64_t rows, int64_t cols, int64_t ld, int64_t batch,
                    int64_t stride) {
   cublasLtMatrixLayout_t raw = nullptr;
-  RD_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&raw, type, static_cast<uint64_t>(rows),
-                                             static_cast<uint64_t>(cols), ld));
+  RD_CUBLAS_CHECK(lt().matrix_layout_create(&raw, type, static_cast<uint64_t>(rows),
+                                            static_cast<uint64_t>(cols), ld));
   Layout layout(raw);
   if (batch > 1) {
-    set_attribute(raw, cublasLtMatrixLayoutSetAttribute, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
+    set_attribute(raw, lt().matrix_layout_set_attribute, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
                   static_cast<int32_t>(batch));
-    set_attribute(raw, cublasLtMatrixLayoutSetAttribute,
+    set_attribute(raw, lt().matrix_layout_set_attribute,
                   CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, stride);
   }
   return layout;
@@ -221,12 +229,12 @@ Descriptors make_descriptors(const Problem& p, const void* bias) {
   const cudaDataType_t scale_type = f64 ? CUDA_R_64F : CUDA_R_32F;
   Descriptors d;
   cublasLtMatmulDesc_t raw = nullptr;
-  RD_CUBLAS_CHECK(cublasLtMatmulDescCreate(&raw, compute, scale_type));
+  RD_CUBLAS_CHECK(lt().matmul_desc_create(&raw, compute, scale_type));
   d.matmul.reset(raw);
   const int32_t op_first = p.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   const int32_t op_second = p.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-  set_attribute(raw, cublasLtMatmulDescSetAttribute, CUBLASLT_MATMUL_DESC_TRANSA, op_first);
-  set_attribute(raw, cublasLtMatmulDescSetAttribute, CUBLASLT_MATMUL_DESC_TRANSB, op_second);
+  set_attribute(raw, lt().matmul_desc_set_attribute, CUBLASLT_MATMUL_DESC_TRANSA, op_first);
+  set_attribute(raw, lt().matmul_desc_set_attribute, CUBLASLT_MATMUL_DESC_TRANSB, op_second);
   if (p.fused_epilogue) {
     cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
     if (p.bias && p.gelu) {
@@ -236,10 +244,10 @@ Descriptors make_descriptors(const Problem& p, const void* bias) {
     } else if (p.gelu) {
       epilogue = CUBLASLT_EPILOGUE_GELU;
     }
-    set_attribute(raw, cublasLtMatmulDescSetAttribute, CUBLASLT_MATMUL_DESC_EPILOGUE, epilogue);
+    set_attribute(raw, lt().matmul_desc_set_attribute, CUBLASLT_MATMUL_DESC_EPILOGUE, epilogue);
     if (p.bias) {
-      set_attribute(raw, cublasLtMatmulDescSetAttribute, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
-      set_attribute(raw, cublasLtMatmulDescSetAttribute, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+      set_attribute(raw, lt().matmul_desc_set_attribute, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
+      set_attribute(raw, lt().matmul_desc_set_attribute, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
                     static_cast<int32_t>(type));
     }
   }
@@ -257,24 +265,24 @@ std::optional<cublasLtMatmulAlgo_t> query_algo(cublasLtHandle_t handle, const Pr
                                                const void* bias) {
   const Descriptors d = make_descriptors(p, bias);
   cublasLtMatmulPreference_t raw = nullptr;
-  RD_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&raw));
+  RD_CUBLAS_CHECK(lt().matmul_preference_create(&raw));
   const Preference preference(raw);
   const uint64_t workspace = kWorkspaceBytes;
-  set_attribute(raw, cublasLtMatmulPreferenceSetAttribute, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+  set_attribute(raw, lt().matmul_preference_set_attribute, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                 workspace);
   // Our first operand is B, the second A (see the file comment).
-  set_attribute(raw, cublasLtMatmulPreferenceSetAttribute,
+  set_attribute(raw, lt().matmul_preference_set_attribute,
                 CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, p.align_b);
-  set_attribute(raw, cublasLtMatmulPreferenceSetAttribute,
+  set_attribute(raw, lt().matmul_preference_set_attribute,
                 CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, p.align_a);
-  set_attribute(raw, cublasLtMatmulPreferenceSetAttribute,
+  set_attribute(raw, lt().matmul_preference_set_attribute,
                 CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, p.align_c);
-  set_attribute(raw, cublasLtMatmulPreferenceSetAttribute,
+  set_attribute(raw, lt().matmul_preference_set_attribute,
                 CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, p.align_c);
   cublasLtMatmulHeuristicResult_t result{};
   int returned = 0;
   const cublasStatus_t status =
-      cublasLtMatmulAlgoGetHeuristic(handle, d.matmul.get(), d.first.get(), d.second.get(),
+      lt().matmul_algo_get_heuristic(handle, d.matmul.get(), d.first.get(), d.second.get(),
                                      d.c.get(), d.c.get(), raw, 1, &result, &returned);
   if (status == CUBLAS_STATUS_NOT_SUPPORTED) return std::nullopt;
   // Some epilogue/type combinations are refused as invalid rather than unsupported; the
@@ -386,9 +394,9 @@ void gemm(const GemmArgs& g, Allocator& scratch, cudaStream_t stream) {
   const bool f64 = g.dtype == DType::kFloat64;
   const void* alpha = f64 ? static_cast<const void*>(&g.alpha) : &alpha32;
   const void* beta = f64 ? static_cast<const void*>(&g.beta) : &beta32;
-  RD_CUBLAS_CHECK(cublasLtMatmul(handle, d.matmul.get(), alpha, g.b, d.first.get(), g.a,
-                                 d.second.get(), beta, g.c, d.c.get(), g.c, d.c.get(), &choice.algo,
-                                 workspace, kWorkspaceBytes, stream));
+  RD_CUBLAS_CHECK(lt().matmul(handle, d.matmul.get(), alpha, g.b, d.first.get(), g.a,
+                              d.second.get(), beta, g.c, d.c.get(), g.c, d.c.get(), &choice.algo,
+                              workspace, kWorkspaceBytes, stream));
   if (epilogue && !choice.fused_epilogue) {
     gemm_epilogue({g.dtype, g.c, g.m, g.n, ldc, g.batch, g.stride_c, 1.0, g.bias, g.gelu}, stream);
   }

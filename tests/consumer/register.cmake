@@ -7,6 +7,12 @@
 # that it runs fully instrumented too.
 set(RD_CONSUMER_WORK_DIR "${CMAKE_CURRENT_BINARY_DIR}/consumer_package")
 set(RD_CONSUMER_CXX_FLAGS "")
+# CUDA builds: the consumer program must not link a CUDA library either (see
+# tests/runtime_deps_test.sh), so that users of the package run on machines without them.
+set(RD_CONSUMER_DEPS_CHECK "")
+if(RD_WITH_CUDA)
+  set(RD_CONSUMER_DEPS_CHECK "${CMAKE_CURRENT_SOURCE_DIR}/runtime_deps_test.sh")
+endif()
 if(RD_SANITIZE)
   list(JOIN RD_SANITIZER_FLAGS " " RD_CONSUMER_CXX_FLAGS)
 endif()
@@ -21,6 +27,7 @@ add_test(NAME consumer_package
     "-DRD_MAKE_PROGRAM=${CMAKE_MAKE_PROGRAM}"
     "-DRD_CXX_COMPILER=${CMAKE_CXX_COMPILER}"
     "-DRD_CXX_FLAGS=${RD_CONSUMER_CXX_FLAGS}"
+    "-DRD_DEPS_CHECK=${RD_CONSUMER_DEPS_CHECK}"
     -P "${CMAKE_CURRENT_LIST_DIR}/run_consumer.cmake")
 set_tests_properties(consumer_package PROPERTIES
   LABELS "cpu;install"

@@ -1,6 +1,7 @@
 # cmake -P script behind the `consumer_package` test (see register.cmake): installs the build
 # tree RD_BUILD_DIR into a fresh prefix under RD_WORK_DIR, then configures, builds and runs
-# the consumer project against that prefix only. Any failing step fails the test.
+# the consumer project against that prefix only; with RD_DEPS_CHECK (CUDA builds), checks
+# that the program links no CUDA library. Any failing step fails the test.
 foreach(var RD_BUILD_DIR RD_CONSUMER_SOURCE_DIR RD_WORK_DIR RD_GENERATOR RD_CXX_COMPILER)
   if(NOT DEFINED ${var} OR "${${var}}" STREQUAL "")
     message(FATAL_ERROR "run_consumer.cmake: ${var} is not set")
@@ -61,3 +62,6 @@ if(RD_CONFIG AND NOT EXISTS "${exe}")
   set(exe "${build}/${RD_CONFIG}/rd_consumer")  # multi-config generators
 endif()
 run_step(run "${exe}")
+if(RD_DEPS_CHECK)
+  run_step(runtime_deps sh "${RD_DEPS_CHECK}" "${exe}")
+endif()
