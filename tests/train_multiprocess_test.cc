@@ -3,7 +3,6 @@
 // steps of a tiny model; the training losses and gradient norms rank 0 logs must equal those
 // of one process on the same global batch, to float32 tolerance.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <cmath>
@@ -18,6 +17,7 @@
 #include "ringdilated/dist/gloo.h"
 #include "ringdilated/dist/local_launch.h"
 #include "ringdilated/kernels/error.h"
+#include "testing/temp_dir.h"
 
 namespace rd {
 namespace {
@@ -55,12 +55,7 @@ class TrainMultiprocessTest : public ::testing::Test {
  protected:
   void SetUp() override {
     if (!dist::gloo_available()) GTEST_SKIP() << "this build has no Gloo backend";
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = fs::temp_directory_path() /
-           str_cat("rd_train_mp_", ::getpid(), "_", info->name());
-    fs::remove_all(dir_);
   }
-  void TearDown() override { fs::remove_all(dir_); }
 
   // rd_train's flags for a tiny model on the copy task, `batch` sequences per data-parallel
   // rank, logging every step to `run`'s folder. One thread per process: the CI has 2 cores.
@@ -107,7 +102,8 @@ class TrainMultiprocessTest : public ::testing::Test {
     return run_job(run, command, 1, nullptr);
   }
 
-  fs::path dir_;
+  test::TestTempDir temp_;
+  fs::path dir_ = temp_.path();
 };
 
 // Each logged step's loss and gradient norm equal the one-process run's, to float32
