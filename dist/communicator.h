@@ -92,6 +92,14 @@ class Communicator {
                               ReduceOp op = ReduceOp::kSum) = 0;
   // tensor = the reduction over ranks of their `tensor`, on every rank, in place.
   virtual void all_reduce(const Tensor& tensor, ReduceOp op = ReduceOp::kSum) = 0;
+  // all_reduce that may return before the reduction is done, so that work queued after it
+  // (the rest of a backward pass) overlaps it: `tensor` must stay alive and untouched until
+  // wait() returns, and holds the result from then on. By default (the CPU backends) the
+  // reduction is done before this returns. NCCL queues it on the communicator's stream after
+  // the work the caller's stream queued so far; wait() then makes the caller's current
+  // stream wait for it (the host does not).
+  virtual std::unique_ptr<Request> iall_reduce(const Tensor& tensor,
+                                               ReduceOp op = ReduceOp::kSum);
   // tensor = root's tensor, on every rank.
   virtual void broadcast(const Tensor& tensor, int root) = 0;
   virtual void barrier() = 0;

@@ -15,9 +15,12 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <map>
+#include <optional>
 #include <thread>
 
 #include "ringdilated/kernels/error.h"
@@ -68,6 +71,10 @@ struct Child {
   pid_t pid = -1;
   bool running = true;
   int status = 0;
+  int open_streams = 2;
+  // When both its streams reached end of file, as an order among the ranks: a process closes
+  // its files as it starts to exit, so this orders exits that one reaping sweep finds together.
+  uint64_t output_ended = std::numeric_limits<uint64_t>::max();
 };
 
 // The file `program` names: itself when it has a slash, else the first executable of that
@@ -229,23 +236,30 @@ class Job {
     s.partial.clear();
     ::close(s.fd);
     s.fd = -1;
+    Child& c = children_[static_cast<size_t>(s.rank)];
+    if (--c.open_streams == 0) c.output_ended = next_output_end_++;
   }
 
   void emit(const Stream& s, const std::string& line) {
     if (options_.on_line) options_.on_line(s.rank, s.is_stderr, line);
   }
 
-  // Collects exited ranks; the first that failed stops the others.
+  // Collects exited ranks; the first that failed stops the others. A rank whose failure
+  // makes another fail moments later (its peers' connections break) may be found exited in
+  // the same sweep as that one (it becomes reapable only after its output closed): the one
+  // whose output ended first failed first.
   void reap() {
+    std::optional<size_t> first;
     for (size_t rank = 0; rank < children_.size(); ++rank) {
       Child& c = children_[rank];
       if (!c.running || ::waitpid(c.pid, &c.status, WNOHANG) != c.pid) continue;
       c.running = false;
       const bool failed = !WIFEXITED(c.status) || WEXITSTATUS(c.status) != 0;
-      if (failed && !stopping_ && !stop_at_) {
-        result_.first_failure = static_cast<int>(rank);
-        stop_at_ = Clock::now() + options_.settle;
-      }
+      if (failed && (!first || c.output_ended < children_[*first].output_ended)) first = rank;
+    }
+    if (first && !stopping_ && !stop_at_) {
+      result_.first_failure = static_cast<int>(*first);
+      stop_at_ = Clock::now() + options_.settle;
     }
   }
 
@@ -267,6 +281,7 @@ class Job {
   std::vector<Child> children_;
   std::vector<Stream> streams_;
   LocalLaunchResult result_;
+  uint64_t next_output_end_ = 0;
   bool stopping_ = false;
   std::optional<Clock::time_point> stop_at_;  // a rank failed: stop the others then
   std::optional<Clock::time_point> kill_at_;  // SIGKILL what SIGTERM left

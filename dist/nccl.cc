@@ -230,6 +230,23 @@ class NcclComm final : public Communicator {
     stats_.all_reduce(nbytes_of(tensor), size_);
   }
 
+  // Queued like all_reduce, but the caller's stream waits only in the request's wait(), so
+  // that the work the caller queues meanwhile overlaps the reduction.
+  std::unique_ptr<Request> iall_reduce(const Tensor& tensor, ReduceOp op) override {
+    check_comm_tensor(*this, "iall_reduce", "tensor", tensor);
+    check_alive("iall_reduce");
+    checked_api("iall_reduce");
+    kernels::cuda::DeviceGuard guard(device_.index);
+    follow(kernels::cuda::current_stream(device_.index));
+    check_nccl(api().all_reduce(tensor.raw_data(), tensor.raw_data(),
+                                static_cast<size_t>(tensor.numel()),
+                                nccl_dtype(tensor.dtype(), "iall_reduce"), nccl_op(op), comm_,
+                                stream_),
+               "iall_reduce", rank_);
+    stats_.all_reduce(nbytes_of(tensor), size_);
+    return std::make_unique<StreamRequest>(device_.index, mark_done(), std::vector<Tensor>{tensor});
+  }
+
   void broadcast(const Tensor& tensor, int root) override {
     check_peer(*this, "broadcast", root);
     check_comm_tensor(*this, "broadcast", "tensor", tensor);

@@ -217,7 +217,7 @@ Fd try_connect(const std::string& host, int port, Clock::time_point deadline, in
 
 class TcpStore::Server {
  public:
-  Server(const std::string& host, int port) {
+  Server(const std::string& host, int port, milliseconds linger) : linger_(linger) {
     const AddrInfo addrs = resolve(host, port, true);
     int error = 0;
     for (const addrinfo* a = addrs.get(); a != nullptr && listen_.get() < 0; a = a->ai_next) {
@@ -247,7 +247,10 @@ class TcpStore::Server {
     thread_ = std::thread([this] { loop(); });
   }
 
+  // Serves on (see TcpStoreOptions::linger) until every connection that announced a rank is
+  // gone, or the linger time is up.
   ~Server() {
+    linger_until_ = Clock::now() + linger_;
     stop_ = true;
     const char byte = 0;
     (void)!::write(wake_write_.get(), &byte, 1);
@@ -277,7 +280,7 @@ class TcpStore::Server {
   void loop() {
     std::vector<pollfd> fds;
     std::vector<Client*> polled;
-    while (!stop_) {
+    while (!done_serving()) {
       fds.assign({{listen_.get(), POLLIN, 0}, {wake_read_.get(), POLLIN, 0}});
       polled.clear();
       for (Client& c : clients_) {
@@ -285,7 +288,8 @@ class TcpStore::Server {
         polled.push_back(&c);
       }
       ::poll(fds.data(), fds.size(), next_deadline_ms());
-      if (stop_) break;
+      if (done_serving()) break;
+      if (fds[1].revents & POLLIN) drain_wakeups();
       if (fds[0].revents & POLLIN) accept_clients();
       for (size_t i = 0; i < polled.size(); ++i) {
         const short ev = fds[i + 2].revents;
@@ -297,8 +301,22 @@ class TcpStore::Server {
     }
   }
 
+  bool done_serving() const {
+    if (!stop_) return false;
+    return Clock::now() >= linger_until_ ||
+           std::none_of(clients_.begin(), clients_.end(),
+                        [](const Client& c) { return c.rank >= 0 && !c.dead; });
+  }
+
+  void drain_wakeups() {
+    char bytes[64];
+    while (::read(wake_read_.get(), bytes, sizeof(bytes)) > 0) {
+    }
+  }
+
   int next_deadline_ms() const {
     std::optional<Clock::time_point> next;
+    if (stop_) next = linger_until_;
     for (const Client& c : clients_) {
       if (c.waiter && (!next || c.waiter->deadline < *next)) next = c.waiter->deadline;
     }
@@ -456,6 +474,8 @@ class TcpStore::Server {
 
   Fd listen_, wake_read_, wake_write_;
   int port_ = 0;
+  milliseconds linger_;
+  Clock::time_point linger_until_;  // written before stop_ is set, read after it was seen
   std::atomic<bool> stop_{false};
   std::list<Client> clients_;
   std::map<std::string, Entry> data_;
@@ -559,9 +579,11 @@ TcpStore::TcpStore(TcpStoreOptions options) : options_(std::move(options)) {
            "TcpStore: a client needs the server's port, got 0");
   RD_CHECK(options_.timeout.count() > 0 && options_.connect_timeout.count() > 0, kInvalidArgument,
            "TcpStore: options 'timeout' and 'connect_timeout' must be positive");
+  RD_CHECK(options_.linger.count() >= 0, kInvalidArgument,
+           "TcpStore: option 'linger' must be >= 0 ms, got ", options_.linger.count());
   port_ = options_.port;
   if (options_.is_server) {
-    server_ = std::make_unique<Server>(options_.host, options_.port);
+    server_ = std::make_unique<Server>(options_.host, options_.port, options_.linger);
     port_ = server_->port();
   }
   std::unique_ptr<Connection> first =

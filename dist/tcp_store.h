@@ -25,6 +25,11 @@ struct TcpStoreOptions {
   std::chrono::milliseconds connect_timeout{std::chrono::minutes(5)};
   // How long get() and wait() wait for keys, and any request for its reply, before kTimeout.
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+  // How long a server, once destroyed, keeps serving while processes that announced a rank
+  // are still connected. A rank whose connection to a peer broke reads in the store which
+  // rank failed first; rank 0, which serves it, often ends on that same failure before the
+  // others have read it, and they would blame rank 0 instead.
+  std::chrono::milliseconds linger{std::chrono::seconds(5)};
 };
 
 // Thread-safe: every request takes a connection of its own from a pool, so a get() waiting

@@ -27,6 +27,15 @@ bool exclusively_owned(const Tensor& grad, const Tensor& incoming) {
              static_cast<size_t>(grad.numel()) * dtype_size(grad.dtype());
 }
 
+void run_post_accumulate_hooks(const std::shared_ptr<TensorImpl>& leaf) {
+  if (leaf->post_accumulate_hooks == nullptr) return;
+  // A copy: a hook may register or remove hooks of this leaf while the others run.
+  const std::vector<std::pair<uint64_t, PostAccumulateGradHook>> hooks =
+      leaf->post_accumulate_hooks->hooks;
+  const Tensor tensor(leaf);
+  for (const auto& [id, hook] : hooks) hook(tensor);
+}
+
 // The sink of a leaf that requires grad: adds incoming gradients into leaf.grad.
 class AccumulateGrad : public Node {
  public:
@@ -47,6 +56,7 @@ class AccumulateGrad : public Node {
     } else {
       leaf->grad = add(Tensor(leaf->grad), grad).impl_ptr();
     }
+    run_post_accumulate_hooks(leaf);
     return {};
   }
   // A leaf's accumulator holds no saved tensors; it stays usable across backward passes.
@@ -112,6 +122,34 @@ std::vector<Tensor> Node::apply(const std::vector<Tensor>& grad_outputs) {
 void Node::release() {
   fn_ = nullptr;
   released_ = true;
+}
+
+HookHandle& HookHandle::operator=(HookHandle&& other) noexcept {
+  if (this != &other) {
+    remove();
+    hooks_ = std::exchange(other.hooks_, {});
+    id_ = other.id_;
+  }
+  return *this;
+}
+
+void HookHandle::remove() {
+  const std::shared_ptr<LeafHooks> hooks = std::exchange(hooks_, {}).lock();
+  if (hooks == nullptr) return;
+  std::erase_if(hooks->hooks, [this](const auto& entry) { return entry.first == id_; });
+}
+
+HookHandle register_post_accumulate_grad_hook(const Tensor& leaf, PostAccumulateGradHook hook) {
+  RD_CHECK(leaf.defined() && leaf.requires_grad() && leaf.grad_fn() == nullptr, kAutograd,
+           "register_post_accumulate_grad_hook: the tensor must be a leaf that requires grad, got ",
+           leaf.defined() ? leaf.str() : std::string("an undefined tensor"),
+           leaf.defined() && leaf.grad_fn() != nullptr ? " (the result of an op)" : "");
+  RD_CHECK(hook != nullptr, kInvalidArgument, "register_post_accumulate_grad_hook: empty hook");
+  std::shared_ptr<LeafHooks>& hooks = leaf.impl()->post_accumulate_hooks;
+  if (hooks == nullptr) hooks = std::make_shared<LeafHooks>();
+  const uint64_t id = hooks->next_id++;
+  hooks->hooks.emplace_back(id, std::move(hook));
+  return HookHandle(hooks, id);
 }
 
 bool grad_enabled() { return grad_mode_enabled; }

@@ -1,9 +1,11 @@
 // Reverse-mode autograd: graph nodes, the iterative backward engine and grad-mode guards.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ringdilated/tensor/tensor.h"
@@ -75,6 +77,42 @@ class NoGradGuard : public GradModeGuard {
 // a backward that throws part way leaves the nodes it ran released.
 void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads = {},
               bool retain_graph = false);
+
+// Runs after a backward pass accumulated a gradient into `leaf`.grad(); gets the leaf, so
+// that it need not hold it (a hook that held its own leaf would keep it alive for ever).
+using PostAccumulateGradHook = std::function<void(const Tensor& leaf)>;
+
+// The hooks of one leaf (TensorImpl::post_accumulate_hooks), in registration order.
+struct LeafHooks {
+  uint64_t next_id = 0;
+  std::vector<std::pair<uint64_t, PostAccumulateGradHook>> hooks;
+};
+
+// Unregisters its hook when destroyed or on remove(); a no-op once the leaf is gone. Movable.
+class HookHandle {
+ public:
+  HookHandle() = default;
+  HookHandle(std::weak_ptr<LeafHooks> hooks, uint64_t id) : hooks_(std::move(hooks)), id_(id) {}
+  HookHandle(HookHandle&& other) noexcept { *this = std::move(other); }
+  HookHandle& operator=(HookHandle&& other) noexcept;
+  HookHandle(const HookHandle&) = delete;
+  HookHandle& operator=(const HookHandle&) = delete;
+  ~HookHandle() { remove(); }
+  void remove();
+
+ private:
+  std::weak_ptr<LeafHooks> hooks_;
+  uint64_t id_ = 0;
+};
+
+// Calls `hook(leaf)` each time a backward pass has accumulated a gradient into the leaf's
+// .grad: once per pass that reaches the leaf (a pass sums every path's contribution first),
+// right when that leaf's gradient is final for the pass, while the pass goes on with the
+// rest of the graph (what gradient all-reduce overlapped with backward needs). Runs on
+// backward's thread with grad mode off; hooks of one leaf run in registration order, and an
+// exception a hook throws ends backward. `leaf` must be a leaf tensor that requires grad.
+[[nodiscard]] HookHandle register_post_accumulate_grad_hook(const Tensor& leaf,
+                                                            PostAccumulateGradHook hook);
 
 // For op implementations: true when grad mode is on and any input requires grad.
 bool needs_grad(std::initializer_list<const Tensor*> inputs);

@@ -22,6 +22,7 @@ using Shape = std::vector<int64_t>;
 
 namespace autograd {
 class Node;
+struct LeafHooks;
 }
 
 // A block of memory on one device. Owning storage returns its bytes to the device's
@@ -64,6 +65,9 @@ struct TensorImpl {
   std::shared_ptr<autograd::Node> grad_fn;
   int output_nr = 0;  // which output of grad_fn this tensor is
   std::weak_ptr<autograd::Node> grad_accumulator;
+  // What backward calls after accumulating into `grad` (autograd.h's
+  // register_post_accumulate_grad_hook); null while there are none.
+  std::shared_ptr<autograd::LeafHooks> post_accumulate_hooks;
 };
 
 struct TensorOptions {

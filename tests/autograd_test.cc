@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "ringdilated/kernels/error.h"
 #include "ringdilated/tensor/allocator.h"
 #include "ringdilated/tensor/recompute.h"
 #include "ringdilated/tensor/ops.h"
@@ -261,6 +262,109 @@ TEST(Autograd, InPlaceOnATrackedTensorIsRefused) {
   Tensor y = x * 2.0;
   expect_error([&] { y.mul_(2.0); }, {ErrorCode::kAutograd, ErrorCode::kInvalidArgument},
                "mul_ on a graph tensor");
+}
+
+// --- post-accumulate-grad hooks ---
+
+// In a chain a -> b -> c (c used last in forward), backward finishes c's gradient first;
+// each hook sees its leaf's final gradient for the pass, and runs once per pass even when
+// the leaf is used on several paths.
+TEST(AutogradHooks, RunOncePerPassWithTheFinalGradientInBackwardOrder) {
+  Tensor a = leaf({0.5, -1.0}, {2}), b = leaf({2.0, 3.0}, {2}), c = leaf({-0.5, 1.5}, {2});
+  std::vector<std::pair<char, std::vector<double>>> seen;
+  std::vector<autograd::HookHandle> handles;
+  for (auto [name, t] : {std::pair{'a', a}, std::pair{'b', b}, std::pair{'c', c}}) {
+    handles.push_back(autograd::register_post_accumulate_grad_hook(
+        t, [&seen, name = name](const Tensor& l) {
+          EXPECT_FALSE(autograd::grad_enabled());
+          seen.emplace_back(name, l.grad().to_vector<double>());
+        }));
+  }
+  const Tensor x = from_vector<double>({1.0, -2.0}, {2});
+  const Tensor h1 = x * a * a;         // a on two paths
+  const Tensor h2 = exp(h1) * b;
+  const Tensor out = sum(h2 * c);
+  out.backward();
+  ASSERT_EQ(seen.size(), 3u);
+  EXPECT_EQ(seen[0].first, 'c');
+  EXPECT_EQ(seen[1].first, 'b');
+  EXPECT_EQ(seen[2].first, 'a');
+  // Independent reference: d/da sum(c * b * exp(x a^2)) = c b exp(x a^2) 2 x a, and so on.
+  const std::vector<double> av = {0.5, -1.0}, bv = {2.0, 3.0}, cv = {-0.5, 1.5}, xv = {1.0, -2.0};
+  for (size_t i = 0; i < 2; ++i) {
+    const double e = std::exp(xv[i] * av[i] * av[i]);
+    EXPECT_NEAR(seen[0].second[i], e * bv[i], 1e-14);
+    EXPECT_NEAR(seen[1].second[i], e * cv[i], 1e-14);
+    EXPECT_NEAR(seen[2].second[i], cv[i] * bv[i] * e * 2.0 * xv[i] * av[i], 1e-13);
+  }
+  // A second, identical pass: the hook sees the accumulated sum, exactly twice the first.
+  const std::vector<double> first_a = seen[2].second;
+  seen.clear();
+  sum(exp(x * a * a) * b * c).backward();
+  ASSERT_EQ(seen.size(), 3u);
+  EXPECT_EQ(seen[2].first, 'a');
+  EXPECT_EQ(seen[2].second, (std::vector<double>{2.0 * first_a[0], 2.0 * first_a[1]}));
+}
+
+TEST(AutogradHooks, SeveralHooksRunInOrderAndHandlesRemoveThem) {
+  Tensor w = leaf({1.0, 2.0}, {2});
+  std::vector<int> calls;
+  autograd::HookHandle first =
+      autograd::register_post_accumulate_grad_hook(w, [&](const Tensor&) { calls.push_back(1); });
+  {
+    autograd::HookHandle second = autograd::register_post_accumulate_grad_hook(
+        w, [&](const Tensor&) { calls.push_back(2); });
+    sum(w * w).backward();
+    EXPECT_EQ(calls, (std::vector<int>{1, 2}));
+  }  // `second` is removed here
+  sum(w * w).backward();
+  EXPECT_EQ(calls, (std::vector<int>{1, 2, 1}));
+  autograd::HookHandle moved = std::move(first);
+  sum(w * w).backward();
+  EXPECT_EQ(calls, (std::vector<int>{1, 2, 1, 1}));
+  moved.remove();
+  sum(w * w).backward();
+  EXPECT_EQ(calls.size(), 4u);
+}
+
+TEST(AutogradHooks, NotRunForLeavesNoGradientReached) {
+  Tensor used = leaf({1.0}, {1}), unused = leaf({2.0}, {1});
+  int used_calls = 0, unused_calls = 0;
+  autograd::HookHandle h1 =
+      autograd::register_post_accumulate_grad_hook(used, [&](const Tensor&) { ++used_calls; });
+  autograd::HookHandle h2 =
+      autograd::register_post_accumulate_grad_hook(unused, [&](const Tensor&) { ++unused_calls; });
+  sum(used * 3.0).backward();
+  EXPECT_EQ(used_calls, 1);
+  EXPECT_EQ(unused_calls, 0);
+}
+
+TEST(AutogradHooks, AHookThatThrowsEndsBackward) {
+  Tensor w = leaf({1.0}, {1});
+  autograd::HookHandle h = autograd::register_post_accumulate_grad_hook(
+      w, [](const Tensor&) { RD_FAIL(kInvalidArgument, "hook failed on purpose"); });
+  expect_error([&] { sum(w * 2.0).backward(); }, {ErrorCode::kInvalidArgument}, "throwing hook");
+}
+
+TEST(AutogradHooks, OnlyOnLeavesThatRequireGrad) {
+  Tensor w = leaf({1.0}, {1});
+  const Tensor y = w * 2.0;
+  const Tensor constant = from_vector<double>({1.0}, {1});
+  auto noop = [](const Tensor&) {};
+  expect_error([&] { (void)autograd::register_post_accumulate_grad_hook(y, noop); },
+               {ErrorCode::kAutograd}, "hook on a non-leaf");
+  expect_error([&] { (void)autograd::register_post_accumulate_grad_hook(constant, noop); },
+               {ErrorCode::kAutograd}, "hook on a tensor that needs no grad");
+}
+
+// A handle may outlive its leaf: removing then is a no-op.
+TEST(AutogradHooks, HandleOutlivingItsLeaf) {
+  autograd::HookHandle h;
+  {
+    Tensor w = leaf({1.0}, {1});
+    h = autograd::register_post_accumulate_grad_hook(w, [](const Tensor&) {});
+  }
+  h.remove();
 }
 
 // --- activation recomputation ---

@@ -457,26 +457,46 @@ Args parse(int argc, char** argv) {
   return args;
 }
 
-int run(const Args& args) {
-  const std::shared_ptr<Communicator> comm = rd::dist::init_process_group(args.options);
+int run_command(Communicator& comm, const Args& args) {
   if (args.command == "fail-abort" || args.command == "fail-exit") {
-    return run_fail(*comm, args.command == "fail-abort");
+    return run_fail(comm, args.command == "fail-abort");
   }
-  if (args.command == "timeout") return run_timeout(*comm, args.options.timeout);
+  if (args.command == "timeout") return run_timeout(comm, args.options.timeout);
   Checks checks;
   if (args.command == "collectives") {
-    run_collectives(*comm, checks);
+    run_collectives(comm, checks);
   } else if (args.command == "ring") {
-    run_ring(*comm, checks);
+    run_ring(comm, checks);
   } else if (args.command == "barrier") {
-    comm->barrier();
+    comm.barrier();
   } else {
     RD_FAIL(kInvalidArgument, "dist_worker: unknown command '", args.command, "'");
   }
-  comm->barrier();  // nobody leaves while another still talks to it
-  std::printf("rank %d: %s: %s (%d checks)\n", comm->rank(), args.command.c_str(),
+  comm.barrier();  // nobody leaves while another still talks to it
+  std::printf("rank %d: %s: %s (%d checks)\n", comm.rank(), args.command.c_str(),
               checks.failed() == 0 ? "OK" : "FAILED", checks.count());
   return checks.failed() == 0 ? 0 : 1;
+}
+
+// Prints the "error (<code>) after S s" line; returns the exit status of an rd::Error.
+int report(const rd::Error& e) {
+  const double seconds = std::chrono::duration<double>(Clock::now() - g_phase_start).count();
+  std::printf("rank %s: error (%s) after %.2f s: %s\n", rank_label().c_str(),
+              std::string(rd::error_code_name(e.code())).c_str(), seconds, e.what());
+  std::fflush(stdout);
+  return 2;
+}
+
+int run(const Args& args) {
+  const std::shared_ptr<Communicator> comm = rd::dist::init_process_group(args.options);
+  // Reported while the communicator lives: on rank 0, destroying it waits for the other
+  // ranks to leave the store it serves (TcpStoreOptions::linger), which "after S s" must
+  // not count.
+  try {
+    return run_command(*comm, args);
+  } catch (const rd::Error& e) {
+    return report(e);
+  }
 }
 
 }  // namespace
@@ -484,10 +504,7 @@ int run(const Args& args) {
 int main(int argc, char** argv) {
   try {
     return run(parse(argc, argv));
-  } catch (const rd::Error& e) {
-    const double seconds = std::chrono::duration<double>(Clock::now() - g_phase_start).count();
-    std::printf("rank %s: error (%s) after %.2f s: %s\n", rank_label().c_str(),
-                std::string(rd::error_code_name(e.code())).c_str(), seconds, e.what());
-    return 2;
+  } catch (const rd::Error& e) {  // bad arguments, or the process group could not be made
+    return report(e);
   }
 }

@@ -118,20 +118,20 @@ TEST_F(TrainerTest, LossFallsAndMetricsAreWritten) {
   EXPECT_GT(r.final_eval.accuracy.samples, 0);
 }
 
-// The loss and summed gradients of one step with the world split into context- and
-// data-parallel groups equal one rank's on the same global batch.
-TEST_F(TrainerTest, ParallelGradientsEqualOneRank) {
-  TrainConfig base = tiny("one");
-  base.batch_size = 4;
+struct Split {
+  int world, context;
+};
+
+// The loss and summed gradients of one step of `base` with the world split into context-
+// and data-parallel groups equal one rank's on the same global batch.
+void expect_parallel_gradients_equal_one_rank(const TrainConfig& base, const fs::path& dir,
+                                              const std::vector<Split>& splits) {
   Trainer one(base);
   const Trainer::Gradients want = one.compute_gradients();
-  struct Split {
-    int world, context;
-  };
-  for (const Split sp : {Split{2, 2}, Split{2, 1}, Split{4, 2}, Split{4, 4}}) {
+  for (const Split sp : splits) {
     SCOPED_TRACE(std::to_string(sp.world) + " ranks, context parallel " + std::to_string(sp.context));
     TrainConfig c = base;
-    c.out_dir = (dir_ / ("p" + std::to_string(sp.world) + "c" + std::to_string(sp.context))).string();
+    c.out_dir = (dir / ("p" + std::to_string(sp.world) + "c" + std::to_string(sp.context))).string();
     c.context_parallel = sp.context;
     c.batch_size = base.batch_size / (sp.world / sp.context);  // the same global batch
     std::vector<Trainer::Gradients> got(static_cast<size_t>(sp.world));
@@ -149,6 +149,22 @@ TEST_F(TrainerTest, ParallelGradientsEqualOneRank) {
       }
     }
   }
+}
+
+TEST_F(TrainerTest, ParallelGradientsEqualOneRank) {
+  TrainConfig base = tiny("one");
+  base.batch_size = 4;
+  expect_parallel_gradients_equal_one_rank(
+      base, dir_, {Split{2, 2}, Split{2, 1}, Split{4, 2}, Split{4, 4}});
+}
+
+// Two micro-batches per step: the first's backward only accumulates locally, the second's
+// sums over the ranks (bucket by bucket, during backward).
+TEST_F(TrainerTest, ParallelGradientsOverMicroBatchesEqualOneRank) {
+  TrainConfig base = tiny("one");
+  base.batch_size = 4;
+  base.tokens_per_step = 2 * base.batch_size * base.data_options.task.seq_len;
+  expect_parallel_gradients_equal_one_rank(base, dir_, {Split{4, 2}});
 }
 
 TEST(LanguageModelTest, LogitsDependOnlyOnEarlierTokens) {

@@ -13,6 +13,7 @@
 
 #include "ringdilated/kernels/error.h"
 #include "ringdilated/nn/dilated_attention_modules.h"
+#include "ringdilated/nn/gradient_buckets.h"
 #include "ringdilated/nn/grad_clip.h"
 #include "ringdilated/nn/optimizer.h"
 #include "ringdilated/tensor/allocator.h"
@@ -253,6 +254,9 @@ struct Trainer::State {
   std::optional<Clock::time_point> run_start;  // set while run() is training
   int64_t tokens_before = 0;
   std::string last_checkpoint;
+  // Sums the gradients over every rank during the last micro-batch's backward (world_size
+  // > 1); made by the first accumulate_gradients.
+  std::unique_ptr<nn::GradientBuckets> buckets;
 
   bool lower_precision() const { return dtype != DType::kFloat32 && dtype != DType::kFloat64; }
   bool is_root() const { return rank == 0; }
@@ -460,7 +464,8 @@ struct Accumulated {
 
 // One optimizer step's gradients: forward and backward over its micro-batches, scaled so
 // that they sum to the gradient of the mean token loss over every rank (times the loss
-// scale), then summed over every rank (data and context parallel).
+// scale), then summed over every rank (data and context parallel) in buckets that are
+// reduced during the last micro-batch's backward, as soon as their gradients are final.
 //
 // Every rank draws the whole global batch of each micro-batch (cheap, deterministic) and
 // keeps its rows (data parallel) and positions (context parallel); so every rank knows the
@@ -477,7 +482,12 @@ Accumulated accumulate_gradients(Trainer::State& s) {
     a.scored_tokens += scored_tokens(micro.back());
   }
   const double denominator = static_cast<double>(std::max<int64_t>(a.scored_tokens, 1));
+  if (s.buckets == nullptr && s.world != nullptr && s.world_size > 1) {
+    s.buckets = std::make_unique<nn::GradientBuckets>(s.model->parameters(), s.world);
+  }
   for (const Batch& global : micro) {
+    // Only the last micro-batch's backward communicates; the others accumulate locally.
+    if (s.buckets != nullptr) s.buckets->set_sync(&global == &micro.back());
     const Batch mine = slice(global, s.dp_rank * c.batch_size, c.batch_size,
                              s.cp_rank * local_len, local_len);
     const Batch::Tensors t = mine.to_tensors();
@@ -489,9 +499,7 @@ Accumulated accumulate_gradients(Trainer::State& s) {
     mul(loss_sum, s.loss_scale / denominator).backward();
     a.loss_sum = add(a.loss_sum, loss_sum.detach().to(DType::kFloat32));
   }
-  for (const Tensor& p : s.model->parameters()) {
-    if (p.grad().defined()) s.all_reduce(p.grad());
-  }
+  if (s.buckets != nullptr) s.buckets->finish();
   return a;
 }
 
