@@ -47,7 +47,7 @@ ABSL_FLAG(std::string, mixing, "all_heads", "head_groups or all_heads");
 ABSL_FLAG(double, rope_base, 10000.0, "rotary position embedding base");
 ABSL_FLAG(bool, recompute, false, "recompute each block's activations in the backward");
 // Optimization.
-ABSL_FLAG(int64_t, steps, 2000, "optimizer steps");
+ABSL_FLAG(int64_t, steps, 3000, "optimizer steps");
 ABSL_FLAG(int64_t, batch_size, 8, "sequences per micro-batch on each data-parallel rank");
 ABSL_FLAG(int64_t, tokens_per_step, 0,
           "target batch in tokens over every rank (gradient accumulation); 0: one micro-batch");
