@@ -38,7 +38,7 @@ ABSL_FLAG(int64_t, depth, 2, "transformer blocks");
 ABSL_FLAG(int64_t, heads, 4, "attention heads");
 ABSL_FLAG(double, mlp_ratio, 4.0, "MLP hidden width / model width (SwiGLU uses 2/3 of it)");
 ABSL_FLAG(std::string, mlp, "swiglu", "swiglu or gelu");
-ABSL_FLAG(std::vector<std::string>, segments, std::vector<std::string>({"32", "256"}),
+ABSL_FLAG(std::vector<std::string>, segments, std::vector<std::string>({"64", "256"}),
           "segment lengths of the dilated attention pairs, comma separated");
 ABSL_FLAG(std::vector<std::string>, dilations, std::vector<std::string>({"1", "2"}),
           "dilation rates, one per segment length");
@@ -51,7 +51,7 @@ ABSL_FLAG(int64_t, steps, 3000, "optimizer steps");
 ABSL_FLAG(int64_t, batch_size, 8, "sequences per micro-batch on each data-parallel rank");
 ABSL_FLAG(int64_t, tokens_per_step, 0,
           "target batch in tokens over every rank (gradient accumulation); 0: one micro-batch");
-ABSL_FLAG(double, lr, 3e-3, "peak learning rate");
+ABSL_FLAG(double, lr, 2e-3, "peak learning rate");
 ABSL_FLAG(double, min_lr_ratio, 0.1, "the decay's floor, as a fraction of the peak");
 ABSL_FLAG(int64_t, warmup_steps, 100, "linear warmup steps");
 ABSL_FLAG(std::string, decay, "cosine", "cosine, linear or constant");
