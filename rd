@@ -55,6 +55,8 @@ Usage: ./rd <command> [args]
   gpu-run [phase]  (GPU machine) unpack .carry/gpu.tar.xz, run the GPU tests (phase tests),
                    again under compute-sanitizer memcheck (memcheck), then the benches and
                    their markdown report (bench); default all. Logs to $OUT/gpu-logs.tgz.
+                   Phase multi (several GPUs): the NCCL, trainer and scaling suites and
+                   PyTorch's context parallelism; logs to $OUT/gpu-multi.tgz.
   help             This text.
 
 Build folders: build/<preset>. Set RD_JOBS=N to limit parallel compile jobs.
@@ -318,8 +320,11 @@ gpu_targets() {
   echo attention_merge_test
   echo ring_dilated_attention_test
   echo rotary_test
-  # The trainer, for training runs on the GPU (MFU, longest sequence; docs/benchmarks.md).
+  # The trainer, for training runs on the GPU (MFU, longest sequence; docs/benchmarks.md),
+  # its launcher, and the test that trains on several GPUs through both.
   echo rd_train_cli
+  echo rd_launch
+  echo train_multiprocess_test
   # Loads cuBLASLt and cuDNN (opened at run time, not linked) the way the library does.
   echo shared_library_test
 }
@@ -341,9 +346,10 @@ cmd_gpu_pack() {
     done
   done
   strip -o "$GPU_PACK_DIR/bin/rd_train" build/release/train/rd_train
-  cp bench/report.py "$GPU_PACK_DIR/bin/" 2>/dev/null || true
+  strip -o "$GPU_PACK_DIR/bin/rd_launch" build/release/train/rd_launch
+  cp bench/report.py tools/torch_cp_bench.py "$GPU_PACK_DIR/bin/" 2>/dev/null || true
   # Carry what a binary links beyond the C/C++ runtime, the driver and the CUDA toolkit.
-  for binary in "$GPU_PACK_DIR"/bin/*_test "$GPU_PACK_DIR"/bin/*_bench "$GPU_PACK_DIR"/bin/rd_train; do
+  for binary in "$GPU_PACK_DIR"/bin/*_test "$GPU_PACK_DIR"/bin/*_bench "$GPU_PACK_DIR"/bin/rd_*; do
     while read -r name path; do
       [[ "$name" =~ ^lib(absl_|gomp|openblas|gfortran|quadmath|benchmark|gloo|hiredis|ibverbs|nl-) ]] || continue
       cp -L -n "$path" "$GPU_PACK_DIR/lib/$name"
@@ -361,20 +367,34 @@ cmd_gpu_pack() {
 gpu_test_args() {
   case "$1" in
     op_suite_test) echo "--gtest_brief=1 --gtest_filter=*cuda*:Harness.*" ;;
-    dilated_attention_test | attention_merge_test | ring_dilated_attention_test)
+    dilated_attention_test | attention_merge_test | ring_dilated_attention_test | \
+      train_multiprocess_test)
       echo "--gtest_brief=1 --gtest_filter=*Cuda*" ;;
     *) echo "--gtest_brief=1" ;;
   esac
 }
 
-# Runs the GPU tests (phase "tests"), the same under compute-sanitizer memcheck
-# ("memcheck"), and the benches ("bench"); "all" runs the three.
-cmd_gpu_run() {
-  local phase="${1:-all}"
-  [[ "$phase" =~ ^(all|tests|memcheck|bench)$ ]] || die "gpu-run: unknown phase '$phase'"
+# Unpacks the GPU suite and sets the environment its programs need: the carried
+# libraries, the programs the multi-process tests start, NCCL without NVLink multicast.
+unpack_gpu_suite() {
   [[ -f "$GPU_PACK" ]] || die "no $GPU_PACK: run ./rd gpu-pack first and carry .carry"
   tar -C .carry -xJf "$GPU_PACK"
   export LD_LIBRARY_PATH="$ROOT/$GPU_PACK_DIR/lib:${LD_LIBRARY_PATH:-}"
+  export RD_TRAIN="$ROOT/$GPU_PACK_DIR/bin/rd_train" RD_LAUNCH="$ROOT/$GPU_PACK_DIR/bin/rd_launch"
+  export NCCL_NVLS_ENABLE=0
+}
+
+# Runs the GPU tests (phase "tests"), the same under compute-sanitizer memcheck
+# ("memcheck"), and the benches ("bench"); "all" runs the three. Phase "multi" (a machine
+# with several GPUs) runs the suites that use several and their benches: cmd_gpu_multi.
+cmd_gpu_run() {
+  local phase="${1:-all}"
+  [[ "$phase" =~ ^(all|tests|memcheck|bench|multi)$ ]] || die "gpu-run: unknown phase '$phase'"
+  if [[ "$phase" == multi ]]; then
+    cmd_gpu_multi "${2:-all}"
+    return
+  fi
+  unpack_gpu_suite
   local logs binary name rc passed=0 failed=0 args
   logs="$(mktemp -d)"
   nvidia-smi -L
@@ -416,6 +436,53 @@ cmd_gpu_run() {
   fi
   tar -C "$logs" -czf "${OUT:-build}/gpu-logs.tgz" .
   echo "gpu runs: $passed passed, $failed failed"
+  ((failed == 0))
+}
+
+# Several GPUs, in parts that each fit one device call (all: every part): "tests" the NCCL
+# suites (threads and processes, rank failure) and the trainer on 2 and 4 GPUs; "bench" the
+# multi-GPU benches; "torch" PyTorch's context parallelism on the same machine and workload
+# (tools/torch_cp_bench.py). Logs and JSON to $OUT/gpu-multi-<part>.tgz.
+cmd_gpu_multi() {
+  local part="${1:-all}"
+  [[ "$part" =~ ^(all|tests|bench|torch)$ ]] || die "gpu-run multi: unknown part '$part'"
+  unpack_gpu_suite
+  local logs bin="$GPU_PACK_DIR/bin" name rc failed=0 gpus
+  logs="$(mktemp -d)"
+  gpus="$(nvidia-smi -L | grep -c '^GPU ')"
+  nvidia-smi -L
+  nvidia-smi topo -m >"$logs/topology.txt" 2>&1 || true
+  [[ "$part" == all || "$part" == tests ]] && for name in cuda_multi_gpu_test train_multiprocess_test cuda_nccl_test \
+    ring_dilated_attention_test; do
+    local args
+    read -r -a args <<<"$(gpu_test_args "$name")"
+    rc=0
+    timeout 500 "$bin/$name" "${args[@]}" >"$logs/$name.log" 2>&1 || rc=$?
+    log "$name: exit $rc"
+    grep -E 'PASSED|FAILED|SKIPPED|resumed vs' "$logs/$name.log" | tail -n 12 || true
+    ((rc == 0)) || failed=$((failed + 1))
+  done
+  if [[ "$part" == all || "$part" == bench ]]; then
+    # shellcheck disable=SC2086  # RD_BENCH_ARGS holds several words on purpose
+    timeout "${RD_BENCH_TIMEOUT:-540}" "$bin/cuda_multi_gpu_bench" \
+      --benchmark_out="$logs/multi_gpu.json" --benchmark_out_format=json ${RD_BENCH_ARGS:-} \
+      >"$logs/multi_gpu.txt" 2>&1 || true
+    cat "$logs/multi_gpu.txt"
+  fi
+  if [[ "$part" == all || "$part" == torch ]] && python3 -c 'import torch' 2>/dev/null; then
+    local P N
+    for N in 131072 262144; do
+      for P in 1 2 4; do
+        ((P <= gpus)) || continue
+        timeout 300 torchrun --standalone --nproc_per_node="$P" "$bin/torch_cp_bench.py" \
+          --seq_len "$N" --heads 16 --head_dim 128 --out "$logs/torch_cp.jsonl" \
+          >>"$logs/torch_cp.txt" 2>&1 || log "torch_cp_bench P=$P N=$N failed"
+      done
+    done
+    tail -n 40 "$logs/torch_cp.txt" || true
+  fi
+  tar -C "$logs" -czf "${OUT:-build}/gpu-multi-$part.tgz" .
+  echo "gpu multi $part: $failed suites failed"
   ((failed == 0))
 }
 

@@ -128,6 +128,7 @@ std::shared_ptr<Communicator> init_process_group(const LaunchEnv& env,
       const std::string id = store->get(kIdKey);
       NcclOptions nccl_options;
       nccl_options.timeout = options.timeout;
+      nccl_options.store = store;  // the watchdog learns from it when a rank is gone
       const Device device = options.device.is_cuda() ? options.device : Device::cuda(env.local_rank);
       return make_nccl_communicator(id, env.rank, env.world_size, device, nccl_options);
     } catch (const Error& e) {

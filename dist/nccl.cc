@@ -3,7 +3,8 @@
 // caller's current stream queued so far (an event orders them), and the caller's stream then
 // waits for it: results are stream-ordered and transfers overlap the compute queued between
 // a request and its wait(). Host waits (barrier) poll NCCL's asynchronous error state and
-// abort the communicator on an error or past the timeout, so a failed peer cannot hang us.
+// abort the communicator on an error or past the timeout; with the job's store, a watchdog
+// thread also aborts it when another rank is gone, so a failed peer cannot hang us.
 #include "ringdilated/dist/nccl.h"
 
 #include "ringdilated/kernels/error.h"
@@ -13,10 +14,14 @@
 #include <dlfcn.h>
 #include <nccl.h>
 
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <mutex>
+#include <optional>
 #include <thread>
 #include <utility>
 
@@ -30,6 +35,10 @@ namespace rd::dist {
 namespace {
 
 constexpr const char* kBackend = "nccl";
+// Where a rank that aborts its communicator says why, for the other ranks' watchdogs.
+constexpr const char* kAbortPrefix = "rd/nccl_abort/";
+
+using Clock = std::chrono::steady_clock;
 
 // The NCCL entry points this backend uses.
 struct NcclApi {
@@ -155,21 +164,127 @@ class StreamRequest final : public Request {
   std::vector<Tensor> keep_;
 };
 
+class NcclComm;
+
+// One per process group made with a store (NcclOptions::store): a thread that looks, every
+// watch_interval, for another rank's abort record or departure in the store, and has each
+// communicator of this process (the group and its splits) check its health against it.
+class PeerWatchdog {
+ public:
+  explicit PeerWatchdog(const NcclOptions& options)
+      : store_(options.store), interval_(options.watch_interval) {
+    thread_ = std::thread([this] { loop(); });
+  }
+  ~PeerWatchdog() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    thread_.join();
+  }
+  PeerWatchdog(const PeerWatchdog&) = delete;
+  PeerWatchdog& operator=(const PeerWatchdog&) = delete;
+
+  // A communicator is checked from add() until remove() returns (its destructor calls it).
+  void add(NcclComm* comm) {
+    std::lock_guard<std::mutex> lock(mu_);
+    comms_.push_back(comm);
+  }
+  void remove(NcclComm* comm) {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::erase(comms_, comm);
+  }
+
+  // Tells the other ranks' watchdogs that this rank aborted and why.
+  void publish_abort(const std::string& message) {
+    try {
+      store_->set(str_cat(kAbortPrefix, own_rank()), message);
+    } catch (const std::exception&) {  // the store is gone: the others see this rank leave
+    }
+  }
+
+ private:
+  int own_rank() const { return store_->options().rank; }
+
+  void loop();
+
+  // The first failure of another rank the store knows of: an abort record, else a rank
+  // whose process left; an unreachable store means rank 0 (which serves it) is gone.
+  std::optional<std::string> peer_failure() {
+    try {
+      for (const auto& [key, message] : store_->list(kAbortPrefix)) {
+        if (key != str_cat(kAbortPrefix, own_rank())) return message;
+      }
+      for (const auto& [key, unused] : store_->list(TcpStore::kLeftPrefix)) {
+        if (key == TcpStore::left_key(own_rank())) continue;
+        return str_cat("rank ", key.substr(std::string(TcpStore::kLeftPrefix).size()),
+                       " left: its process exited or was killed");
+      }
+    } catch (const std::exception& e) {
+      return str_cat("rank 0, which serves the store at ", store_->address(),
+                     ", is unreachable (its process probably exited): ", e.what());
+    }
+    return std::nullopt;
+  }
+
+  std::shared_ptr<TcpStore> store_;
+  std::chrono::milliseconds interval_;
+  std::mutex mu_;  // comms_, stop_
+  std::condition_variable wake_;
+  bool stop_ = false;
+  std::vector<NcclComm*> comms_;
+  std::thread thread_;
+};
+
 class NcclComm final : public Communicator {
  public:
-  NcclComm(ncclComm_t comm, int rank, int size, Device device, NcclOptions options)
-      : comm_(comm), rank_(rank), size_(size), device_(device), options_(options) {
+  NcclComm(ncclComm_t comm, int rank, int size, Device device, NcclOptions options,
+           std::shared_ptr<PeerWatchdog> watchdog)
+      : comm_(comm),
+        rank_(rank),
+        size_(size),
+        device_(device),
+        options_(std::move(options)),
+        watchdog_(std::move(watchdog)) {
     kernels::cuda::DeviceGuard guard(device_.index);
     RD_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    if (watchdog_) watchdog_->add(this);
   }
 
   ~NcclComm() override {
     // Nothing here may throw: errors on the way out are reported, not raised.
+    if (watchdog_) watchdog_->remove(this);
     kernels::cuda::DeviceGuard guard(device_.index);
-    if (!aborted_) cudaStreamSynchronize(stream_);
-    const ncclResult_t r = aborted_ ? ncclSuccess : api().destroy(comm_);
-    if (r != ncclSuccess) std::fprintf(stderr, "[ringdilated] nccl: destroy failed on rank %d\n", rank_);
+    if (!aborted_) {
+      // With a failed peer, destroy could wait for it: abort frees the same resources.
+      const bool failed = !failure().empty();
+      if (!failed) cudaStreamSynchronize(stream_);
+      const ncclResult_t r = failed ? api().abort(comm_) : api().destroy(comm_);
+      if (r != ncclSuccess) {
+        std::fprintf(stderr, "[ringdilated] nccl: destroy failed on rank %d\n", rank_);
+      }
+    }
     cudaStreamDestroy(stream_);
+  }
+
+  // The watchdog's check (see NcclOptions::store): a failure of another rank, or NCCL's
+  // asynchronous error. A peer's failure fails new operations at once; queued work gets
+  // peer_grace to finish. An asynchronous error (often the consequence of a peer's death)
+  // waits as long for the store to name its cause.
+  void check_health(const std::optional<std::string>& peer_failure) {
+    if (aborted_) return;
+    const std::string async = async_error_message();
+    if (!peer_failure && async.empty()) return;
+    const Clock::time_point now = Clock::now();
+    if (!trouble_since_) trouble_since_ = now;
+    const bool waited = now - *trouble_since_ >= options_.peer_grace;
+    if (peer_failure) {
+      record_failure(*peer_failure);
+      if (waited && has_queued_work()) abort_locally(*peer_failure);
+    } else if (waited) {
+      abort(async);
+    }
   }
 
   int rank() const override { return rank_; }
@@ -234,6 +349,7 @@ class NcclComm final : public Communicator {
   // that the work the caller queues meanwhile overlaps the reduction.
   std::unique_ptr<Request> iall_reduce(const Tensor& tensor, ReduceOp op) override {
     check_comm_tensor(*this, "iall_reduce", "tensor", tensor);
+    std::lock_guard<std::timed_mutex> lock(issue_mu_);
     check_alive("iall_reduce");
     checked_api("iall_reduce");
     kernels::cuda::DeviceGuard guard(device_.index);
@@ -269,6 +385,7 @@ class NcclComm final : public Communicator {
   }
 
   std::shared_ptr<Communicator> split(int color, int key) override {
+    std::lock_guard<std::timed_mutex> lock(issue_mu_);
     check_alive("split");
     kernels::cuda::DeviceGuard guard(device_.index);
     ncclComm_t child = nullptr;
@@ -278,22 +395,65 @@ class NcclComm final : public Communicator {
     int child_rank = 0, child_size = 0;
     check_nccl(api().user_rank(child, &child_rank), "split", rank_);
     check_nccl(api().count(child, &child_size), "split", rank_);
-    return std::make_shared<NcclComm>(child, child_rank, child_size, device_, options_);
+    return std::make_shared<NcclComm>(child, child_rank, child_size, device_, options_, watchdog_);
   }
 
+  // Aborts here and, through the store, on the other ranks.
   void abort(const std::string& reason) override {
-    if (aborted_) return;
-    aborted_ = true;
-    abort_reason_ = reason;
-    api().abort(comm_);
+    if (watchdog_ && failure().empty()) {
+      watchdog_->publish_abort(str_cat("rank ", rank_, " aborted: ", reason));
+    }
+    abort_locally(reason);
   }
 
   CommStats stats() const override { return stats_.get(); }
 
  private:
+  // Why the group failed; empty while it has not.
+  std::string failure() const {
+    std::lock_guard<std::mutex> lock(failure_mu_);
+    return failure_;
+  }
+
+  // The first failure is kept: it names the cause, later ones its consequences.
+  void record_failure(const std::string& reason) {
+    std::lock_guard<std::mutex> lock(failure_mu_);
+    if (failure_.empty()) failure_ = reason;
+  }
+
+  // Fails every later operation and frees NCCL's work. The issuing thread holds issue_mu_
+  // only while it enqueues; if it is stuck inside NCCL (waiting for a dead peer), abort
+  // anyway after peer_grace, since ncclCommAbort is what releases it.
+  void abort_locally(const std::string& reason) {
+    record_failure(reason);
+    std::unique_lock<std::timed_mutex> lock(issue_mu_, std::defer_lock);
+    (void)lock.try_lock_for(options_.peer_grace);
+    if (aborted_.exchange(true)) return;
+    kernels::cuda::DeviceGuard guard(device_.index);
+    api().abort(comm_);
+  }
+
+  // NCCL's asynchronous error, as a message; empty when there is none (or the issuing thread
+  // is inside NCCL: the next look asks again).
+  std::string async_error_message() {
+    ncclResult_t async = ncclSuccess;
+    std::unique_lock<std::timed_mutex> lock(issue_mu_, std::try_to_lock);
+    if (lock.owns_lock() && !aborted_) api().async_error(comm_, &async);
+    if (async == ncclSuccess || async == ncclInProgress) return "";
+    return str_cat("asynchronous NCCL error on rank ", rank_, ": ", api().error_string(async));
+  }
+
+  // Whether NCCL work (or the caller's work it waits for) is still queued on our stream.
+  bool has_queued_work() const {
+    kernels::cuda::DeviceGuard guard(device_.index);
+    return cudaStreamQuery(stream_) == cudaErrorNotReady;
+  }
+
+  // Called with issue_mu_ held, so that no abort frees comm_ while the caller uses it.
   void check_alive(const char* op) const {
-    RD_CHECK(!aborted_, kAborted, "nccl ", op, " on rank ", rank_,
-             ": the communicator was aborted: ", abort_reason_);
+    const std::string why = failure();
+    RD_CHECK(why.empty() && !aborted_, kAborted, "nccl ", op, " on rank ", rank_,
+             ": the communicator was aborted: ", why);
   }
 
   // Issues `issue(stream)` on the communication stream after the caller's queued work; the
@@ -301,6 +461,7 @@ class NcclComm final : public Communicator {
   // caller destroys it), else destroys it.
   cudaEvent_t run(const char* op, const std::function<ncclResult_t(cudaStream_t)>& issue,
                   bool keep_event = false) {
+    std::lock_guard<std::timed_mutex> lock(issue_mu_);
     check_alive(op);
     checked_api(op);
     kernels::cuda::DeviceGuard guard(device_.index);
@@ -334,6 +495,7 @@ class NcclComm final : public Communicator {
   // A send and/or a receive in one NCCL group, so that a ring of them cannot deadlock.
   std::unique_ptr<Request> p2p(const char* op, const Tensor& send, int to, const Tensor& recv,
                                int from) {
+    std::lock_guard<std::timed_mutex> lock(issue_mu_);
     check_alive(op);
     checked_api(op);
     kernels::cuda::DeviceGuard guard(device_.index);
@@ -367,11 +529,20 @@ class NcclComm final : public Communicator {
         RD_CUDA_CHECK(status);
       }
       ncclResult_t async = ncclSuccess;
-      api().async_error(comm_, &async);
-      if (async != ncclSuccess && async != ncclInProgress) {
+      {
+        std::lock_guard<std::timed_mutex> lock(issue_mu_);
+        if (!aborted_) api().async_error(comm_, &async);
+      }
+      if (aborted_) {  // by the watchdog: a peer failed (the event fired or never will)
+        cudaEventDestroy(done);
+        RD_FAIL(kAborted, "nccl ", op, " on rank ", rank_, ": the communicator was aborted: ",
+                failure());
+      }
+      // With a watchdog, it decides (it first looks in the store for the cause).
+      if (async != ncclSuccess && async != ncclInProgress && !watchdog_) {
         cudaEventDestroy(done);
         abort(str_cat("asynchronous NCCL error: ", api().error_string(async)));
-        RD_FAIL(kAborted, "nccl ", op, " on rank ", rank_, ": ", abort_reason_);
+        RD_FAIL(kAborted, "nccl ", op, " on rank ", rank_, ": ", failure());
       }
       if (std::chrono::steady_clock::now() > deadline) {
         cudaEventDestroy(done);
@@ -388,11 +559,28 @@ class NcclComm final : public Communicator {
   int rank_, size_;
   Device device_;
   NcclOptions options_;
+  std::shared_ptr<PeerWatchdog> watchdog_;  // null without a store
   cudaStream_t stream_ = nullptr;
-  bool aborted_ = false;
-  std::string abort_reason_;
+  // Held while NCCL calls are issued on comm_ (abort_locally waits for it): ncclCommAbort
+  // frees comm_, so nothing may be using it then.
+  std::timed_mutex issue_mu_;
+  std::atomic<bool> aborted_{false};  // ncclCommAbort was called: comm_ is gone
+  mutable std::mutex failure_mu_;
+  std::string failure_;  // why the group failed: the first reason; empty while healthy
+  std::optional<Clock::time_point> trouble_since_;  // the watchdog's: when it first saw trouble
   StatsCounter stats_;
 };
+
+void PeerWatchdog::loop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!wake_.wait_for(lock, interval_, [this] { return stop_; })) {
+    // The store is asked without the lock: a communicator's destructor may wait for it.
+    lock.unlock();
+    const std::optional<std::string> failure = peer_failure();
+    lock.lock();
+    for (NcclComm* comm : comms_) comm->check_health(failure);
+  }
+}
 
 void check_cuda_device(Device device, const char* op) {
   RD_CHECK(device.is_cuda(), kDeviceMismatch, op, ": NCCL ranks live on CUDA devices, got ",
@@ -430,7 +618,10 @@ std::shared_ptr<Communicator> make_nccl_communicator(const std::string& unique_i
   kernels::cuda::DeviceGuard guard(device.index);
   ncclComm_t comm = nullptr;
   check_nccl(a.init_rank(&comm, size, id, rank), "init", rank);
-  return std::make_shared<NcclComm>(comm, rank, size, device, options);
+  std::shared_ptr<PeerWatchdog> watchdog =
+      options.store ? std::make_shared<PeerWatchdog>(options) : nullptr;
+  return std::make_shared<NcclComm>(comm, rank, size, device, std::move(options),
+                                    std::move(watchdog));
 }
 
 std::vector<std::shared_ptr<Communicator>> make_nccl_group(const std::vector<Device>& devices,
@@ -450,7 +641,7 @@ std::vector<std::shared_ptr<Communicator>> make_nccl_group(const std::vector<Dev
   for (size_t i = 0; i < devices.size(); ++i) {
     result.push_back(std::make_shared<NcclComm>(comms[i], static_cast<int>(i),
                                                 static_cast<int>(devices.size()), devices[i],
-                                                options));
+                                                options, nullptr));
   }
   return result;
 }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "ringdilated/dist/communicator.h"
+#include "ringdilated/dist/tcp_store.h"
 
 namespace rd::dist {
 
@@ -16,6 +17,19 @@ struct NcclOptions {
   // How long a host wait on NCCL work (barrier, abort checks) may take before the
   // communicator is aborted and the wait fails with kTimeout.
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+  // The job's store (init_process_group passes it; one process per GPU). With it, a watchdog
+  // thread of this process fails the communicator, and its splits, when another rank is gone
+  // (its process exited or was killed: TcpStore::left_key), when another rank aborted, or on
+  // an asynchronous NCCL error. NCCL work waiting for a dead peer would otherwise spin on the
+  // GPU forever: after `peer_grace` it is aborted (ncclCommAbort), so the host waits return
+  // and the next operation throws kAborted naming the rank that failed. The abort of one
+  // rank is written to the store, so the others stop too. Null: no watchdog (ranks that are
+  // threads of one process, make_nccl_group, fail together).
+  std::shared_ptr<TcpStore> store;
+  std::chrono::milliseconds watch_interval{200};  // how often the watchdog looks
+  // How long NCCL work still queued when a peer is found gone may take to finish on its own
+  // (a peer that ended normally has done its part of every operation) before the abort.
+  std::chrono::milliseconds peer_grace{std::chrono::seconds(2)};
 };
 
 // True when this build has CUDA, libnccl.so.2 loads and a GPU is visible. *why_not (when

@@ -14,11 +14,13 @@
 
 namespace rd {
 
-bool cuda_available() {
+bool cuda_available() { return cuda_device_count() > 0; }
+
+int cuda_device_count() {
 #if defined(RD_WITH_CUDA)
-  return kernels::cuda::device_count() > 0;
+  return kernels::cuda::device_count();
 #else
-  return false;
+  return 0;
 #endif
 }
 

@@ -11,6 +11,9 @@ namespace rd {
 // True when this build has the CUDA backend and a CUDA device is visible at run time.
 bool cuda_available();
 
+// How many CUDA devices are visible (0 without the CUDA backend).
+int cuda_device_count();
+
 // Compute capability of a CUDA device as major * 10 + minor (90 for an H100), or 0 for the
 // CPU and in builds without CUDA.
 int cuda_compute_capability(Device device);

@@ -23,6 +23,7 @@
 #include "ringdilated/tensor/tensor.h"
 #include "testing/dtype_precision.h"
 #include "testing/raises.h"
+#include "testing/ring_invariance.h"
 #include "testing/tensor_util.h"
 
 namespace rd {
@@ -37,10 +38,7 @@ using nn::OffsetRule;
 // N = 24 splits into blocks of 24, 12, 8 and 6. The pairs mix segments shorter than a block,
 // segments that do not divide it (so they straddle boundaries), a short last segment (10
 // does not divide 24) and one segment over the whole sequence.
-struct Dims {
-  int64_t batch, seq, heads, dim;
-};
-constexpr Dims kCpuDims{2, 24, 4, 8};
+constexpr test::RingDims kCpuDims{2, 24, 4, 8};
 constexpr int64_t kB = kCpuDims.batch, kN = kCpuDims.seq, kH = kCpuDims.heads, kD = kCpuDims.dim;
 
 DilatedAttentionOptions options_for(DilationVariant variant, HeadMixing mixing, OffsetRule rule,
@@ -55,116 +53,24 @@ DilatedAttentionOptions options_for(DilationVariant variant, HeadMixing mixing, 
   return o;
 }
 
-// A scalar loss that reads out and the finite entries of lse with fixed random weights, so
-// both gradients reach the attention.
-Tensor loss_of(const Tensor& out, const Tensor& lse, const Tensor& w_out, const Tensor& w_lse) {
-  const Tensor finite_lse = where(gt(lse, -1e300), lse, 0.0);
-  return add(sum(mul(out, w_out)), sum(mul(finite_lse, w_lse)));
+using test::FullSequence;
+using test::RankResult;
+using test::joined;
+using test::relative_error;
+
+FullSequence single_device(const DilatedAttentionOptions& o, DType dtype, uint64_t seed) {
+  return test::single_device(o, dtype, seed, Device::cpu(), kCpuDims);
 }
 
-struct Full {
-  Tensor q, k, v, w_out, w_lse;              // inputs and loss weights, whole sequence
-  Tensor out, lse, grad_q, grad_k, grad_v;  // single-device results
-  nn::AttentionPath path = nn::AttentionPath::kMath;
-};
-
-// Random inputs (drawn on the CPU, then moved), the single-device result and gradients.
-// Dropout draws from a generator of this seed, in training mode, when options.dropout > 0:
-// the single device and every rank hold one seeded alike.
-constexpr uint64_t kDropoutSeed = 777;
-
-nn::AttentionCallContext training_context(const DilatedAttentionOptions& o, Generator* gen) {
-  return {o.dropout > 0, gen, nullptr};
-}
-
-Full single_device(const DilatedAttentionOptions& o, DType dtype, uint64_t seed,
-                   Device device = Device::cpu(), Dims d = kCpuDims) {
-  Generator gen(seed);
-  const TensorOptions opts(dtype);
-  const Shape bnhd{d.batch, d.seq, d.heads, d.dim};
-  Full f;
-  f.q = randn(bnhd, gen, opts).to(device);
-  f.k = randn(bnhd, gen, opts).to(device);
-  f.v = randn(bnhd, gen, opts).to(device);
-  f.w_out = randn(bnhd, gen, opts).to(device);
-  f.w_lse = randn({d.batch, d.heads, d.seq}, gen, DType::kFloat32).to(device);
-  for (Tensor* t : {&f.q, &f.k, &f.v}) t->set_requires_grad(true);
-  Generator dropout_gen(kDropoutSeed);
-  const nn::DilatedAttentionResult r =
-      nn::dilated_attention_with_lse(f.q, f.k, f.v, o, training_context(o, &dropout_gen));
-  loss_of(r.out, r.lse, f.w_out, f.w_lse).backward();
-  f.out = r.out.detach();
-  f.lse = r.lse.detach();
-  f.path = r.path_used;
-  f.grad_q = f.q.grad();
-  f.grad_k = f.k.grad();
-  f.grad_v = f.v.grad();
-  return f;
-}
-
-// ||got - want|| / ||want|| over the finite entries (and -inf exactly where want has it).
-double relative_error(const Tensor& got, const Tensor& want) {
-  const test::RefArray g = test::to_ref(got), w = test::to_ref(want);
-  EXPECT_EQ(g.shape, w.shape);
-  double num = 0, den = 0;
-  for (int64_t i = 0; i < w.numel(); ++i) {
-    if (std::isinf(w.data[i])) {
-      EXPECT_EQ(g.data[i], w.data[i]) << "element " << i;
-      continue;
-    }
-    EXPECT_FALSE(std::isnan(g.data[i])) << "element " << i;
-    num += (g.data[i] - w.data[i]) * (g.data[i] - w.data[i]);
-    den += w.data[i] * w.data[i];
-  }
-  return std::sqrt(num / std::max(den, 1e-300));
-}
-
-struct RankResult {
-  Tensor out, lse, grad_q, grad_k, grad_v;
-  nn::RingAttentionResult info;
-};
-
-// Runs the sequence-parallel call on P in-process ranks, each with its block of f's inputs,
-// and backward through the same loss; returns each rank's results.
-std::vector<RankResult> run_ranks(const Full& f, const DilatedAttentionOptions& o, int P,
+std::vector<RankResult> run_ranks(const FullSequence& f, const DilatedAttentionOptions& o, int P,
                                   DistStrategy strategy) {
-  std::vector<RankResult> results(static_cast<size_t>(P));
-  const int64_t C = f.q.size(1) / P;
-  dist::run_in_process(P, [&](dist::Communicator& comm) {
-    const int r = comm.rank();
-    auto block = [&](const Tensor& t, int64_t dim) {
-      Tensor b = t.detach().narrow(dim, r * C, C).contiguous();
-      return b;
-    };
-    Tensor q = block(f.q, 1), k = block(f.k, 1), v = block(f.v, 1);
-    for (Tensor* t : {&q, &k, &v}) t->set_requires_grad(true);
-    Generator dropout_gen(kDropoutSeed);
-    nn::RingAttentionResult info = nn::ring_dilated_attention_with_lse(
-        q, k, v, o, comm, strategy, training_context(o, &dropout_gen));
-    loss_of(info.attention.out, info.attention.lse, block(f.w_out, 1), block(f.w_lse, 2))
-        .backward();
-    results[static_cast<size_t>(r)] = {info.attention.out.detach(), info.attention.lse.detach(),
-                                       q.grad(), k.grad(), v.grad(), info};
-  }, f.q.device());
-  return results;
-}
-
-// The ranks' blocks, concatenated back into whole-sequence tensors.
-Tensor joined(const std::vector<RankResult>& rs, Tensor RankResult::*field, int64_t dim) {
-  std::vector<Tensor> parts;
-  for (const RankResult& r : rs) parts.push_back(r.*field);
-  return cat(parts, dim);
+  return test::run_in_process_ranks(f, o, P, strategy);
 }
 
 void expect_invariant(const DilatedAttentionOptions& o, DType dtype, int P, DistStrategy strategy,
                       double tol) {
-  const Full f = single_device(o, dtype, 1234 + static_cast<uint64_t>(P));
-  const std::vector<RankResult> rs = run_ranks(f, o, P, strategy);
-  EXPECT_LE(relative_error(joined(rs, &RankResult::out, 1), f.out), tol) << "out";
-  EXPECT_LE(relative_error(joined(rs, &RankResult::lse, 2), f.lse), tol) << "lse";
-  EXPECT_LE(relative_error(joined(rs, &RankResult::grad_q, 1), f.grad_q), tol) << "grad q";
-  EXPECT_LE(relative_error(joined(rs, &RankResult::grad_k, 1), f.grad_k), tol) << "grad k";
-  EXPECT_LE(relative_error(joined(rs, &RankResult::grad_v, 1), f.grad_v), tol) << "grad v";
+  const FullSequence f = single_device(o, dtype, 1234 + static_cast<uint64_t>(P));
+  test::expect_ranks_match(run_ranks(f, o, P, strategy), f, {tol, tol, tol});
 }
 
 using Case = std::tuple<int, DistStrategy, DilationVariant, HeadMixing, OffsetRule, bool>;
@@ -227,7 +133,7 @@ TEST(RingDilatedAttention, PairsInsideBlocksSendNothing) {
   o.segment_lengths = {2, 6};
   o.dilation_rates = {1, 2};
   for (DistStrategy s : {DistStrategy::kRing, DistStrategy::kAllGather, DistStrategy::kAuto}) {
-    const Full f = single_device(o, DType::kFloat64, 7);
+    const FullSequence f = single_device(o, DType::kFloat64, 7);
     const std::vector<RankResult> rs = run_ranks(f, o, 4, s);  // blocks of 6
     for (const RankResult& r : rs) {
       EXPECT_EQ(r.info.forward_bytes_sent, 0) << nn::strategy_name(s);
@@ -248,7 +154,7 @@ TEST(RingDilatedAttention, OnlySelectedRowsOfTheHeadsThatUseThemTravel) {
   const int64_t C = kN / P, rows = C / 4, heads = kH / 2;
   const int64_t expected = (P - 1) * rows * heads * kD * 2 * kB * 8;  // float64
   for (DistStrategy s : {DistStrategy::kRing, DistStrategy::kAllGather}) {
-    const Full f = single_device(o, DType::kFloat64, 9);
+    const FullSequence f = single_device(o, DType::kFloat64, 9);
     const std::vector<RankResult> rs = run_ranks(f, o, P, s);
     for (const RankResult& r : rs) {
       EXPECT_EQ(r.info.forward_bytes_sent, expected) << nn::strategy_name(s);
@@ -271,7 +177,7 @@ TEST(RingDilatedAttention, AllGatherStaysAmongTheRanksSharingASegment) {
   const int64_t one_block = rows * heads * kD * 2 * kB * 8;  // float64 K and V
   for (bool causal : {false, true}) {
     o.causal = causal;
-    const Full f = single_device(o, DType::kFloat64, 13);
+    const FullSequence f = single_device(o, DType::kFloat64, 13);
     for (DistStrategy s : {DistStrategy::kAllGather, DistStrategy::kRing}) {
       const std::vector<RankResult> rs = run_ranks(f, o, P, s);
       for (const RankResult& r : rs) {
@@ -291,7 +197,7 @@ TEST(RingDilatedAttention, CausalRingSkipsBlocksAfterTheQueries) {
   o.segment_lengths = {12};
   o.dilation_rates = {1};
   o.causal = true;
-  const Full f = single_device(o, DType::kFloat64, 11);
+  const FullSequence f = single_device(o, DType::kFloat64, 11);
   // Blocks of 6: segment [0, 12) spans ranks 0-1 and [12, 24) ranks 2-3. Causal: rank 1
   // needs rank 0 only, so the ring takes one step and rank 0 receives nothing it uses.
   const std::vector<RankResult> rs = run_ranks(f, o, 4, DistStrategy::kRing);
@@ -386,23 +292,16 @@ TEST_P(RingInvarianceCuda, MatchesOneGpu) {
   const auto [dtype, path, mixing, causal, strategy, P] = GetParam();
   // Blocks of N / P = 512 (P = 4): pair 0 stays inside blocks, pair 1 spans two blocks,
   // pair 2 all four.
-  constexpr Dims kDims{1, 2048, 8, 64};
+  constexpr test::RingDims kDims{1, 2048, 8, 64};
   DilatedAttentionOptions o;
   o.segment_lengths = {256, 1024, 2048};
   o.dilation_rates = {1, 2, 4};
   o.mixing = mixing;
   o.causal = causal;
   o.path = path;
-  const Full f = single_device(o, dtype, 99, Device::cuda(), kDims);
+  const FullSequence f = test::single_device(o, dtype, 99, Device::cuda(), kDims);
   const std::vector<RankResult> rs = run_ranks(f, o, P, strategy);
-  // Both round the same float32 results to the dtype once; the ring merges float32
-  // partials where one call summed whole rows: a few units of the dtype's roundoff.
-  const double tol = 4 * test::unit_roundoff(dtype) + 64 * test::compute_roundoff(dtype);
-  EXPECT_LE(relative_error(joined(rs, &RankResult::out, 1), f.out), tol) << "out";
-  EXPECT_LE(relative_error(joined(rs, &RankResult::lse, 2), f.lse), 64 * test::compute_roundoff(dtype)) << "lse";
-  EXPECT_LE(relative_error(joined(rs, &RankResult::grad_q, 1), f.grad_q), 2 * tol) << "grad q";
-  EXPECT_LE(relative_error(joined(rs, &RankResult::grad_k, 1), f.grad_k), 2 * tol) << "grad k";
-  EXPECT_LE(relative_error(joined(rs, &RankResult::grad_v, 1), f.grad_v), 2 * tol) << "grad v";
+  test::expect_ranks_match(rs, f, test::gpu_ring_tolerance(dtype));
   // Ring steps have full or diagonal-causal masks: they run on the path one GPU runs.
   for (const RankResult& r : rs) {
     EXPECT_EQ(r.info.attention.path_used, f.path)

@@ -1,0 +1,81 @@
+// World-size invariance helpers for sequence-parallel attention: the single-device call on
+// random inputs (the reference), one rank's call on its block, and the comparison. Used by the
+// in-process suite (ring_dilated_attention_test) and the NCCL suite on several GPUs
+// (cuda_multi_gpu_test), so both check exactly the same thing.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "ringdilated/dist/communicator.h"
+#include "ringdilated/nn/dilated_attention.h"
+#include "ringdilated/nn/ring_dilated_attention.h"
+#include "ringdilated/tensor/device.h"
+#include "ringdilated/tensor/generator.h"
+#include "ringdilated/tensor/tensor.h"
+
+namespace rd::test {
+
+struct RingDims {
+  int64_t batch, seq, heads, dim;
+};
+
+// The dropout generator's seed: the single device and every rank hold one seeded alike.
+constexpr uint64_t kRingDropoutSeed = 777;
+
+// A scalar loss that reads out and the finite entries of lse with fixed random weights, so
+// both gradients reach the attention.
+Tensor ring_loss(const Tensor& out, const Tensor& lse, const Tensor& w_out, const Tensor& w_lse);
+
+// Inputs, loss weights and the single-device results on the whole sequence.
+struct FullSequence {
+  Tensor q, k, v, w_out, w_lse;              // inputs and loss weights
+  Tensor out, lse, grad_q, grad_k, grad_v;  // single-device results
+  nn::AttentionPath path = nn::AttentionPath::kMath;
+};
+
+// Random inputs (drawn on the CPU from `seed`, then moved to `device`), the single-device
+// result and its gradients. Dropout (options.dropout > 0) runs in training mode.
+FullSequence single_device(const nn::DilatedAttentionOptions& o, DType dtype, uint64_t seed,
+                           Device device, RingDims dims);
+
+struct RankResult {
+  Tensor out, lse, grad_q, grad_k, grad_v;
+  nn::RingAttentionResult info;
+};
+
+// Rank comm.rank() of comm.size(): its block of f's inputs (copied to `device`), the
+// sequence-parallel call, and backward through the same loss.
+RankResult run_rank(const FullSequence& f, const nn::DilatedAttentionOptions& o,
+                    dist::Communicator& comm, nn::DistStrategy strategy, Device device);
+
+// P in-process ranks (threads) on f's device, each run_rank.
+std::vector<RankResult> run_in_process_ranks(const FullSequence& f,
+                                             const nn::DilatedAttentionOptions& o, int P,
+                                             nn::DistStrategy strategy);
+
+// The ranks' blocks of one field, concatenated along `dim` (on the first rank's device).
+Tensor joined(const std::vector<RankResult>& rs, Tensor RankResult::*field, int64_t dim);
+
+// ||got - want|| / ||want|| over the finite entries (and -inf exactly where want has it);
+// NaNs and mismatched infinities are reported as gtest failures.
+double relative_error(const Tensor& got, const Tensor& want);
+
+// Rank `rank` of `P`'s block of f's results (for a process that holds only its own rank's).
+FullSequence block_of(const FullSequence& f, int rank, int P);
+
+// Tolerances for comparing ranks with one device (max relative error per result).
+struct RingTolerance {
+  double out, lse, grads;
+};
+
+// On a GPU: both sides round the same float32 results to the dtype once, but the ranks merge
+// float32 partials where one call summed whole rows: a few units of the dtype's roundoff.
+RingTolerance gpu_ring_tolerance(DType dtype);
+
+// Each result of the joined ranks against f, within `tol`; returns whether all hold (gtest
+// failures name the result).
+bool expect_ranks_match(const std::vector<RankResult>& rs, const FullSequence& f,
+                        RingTolerance tol);
+
+}  // namespace rd::test
