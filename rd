@@ -347,7 +347,7 @@ cmd_gpu_pack() {
   done
   strip -o "$GPU_PACK_DIR/bin/rd_train" build/release/train/rd_train
   strip -o "$GPU_PACK_DIR/bin/rd_launch" build/release/train/rd_launch
-  cp bench/report.py tools/torch_cp_bench.py "$GPU_PACK_DIR/bin/" 2>/dev/null || true
+  cp bench/report.py "$GPU_PACK_DIR/bin/" 2>/dev/null || true
   # Carry what a binary links beyond the C/C++ runtime, the driver and the CUDA toolkit.
   for binary in "$GPU_PACK_DIR"/bin/*_test "$GPU_PACK_DIR"/bin/*_bench "$GPU_PACK_DIR"/bin/rd_*; do
     while read -r name path; do
@@ -474,7 +474,7 @@ cmd_gpu_multi() {
     for N in 131072 262144; do
       for P in 1 2 4; do
         ((P <= gpus)) || continue
-        timeout 300 torchrun --standalone --nproc_per_node="$P" "$bin/torch_cp_bench.py" \
+        timeout 300 torchrun --standalone --nproc_per_node="$P" tools/torch_cp_bench.py \
           --seq_len "$N" --heads 16 --head_dim 128 --out "$logs/torch_cp.jsonl" \
           >>"$logs/torch_cp.txt" 2>&1 || log "torch_cp_bench P=$P N=$N failed"
       done
