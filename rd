@@ -370,6 +370,7 @@ gpu_test_args() {
     dilated_attention_test | attention_merge_test | ring_dilated_attention_test | \
       train_multiprocess_test)
       echo "--gtest_brief=1 --gtest_filter=*Cuda*" ;;
+    cuda_multi_gpu_test) echo "--gtest_print_time=1" ;;
     *) echo "--gtest_brief=1" ;;
   esac
 }
@@ -457,7 +458,7 @@ cmd_gpu_multi() {
     local args
     read -r -a args <<<"$(gpu_test_args "$name")"
     rc=0
-    timeout 500 "$bin/$name" "${args[@]}" >"$logs/$name.log" 2>&1 || rc=$?
+    timeout "${RD_TEST_TIMEOUT:-500}" "$bin/$name" "${args[@]}" >"$logs/$name.log" 2>&1 || rc=$?
     log "$name: exit $rc"
     grep -E 'PASSED|FAILED|SKIPPED|resumed vs' "$logs/$name.log" | tail -n 12 || true
     ((rc == 0)) || failed=$((failed + 1))

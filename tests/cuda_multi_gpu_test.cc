@@ -117,6 +117,9 @@ class NcclThreads : public ::testing::TestWithParam<int> {
                                              const DilatedAttentionOptions& o, int P,
                                              DistStrategy strategy) {
     auto& comms = group(P);
+    std::vector<FullSequence> inputs;
+    for (int r = 0; r < P; ++r) inputs.push_back(test::inputs_on(f, Device::cuda(r)));
+    for (int r = 0; r < P; ++r) synchronize(Device::cuda(r));
     std::vector<RankResult> results(static_cast<size_t>(P));
     std::vector<std::exception_ptr> errors(static_cast<size_t>(P));
     std::vector<std::thread> threads;
@@ -124,7 +127,7 @@ class NcclThreads : public ::testing::TestWithParam<int> {
       threads.emplace_back([&, r] {
         const auto i = static_cast<size_t>(r);
         try {
-          results[i] = test::run_rank(f, o, *comms[i], strategy, Device::cuda(r));
+          results[i] = test::run_rank(inputs[i], o, *comms[i], strategy, Device::cuda(r));
           synchronize(Device::cuda(r));
         } catch (...) {
           errors[i] = std::current_exception();

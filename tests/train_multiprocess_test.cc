@@ -176,9 +176,7 @@ class TrainMultiGpuTest : public TrainMultiprocessTest {
     device_args_ = {"--device=cuda", "--dtype=bfloat16", "--seq_len=1024", "--segments=128,1024",
                     "--dilations=1,4"};
   }
-  void need_gpus(int n) {
-    if (cuda_device_count() < n) GTEST_SKIP() << "needs " << n << " GPUs";
-  }
+  static bool lacks_gpus(int n) { return cuda_device_count() < n; }
 };
 
 // bfloat16 rounds activations (8 bits of mantissa) and the ranks sum gradients in another
@@ -186,17 +184,17 @@ class TrainMultiGpuTest : public TrainMultiprocessTest {
 constexpr double kBf16StepTolerance = 2e-2;
 
 TEST_F(TrainMultiGpuTest, CudaDataParallelOn2GpusMatchesOneGpu) {
-  need_gpus(2);
+  if (lacks_gpus(2)) GTEST_SKIP() << "needs 2 GPUs";
   expect_same_training(through_rd_launch("dp2", 2, 1), one_process(), kBf16StepTolerance);
 }
 
 TEST_F(TrainMultiGpuTest, CudaContextParallelOn2GpusMatchesOneGpu) {
-  need_gpus(2);
+  if (lacks_gpus(2)) GTEST_SKIP() << "needs 2 GPUs";
   expect_same_training(through_rd_launch("cp2", 2, 2), one_process(), kBf16StepTolerance);
 }
 
 TEST_F(TrainMultiGpuTest, CudaBothOn4GpusMatchOneGpu) {
-  need_gpus(4);
+  if (lacks_gpus(4)) GTEST_SKIP() << "needs 4 GPUs";
   const std::vector<StepRecord> want = one_process();
   std::vector<std::string> command = {program("RD_LAUNCH", RD_LAUNCH_PATH), "-n", "4", "--"};
   const std::vector<std::string> args = train_args("dp2cp2", kGlobalBatch / 2, 2);
@@ -207,7 +205,7 @@ TEST_F(TrainMultiGpuTest, CudaBothOn4GpusMatchOneGpu) {
 // 2 GPUs, context parallel: kSteps steps with a checkpoint, then kSteps more resumed from it,
 // equal kSteps * 2 steps straight (the same world size reads back every rank's state).
 TEST_F(TrainMultiGpuTest, CudaContextParallelResumesOnTheSameWorldSize) {
-  need_gpus(2);
+  if (lacks_gpus(2)) GTEST_SKIP() << "needs 2 GPUs";
   auto launch = [&](const std::string& run, int steps, const std::string& resume) {
     std::vector<std::string> command = {program("RD_LAUNCH", RD_LAUNCH_PATH), "-n", "2", "--"};
     steps_ = steps;

@@ -346,7 +346,7 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<dist::Communicator> world)
         RD_CHECK(weights.count(name), kCorruptFile, kOp, ": checkpoint '", *from,
                  "' has no weight '", name, "'");
         Tensor m = master;
-        m.copy_(weights.at(name));
+        m.copy_(weights.at(name).to(m.device()));  // checkpoints load on the CPU
       }
     }
     const nn::LoadStateDictResult r = s.model->load_state_dict(weights, /*strict=*/true);

@@ -50,6 +50,12 @@ FullSequence single_device(const nn::DilatedAttentionOptions& o, DType dtype, ui
   return f;
 }
 
+FullSequence inputs_on(const FullSequence& f, Device device) {
+  FullSequence copy = f;
+  for (Tensor* t : {&copy.q, &copy.k, &copy.v, &copy.w_out, &copy.w_lse}) *t = t->detach().to(device);
+  return copy;
+}
+
 RankResult run_rank(const FullSequence& f, const nn::DilatedAttentionOptions& o,
                     dist::Communicator& comm, nn::DistStrategy strategy, Device device) {
   const int64_t C = f.q.size(1) / comm.size();

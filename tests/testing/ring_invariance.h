@@ -39,6 +39,11 @@ struct FullSequence {
 FullSequence single_device(const nn::DilatedAttentionOptions& o, DType dtype, uint64_t seed,
                            Device device, RingDims dims);
 
+// f's inputs and loss weights copied to `device` (results stay where they are). Ranks that
+// are threads driving one GPU each must not read another GPU's memory once the ring runs:
+// the copy would queue on that GPU's stream behind NCCL work waiting for this very rank.
+FullSequence inputs_on(const FullSequence& f, Device device);
+
 struct RankResult {
   Tensor out, lse, grad_q, grad_k, grad_v;
   nn::RingAttentionResult info;
