@@ -2,7 +2,9 @@
 // GPT-2 style initialization and FLOP count.
 #include "ringdilated/train/model.h"
 
+#include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "ringdilated/kernels/error.h"
 #include "ringdilated/nn/containers.h"
@@ -47,6 +49,8 @@ void check_model_config(const ModelConfig& c) {
            c.dim / c.heads, " must be even for rotary positions");
   RD_CHECK(c.mlp_ratio > 0 && std::isfinite(c.mlp_ratio), kInvalidArgument, kOp,
            ": mlp_ratio must be > 0, got ", c.mlp_ratio);
+  RD_CHECK(c.mlp_chunk_tokens >= 0, kInvalidArgument, kOp, ": mlp_chunk_tokens must be >= 0, got ",
+           c.mlp_chunk_tokens);
   RD_CHECK(c.rope_base > 1 && std::isfinite(c.rope_base), kInvalidArgument, kOp,
            ": rope_base must be > 1, got ", c.rope_base);
   RD_CHECK(c.init_std > 0 && std::isfinite(c.init_std), kInvalidArgument, kOp,
@@ -79,14 +83,34 @@ TransformerBlock::TransformerBlock(const ModelConfig& config, Generator& generat
                                         config.dim, config.heads, causal_attention(config),
                                         generator, mo));
   }
+  mlp_chunk_tokens_ = config.recompute ? config.mlp_chunk_tokens : 0;
   mlp_norm_ = register_module("mlp_norm", std::make_shared<nn::RMSNorm>(config.dim, 1e-6, true, options));
   mlp_ = register_module("mlp", std::make_shared<nn::MLP>(config.dim, mlp_hidden(config), config.mlp,
                                                          /*bias=*/false, generator, options));
 }
 
 Tensor TransformerBlock::forward(const Tensor& x) {
-  const Tensor h = add(x, attn_->forward(attn_norm_->forward(x)));
-  return add(h, mlp_->forward(mlp_norm_->forward(h)));
+  return mlp_residual(add(x, attn_->forward(attn_norm_->forward(x))));
+}
+
+Tensor TransformerBlock::mlp_residual(const Tensor& h) {
+  const auto mlp_of = [this](const Tensor& t) { return mlp_->forward(mlp_norm_->forward(t)); };
+  const int64_t tokens = h.size(1);
+  if (mlp_chunk_tokens_ <= 0 || tokens <= mlp_chunk_tokens_) return add(h, mlp_of(h));
+  // The MLP acts on each token alone, so chunks of the sequence give the same result.
+  const bool keep_graph = autograd::grad_enabled();
+  std::vector<Tensor> parts;
+  for (int64_t start = 0; start < tokens; start += mlp_chunk_tokens_) {
+    const Tensor piece = h.narrow(1, start, std::min(mlp_chunk_tokens_, tokens - start));
+    if (!keep_graph) {
+      parts.push_back(mlp_of(piece));
+      continue;
+    }
+    parts.push_back(recompute(
+        [mlp_of](const std::vector<Tensor>& in) { return std::vector<Tensor>{mlp_of(in[0])}; },
+        {piece})[0]);
+  }
+  return add(h, cat(parts, 1));
 }
 
 LanguageModel::LanguageModel(const ModelConfig& config, Generator& generator,

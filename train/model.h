@@ -34,6 +34,11 @@ struct ModelConfig {
   double init_std = 0.02;
   // Recompute each block's activations in the backward instead of keeping them.
   bool recompute = false;
+  // With recompute: the MLP (and its norm) runs over chunks of at most this many tokens of
+  // the sequence, each recomputed on its own, so its hidden activations (the block's widest
+  // tensors, [T, hidden] twice for SwiGLU) exist for one chunk at a time. It costs one more
+  // MLP forward per step; 0 runs the whole sequence at once.
+  int64_t mlp_chunk_tokens = 0;
 };
 
 // Checks a configuration; throws rd::Error naming the field.
@@ -53,6 +58,10 @@ class TransformerBlock : public nn::UnaryModule {
   Tensor forward(const Tensor& x) override;
 
  private:
+  // h + mlp(mlp_norm(h)), over sequence chunks when mlp_chunk_tokens_ asks for it.
+  Tensor mlp_residual(const Tensor& h);
+
+  int64_t mlp_chunk_tokens_;
   std::shared_ptr<nn::RMSNorm> attn_norm_;
   std::shared_ptr<nn::UnaryModule> attn_;
   std::shared_ptr<nn::RMSNorm> mlp_norm_;

@@ -46,6 +46,9 @@ ABSL_FLAG(std::string, variant, "fixed", "fixed (segment-local) or original (glo
 ABSL_FLAG(std::string, mixing, "all_heads", "head_groups or all_heads");
 ABSL_FLAG(double, rope_base, 10000.0, "rotary position embedding base");
 ABSL_FLAG(bool, recompute, false, "recompute each block's activations in the backward");
+ABSL_FLAG(int64_t, mlp_chunk_tokens, 131072,
+          "with --recompute: run the MLP over sequence chunks of at most this many tokens, "
+          "each recomputed on its own (0: the whole sequence at once)");
 // Optimization.
 ABSL_FLAG(int64_t, steps, 3000, "optimizer steps");
 ABSL_FLAG(int64_t, batch_size, 8, "sequences per micro-batch on each data-parallel rank");
@@ -155,6 +158,7 @@ TrainConfig config_from_flags() {
       {{"head_groups", rd::nn::HeadMixing::kHeadGroups}, {"all_heads", rd::nn::HeadMixing::kAllHeads}});
   c.model.rope_base = absl::GetFlag(FLAGS_rope_base);
   c.model.recompute = absl::GetFlag(FLAGS_recompute);
+  c.model.mlp_chunk_tokens = absl::GetFlag(FLAGS_mlp_chunk_tokens);
   c.steps = absl::GetFlag(FLAGS_steps);
   c.batch_size = absl::GetFlag(FLAGS_batch_size);
   c.tokens_per_step = absl::GetFlag(FLAGS_tokens_per_step);
