@@ -39,6 +39,7 @@
 #include "ringdilated/tensor/generator.h"
 #include "ringdilated/tensor/ops.h"
 #include "cuda_bench_util.h"
+#include "ring_traffic.h"
 #endif
 #include "cuda_bench_context.h"
 
@@ -217,23 +218,6 @@ const Timing& measured(const Key& key) {
   return it->second;
 }
 
-// The fewest bytes rank 0 must send per forward (docs/distributed.md): for each pair whose
-// segments span g = w / C > 1 blocks, the K and V rows it selects (C / r per block) for its
-// heads, to each of the g - 1 other blocks of its segment.
-int64_t minimum_bytes_per_rank(const rd::nn::DilatedAttentionOptions& o, int64_t seq_len, int P) {
-  const int64_t chunk = seq_len / P;
-  const auto pairs = static_cast<int64_t>(o.segment_lengths.size());
-  int64_t bytes = 0;
-  for (int64_t i = 0; i < pairs; ++i) {
-    const int64_t w = o.segment_lengths[static_cast<size_t>(i)];
-    const int64_t r = o.dilation_rates[static_cast<size_t>(i)];
-    if (w <= chunk) continue;
-    const int64_t heads = kHeads / pairs + (i < kHeads % pairs ? 1 : 0);
-    bytes += (w / chunk - 1) * (chunk / r) * heads * kDim * 2 /*K, V*/ * 2 /*bf16*/;
-  }
-  return bytes;
-}
-
 bool enough_gpus(benchmark::State& state, int P) {
   const int visible = rd::cuda_device_count();
   if (visible >= P) return true;
@@ -262,7 +246,8 @@ void strategy_row(benchmark::State& state, int64_t seq_len, int P, Direction d, 
   const Timing& single = measured({seq_len, 1, false, d, DistStrategy::kAuto});
   if (!single.out_of_memory) state.counters["speedup_vs_1gpu"] = single.seconds / t.seconds;
   state.counters["min_bytes"] =
-      static_cast<double>(minimum_bytes_per_rank(dilated_options(seq_len), seq_len, P));
+      static_cast<double>(rd::bench::minimum_bytes_per_rank(dilated_options(seq_len), seq_len, P,
+                                                            kHeads, kDim, /*bf16*/ 2));
 }
 
 // The fewest GPUs (1, 2, 4) on which N runs forward+backward: the strong-scaling baseline.

@@ -34,6 +34,7 @@
 #include "ringdilated/tensor/generator.h"
 #include "ringdilated/tensor/ops.h"
 #include "cuda_bench_util.h"
+#include "ring_traffic.h"
 #endif
 #include "cuda_bench_context.h"
 
@@ -152,23 +153,9 @@ RingTiming ring_seconds(int64_t seq_len, Direction direction, DistStrategy strat
   return timing;
 }
 
-// The fewest bytes a rank must receive per forward (docs/distributed.md): for each pair
-// whose segments span g = w / C > 1 blocks (the bench's pairs align with blocks), the K and
-// V rows the pair selects (C / r of a block) for its heads, from each of the g - 1 other
-// blocks of its segment. Averaged over ranks this is also the fewest bytes each must send.
 int64_t minimum_bytes_per_rank(int64_t seq_len) {
-  const rd::nn::DilatedAttentionOptions o = bench_options();
-  const int64_t chunk = seq_len / kRanks;
-  const int64_t pairs = static_cast<int64_t>(o.segment_lengths.size());
-  int64_t bytes = 0;
-  for (int64_t i = 0; i < pairs; ++i) {
-    const int64_t w = std::min(o.segment_lengths[static_cast<size_t>(i)], seq_len);
-    const int64_t r = o.dilation_rates[static_cast<size_t>(i)];
-    if (w <= chunk) continue;
-    const int64_t heads = kHeads / pairs + (i < kHeads % pairs ? 1 : 0);
-    bytes += (w / chunk - 1) * (chunk / r) * heads * kDim * 2 /*K, V*/ * 2 /*bf16*/;
-  }
-  return bytes;
+  return rd::bench::minimum_bytes_per_rank(bench_options(), seq_len, kRanks, kHeads, kDim,
+                                           /*bf16*/ 2);
 }
 
 void set_ring_counters(benchmark::State& state, const RingTiming& t, double single,
