@@ -102,7 +102,8 @@ RD_HOST_DEVICE inline double philox_unit53(uint32_t lo, uint32_t hi) {
 // Standard normal pair -> one sample, from u1 in (0, 1] and u2 in [0, 1).
 RD_HOST_DEVICE inline double philox_box_muller(double u1, double u2) {
   constexpr double kTwoPi = 6.283185307179586476925286766559;
-  return sqrt(-2.0 * log(u1)) * cos(kTwoPi * u2);
+  // Qualified: an includer's rd::sqrt(Tensor) etc. would hide the math functions here.
+  return ::sqrt(-2.0 * ::log(u1)) * ::cos(kTwoPi * u2);
 }
 
 // ---------------------------------------------------------------------------------------
