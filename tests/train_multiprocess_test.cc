@@ -223,11 +223,11 @@ TEST_F(TrainMultiGpuTest, CudaContextParallelResumesOnTheSameWorldSize) {
   // The resumed run appends its steps to the same metrics file.
   ASSERT_EQ(resumed.size(), straight.size());
   // Equal up to the GPU kernels' own run-to-run variation (atomic float sums in a few
-  // backward kernels), far below the bfloat16 tolerance of the invariance tests.
+  // backward kernels flip bfloat16 roundings; cuda_trainer_test measures it on one GPU).
   double worst = 0;
   for (size_t i = 0; i < straight.size(); ++i) {
-    EXPECT_NEAR(resumed[i].loss, straight[i].loss, 1e-3 * straight[i].loss) << "step " << i + 1;
-    EXPECT_NEAR(resumed[i].grad_norm, straight[i].grad_norm, 1e-3 * straight[i].grad_norm)
+    EXPECT_NEAR(resumed[i].loss, straight[i].loss, 1e-2 * straight[i].loss) << "step " << i + 1;
+    EXPECT_NEAR(resumed[i].grad_norm, straight[i].grad_norm, 1e-2 * straight[i].grad_norm)
         << "step " << i + 1;
     worst = std::max(worst, std::abs(resumed[i].loss - straight[i].loss) / straight[i].loss);
   }
