@@ -38,7 +38,7 @@ ABSL_FLAG(int64_t, depth, 2, "transformer blocks");
 ABSL_FLAG(int64_t, heads, 4, "attention heads");
 ABSL_FLAG(double, mlp_ratio, 4.0, "MLP hidden width / model width (SwiGLU uses 2/3 of it)");
 ABSL_FLAG(std::string, mlp, "swiglu", "swiglu or gelu");
-ABSL_FLAG(std::vector<std::string>, segments, std::vector<std::string>({"64", "256"}),
+ABSL_FLAG(std::vector<std::string>, segments, std::vector<std::string>({"128", "256"}),
           "segment lengths of the dilated attention pairs, comma separated");
 ABSL_FLAG(std::vector<std::string>, dilations, std::vector<std::string>({"1", "2"}),
           "dilation rates, one per segment length");
