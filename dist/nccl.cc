@@ -196,10 +196,12 @@ class PeerWatchdog {
     std::erase(comms_, comm);
   }
 
-  // Tells the other ranks' watchdogs that this rank aborted and why.
-  void publish_abort(const std::string& message) {
+  // Tells the other ranks' watchdogs that this process aborted and why, naming its rank in
+  // the job (a split's own rank would be ambiguous across sub-groups).
+  void publish_abort(const std::string& reason) {
     try {
-      store_->set(str_cat(kAbortPrefix, own_rank()), message);
+      store_->set(str_cat(kAbortPrefix, own_rank()),
+                  str_cat("rank ", own_rank(), " aborted: ", reason));
     } catch (const std::exception&) {  // the store is gone: the others see this rank leave
     }
   }
@@ -400,9 +402,7 @@ class NcclComm final : public Communicator {
 
   // Aborts here and, through the store, on the other ranks.
   void abort(const std::string& reason) override {
-    if (watchdog_ && failure().empty()) {
-      watchdog_->publish_abort(str_cat("rank ", rank_, " aborted: ", reason));
-    }
+    if (watchdog_ && failure().empty()) watchdog_->publish_abort(reason);
     abort_locally(reason);
   }
 
