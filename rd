@@ -385,6 +385,18 @@ unpack_gpu_suite() {
   export NCCL_NVLS_ENABLE=0
 }
 
+# Runs one GPU test binary under a timeout of $3 seconds (its gtest arguments from
+# gpu_test_args), logging to $2/<name>.log and printing its summary; returns its status.
+run_gpu_test() {
+  local binary="$1" logs="$2" limit="$3" name rc=0 args
+  name="$(basename "$binary")"
+  read -r -a args <<<"$(gpu_test_args "$name")"
+  timeout "$limit" "$binary" "${args[@]}" >"$logs/$name.log" 2>&1 || rc=$?
+  log "$name: exit $rc"
+  grep -E 'PASSED|FAILED|SKIPPED|resumed vs' "$logs/$name.log" | tail -n 12 || true
+  return "$rc"
+}
+
 # Runs the GPU tests (phase "tests"), the same under compute-sanitizer memcheck
 # ("memcheck"), and the benches ("bench"); "all" runs the three. Phase "multi" (a machine
 # with several GPUs) runs the suites that use several and their benches: cmd_gpu_multi.
@@ -403,11 +415,11 @@ cmd_gpu_run() {
     name="$(basename "$binary")"
     read -r -a args <<<"$(gpu_test_args "$name")"
     if [[ "$phase" == all || "$phase" == tests ]]; then
-      rc=0
-      timeout 400 "$binary" "${args[@]}" >"$logs/$name.log" 2>&1 || rc=$?
-      log "$name: exit $rc"
-      grep -E 'PASSED|FAILED|SKIPPED' "$logs/$name.log" | tail -n 12 || true
-      if ((rc == 0)); then passed=$((passed + 1)); else failed=$((failed + 1)); fi
+      if run_gpu_test "$binary" "$logs" 400; then
+        passed=$((passed + 1))
+      else
+        failed=$((failed + 1))
+      fi
     fi
     if [[ "$phase" == all || "$phase" == memcheck ]] && command -v compute-sanitizer >/dev/null; then
       rc=0
@@ -448,21 +460,17 @@ cmd_gpu_multi() {
   local part="${1:-all}"
   [[ "$part" =~ ^(all|tests|bench|torch)$ ]] || die "gpu-run multi: unknown part '$part'"
   unpack_gpu_suite
-  local logs bin="$GPU_PACK_DIR/bin" name rc failed=0 gpus
+  local logs bin="$GPU_PACK_DIR/bin" name failed=0 gpus
   logs="$(mktemp -d)"
   gpus="$(nvidia-smi -L | grep -c '^GPU ')"
   nvidia-smi -L
   nvidia-smi topo -m >"$logs/topology.txt" 2>&1 || true
-  [[ "$part" == all || "$part" == tests ]] && for name in cuda_multi_gpu_test train_multiprocess_test cuda_nccl_test \
-    ring_dilated_attention_test; do
-    local args
-    read -r -a args <<<"$(gpu_test_args "$name")"
-    rc=0
-    timeout "${RD_TEST_TIMEOUT:-500}" "$bin/$name" "${args[@]}" >"$logs/$name.log" 2>&1 || rc=$?
-    log "$name: exit $rc"
-    grep -E 'PASSED|FAILED|SKIPPED|resumed vs' "$logs/$name.log" | tail -n 12 || true
-    ((rc == 0)) || failed=$((failed + 1))
-  done
+  if [[ "$part" == all || "$part" == tests ]]; then
+    for name in cuda_multi_gpu_test train_multiprocess_test cuda_nccl_test \
+      ring_dilated_attention_test; do
+      run_gpu_test "$bin/$name" "$logs" "${RD_TEST_TIMEOUT:-500}" || failed=$((failed + 1))
+    done
+  fi
   if [[ "$part" == all || "$part" == bench ]]; then
     # shellcheck disable=SC2086  # RD_BENCH_ARGS holds several words on purpose
     timeout "${RD_BENCH_TIMEOUT:-540}" "$bin/cuda_multi_gpu_bench" \
