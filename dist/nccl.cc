@@ -433,8 +433,8 @@ class NcclComm final : public Communicator {
     api().abort(comm_);
   }
 
-  // NCCL's asynchronous error, as a message; empty when there is none (or the issuing thread
-  // is inside NCCL: the next look asks again).
+  // NCCL's asynchronous error, as a message; empty when there is none (or another thread
+  // holds issue_mu_: the next look asks again).
   std::string async_error_message() {
     ncclResult_t async = ncclSuccess;
     std::unique_lock<std::timed_mutex> lock(issue_mu_, std::try_to_lock);
@@ -528,20 +528,16 @@ class NcclComm final : public Communicator {
         cudaEventDestroy(done);
         RD_CUDA_CHECK(status);
       }
-      ncclResult_t async = ncclSuccess;
-      {
-        std::lock_guard<std::timed_mutex> lock(issue_mu_);
-        if (!aborted_) api().async_error(comm_, &async);
-      }
+      const std::string async = async_error_message();
       if (aborted_) {  // by the watchdog: a peer failed (the event fired or never will)
         cudaEventDestroy(done);
         RD_FAIL(kAborted, "nccl ", op, " on rank ", rank_, ": the communicator was aborted: ",
                 failure());
       }
       // With a watchdog, it decides (it first looks in the store for the cause).
-      if (async != ncclSuccess && async != ncclInProgress && !watchdog_) {
+      if (!async.empty() && !watchdog_) {
         cudaEventDestroy(done);
-        abort(str_cat("asynchronous NCCL error: ", api().error_string(async)));
+        abort(async);
         RD_FAIL(kAborted, "nccl ", op, " on rank ", rank_, ": ", failure());
       }
       if (std::chrono::steady_clock::now() > deadline) {
