@@ -57,6 +57,9 @@ Usage: ./rd <command> [args]
                    their markdown report (bench); default all. Logs to $OUT/gpu-logs.tgz.
                    Phase multi (several GPUs): the NCCL, trainer and scaling suites and
                    PyTorch's context parallelism; logs to $OUT/gpu-multi.tgz.
+                   Phase profile: trace rd_train's reference model (tools/cupti_trace.cc)
+                   at RD_PROFILE_SEQ tokens (default 65536) and break a step down by kernel
+                   (tools/kernel_profile.py); logs to $OUT/gpu-profile.tgz.
   help             This text.
 
 Build folders: build/<preset>. Set RD_JOBS=N to limit parallel compile jobs.
@@ -327,6 +330,8 @@ gpu_targets() {
   echo train_multiprocess_test
   # Loads cuBLASLt and cuDNN (opened at run time, not linked) the way the library does.
   echo shared_library_test
+  # The CUPTI kernel tracer behind `gpu-run profile` (the GPU machine has no Nsight).
+  echo rd_cupti_trace
 }
 
 cmd_gpu_pack() {
@@ -348,10 +353,12 @@ cmd_gpu_pack() {
   strip -o "$GPU_PACK_DIR/bin/rd_train" build/release/train/rd_train
   strip -o "$GPU_PACK_DIR/bin/rd_launch" build/release/train/rd_launch
   cp bench/report.py "$GPU_PACK_DIR/bin/" 2>/dev/null || true
+  strip -o "$GPU_PACK_DIR/bin/librd_cupti_trace.so" build/release/tools/librd_cupti_trace.so
   # Carry what a binary links beyond the C/C++ runtime, the driver and the CUDA toolkit.
-  for binary in "$GPU_PACK_DIR"/bin/*_test "$GPU_PACK_DIR"/bin/*_bench "$GPU_PACK_DIR"/bin/rd_*; do
+  for binary in "$GPU_PACK_DIR"/bin/*_test "$GPU_PACK_DIR"/bin/*_bench "$GPU_PACK_DIR"/bin/rd_* \
+    "$GPU_PACK_DIR"/bin/*.so; do
     while read -r name path; do
-      [[ "$name" =~ ^lib(absl_|gomp|openblas|gfortran|quadmath|benchmark|gloo|hiredis|ibverbs|nl-) ]] || continue
+      [[ "$name" =~ ^lib(absl_|gomp|openblas|gfortran|quadmath|benchmark|gloo|hiredis|ibverbs|nl-|cupti) ]] || continue
       cp -L -n "$path" "$GPU_PACK_DIR/lib/$name"
     done < <(ldd "$binary" | awk '$3 ~ /^\// {print $1, $3}')
   done
@@ -402,9 +409,13 @@ run_gpu_test() {
 # with several GPUs) runs the suites that use several and their benches: cmd_gpu_multi.
 cmd_gpu_run() {
   local phase="${1:-all}"
-  [[ "$phase" =~ ^(all|tests|memcheck|bench|multi)$ ]] || die "gpu-run: unknown phase '$phase'"
+  [[ "$phase" =~ ^(all|tests|memcheck|bench|multi|profile)$ ]] || die "gpu-run: unknown phase '$phase'"
   if [[ "$phase" == multi ]]; then
     cmd_gpu_multi "${2:-all}"
+    return
+  fi
+  if [[ "$phase" == profile ]]; then
+    cmd_gpu_profile
     return
   fi
   unpack_gpu_suite
@@ -493,6 +504,31 @@ cmd_gpu_multi() {
   tar -C "$logs" -czf "${OUT:-build}/gpu-multi-$part.tgz" .
   echo "gpu multi $part: $failed suites failed"
   ((failed == 0))
+}
+
+# Traces a few steps of rd_train's reference model per sequence length in RD_PROFILE_SEQ
+# (extra rd_train flags in RD_PROFILE_ARGS) and prints where a step's GPU time goes; the
+# trainer's own progress lines (tokens/s, MFU) come from an untraced run of the same shape.
+cmd_gpu_profile() {
+  unpack_gpu_suite
+  local logs bin="$GPU_PACK_DIR/bin" N run
+  logs="$(mktemp -d)"
+  nvidia-smi -L
+  for N in ${RD_PROFILE_SEQ:-65536}; do
+    # shellcheck disable=SC2086  # RD_PROFILE_ARGS holds several flags on purpose
+    run=("$bin/rd_train" --flagfile=train/configs/gpu_reference.flags --seq_len="$N" --steps=8
+      --warmup_steps=1 --log_every=2 --eval_every=0 --final_eval_batches=1
+      --out_dir="$logs/run-$N" ${RD_PROFILE_ARGS:-})
+    "${run[@]}" >"$logs/train-$N.txt" 2>&1 || log "rd_train at $N tokens failed"
+    tr '\r' '\n' <"$logs/train-$N.txt" | grep -E '^step [0-9]+/' | tail -n 2 || tail -n 5 "$logs/train-$N.txt"
+    CUDA_INJECTION64_PATH="$ROOT/$bin/librd_cupti_trace.so" RD_CUPTI_TRACE="$logs/trace-$N.csv" \
+      "${run[@]/--out_dir=*/--out_dir=$logs/traced-$N}" >"$logs/traced-$N.txt" 2>&1 ||
+      log "traced rd_train at $N tokens failed"
+    python3 tools/kernel_profile.py "$logs/trace-$N.csv" --steps 4 >"$logs/profile-$N.md" 2>&1 || true
+    cat "$logs/profile-$N.md"
+    gzip -f "$logs/trace-$N.csv"
+  done
+  tar -C "$logs" -czf "${OUT:-build}/gpu-profile.tgz" .
 }
 
 # --- demo and bench -------------------------------------------------------------------

@@ -262,15 +262,22 @@ TEST_F(CudaTransferTest, TransfersReuseStagingBuffers) {
   PinnedHostPool& pool = kernels::cuda::pinned_host_pool();
   std::mt19937_64 rng(13);
   Tensor host = random_tensor({1000}, DType::kFloat32, rng);
-  host.to(kCuda0).to(kCpu);  // leaves two staging buffers of this size class behind
-  // A staging buffer is reusable once its copy's event has completed; wait for that here so
-  // the count does not depend on timing (under compute-sanitizer the copies are slow).
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  // A staging buffer is reusable once its copy's event has completed. Waiting after each
+  // copy makes the counts independent of timing: without it the copy back finds the
+  // upload's buffer free or still in flight depending on how fast the upload ran.
+  const auto round_trip = [&host] {
+    Tensor device = host.to(kCuda0);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    Tensor back = device.to(kCpu);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    return back;
+  };
+  round_trip();  // leaves a staging buffer of this size class behind
   const MemoryStats before = pool.stats();
-  Tensor back = host.to(kCuda0).to(kCpu);
+  Tensor back = round_trip();
   const MemoryStats after = pool.stats();
   EXPECT_EQ(after.system_allocs, before.system_allocs);
-  EXPECT_EQ(after.cache_hits - before.cache_hits, 2);
+  EXPECT_EQ(after.cache_hits - before.cache_hits, 2);  // the upload and the copy back
   EXPECT_EQ(after.allocated_bytes, before.allocated_bytes);  // everything was returned
   EXPECT_EQ(logical_bytes(back), logical_bytes(host));
 }

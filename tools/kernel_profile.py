@@ -1,0 +1,157 @@
+#!/usr/bin/env python3
+"""Where a training step's GPU time goes, from a tools/cupti_trace.cc trace.
+
+  python3 tools/kernel_profile.py trace.csv [--steps 3] [--top 25]
+
+A step ends with the optimizer's fused AdamW kernels (the last of each run of them); the
+last --steps complete steps are averaged. Prints markdown: the step time, the time the GPU
+was busy and idle (idle = waiting on the host: launches, syncs, allocation), the time per
+kernel category, and the most expensive kernels.
+"""
+import argparse
+import csv
+import re
+import sys
+from collections import defaultdict
+
+# (category, pattern over the demangled kernel name); the first match wins, so the
+# attention patterns come before the GEMM ones (cuDNN's SDPA kernels also say sm90).
+CATEGORIES = [
+    ("attention: cuDNN SDPA", r"sdpa|fmha|cudnn"),
+    ("attention: ours (flash)", r"flash|grad_q_kernel|grad_kv_kernel|delta_kernel|add_dq_kernel"),
+    ("attention: softmax path", r"softmax"),
+    ("GEMM epilogue (ours)", r"gemm_epilogue"),
+    ("GEMM (cuBLASLt)", r"gemm|nvjet|xmma|cutlass|cublas|sm\d\d_"),
+    ("norms", r"norm_"),
+    ("rotary", r"rotary"),
+    ("cross-entropy", r"cross_entropy"),
+    ("optimizer (AdamW)", r"adamw"),
+    ("reductions", r"reduce_|column_partials|cumsum"),
+    ("elementwise / copies", r"grid_stride_kernel|elementwise|copy|strided"),
+    ("memcpy", r"^memcpy"),
+    ("memset", r"^memset"),
+]
+
+
+def category(name):
+    for label, pattern in CATEGORIES:
+        if re.search(pattern, name):
+            return label
+    return "other"
+
+
+def short_name(name, width=110):
+    """The kernel's name with its template arguments abbreviated to their first level."""
+    depth, out = 0, []
+    for ch in name:
+        if ch == "<":
+            depth += 1
+            if depth == 1:
+                out.append("<")
+            elif depth == 2:
+                out.append("…")
+            continue
+        if ch == ">":
+            depth -= 1
+            if depth == 0:
+                out.append(">")
+            continue
+        if depth <= 1:
+            out.append(ch)
+    text = re.sub(r"\s+", " ", "".join(out)).replace("(anonymous namespace)::", "")
+    text = re.sub(r"^void ", "", text)
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def read_trace(path):
+    rows = []
+    with open(path, newline="") as f:
+        for r in csv.DictReader(f):
+            name = r["name"] if r["kind"] == "kernel" else r["name"].split(" kind")[0]
+            rows.append((int(r["start_ns"]), int(r["end_ns"]), name, int(r["bytes"])))
+    rows.sort()
+    return rows
+
+
+def step_ends(rows):
+    """The end time of the last AdamW kernel of each run of them: one per optimizer step."""
+    ends, in_run, last_end = [], False, None
+    for start, end, name, _ in rows:
+        is_adamw = "adamw" in name
+        if is_adamw:
+            in_run, last_end = True, end
+        elif in_run:
+            ends.append(last_end)
+            in_run = False
+    if in_run:
+        ends.append(last_end)
+    return ends
+
+
+def busy_time(intervals):
+    """The union of [start, end) intervals (kernels on other streams may overlap)."""
+    total, cur_start, cur_end = 0, None, None
+    for start, end in sorted(intervals):
+        if cur_end is None or start > cur_end:
+            if cur_end is not None:
+                total += cur_end - cur_start
+            cur_start, cur_end = start, end
+        else:
+            cur_end = max(cur_end, end)
+    if cur_end is not None:
+        total += cur_end - cur_start
+    return total
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("trace")
+    parser.add_argument("--steps", type=int, default=3, help="complete steps to average (the last ones)")
+    parser.add_argument("--top", type=int, default=25, help="kernels to list")
+    parser.add_argument("--step_flops", type=float, default=0.0,
+                        help="model FLOPs of one step (rd_train's count), for MFU lines")
+    parser.add_argument("--peak_tflops", type=float, default=989.0)
+    args = parser.parse_args()
+
+    rows = read_trace(args.trace)
+    ends = step_ends(rows)
+    if len(ends) < 2:
+        sys.exit(f"kernel_profile: {args.trace} holds {len(ends)} optimizer steps; need at least 2")
+    steps = min(args.steps, len(ends) - 1)
+    window_start, window_end = ends[-steps - 1], ends[-1]
+    window = [r for r in rows if r[0] >= window_start and r[1] <= window_end]
+    span = (window_end - window_start) / steps
+    busy = busy_time([(s, e) for s, e, _, _ in window]) / steps
+
+    by_category = defaultdict(lambda: [0, 0])
+    by_kernel = defaultdict(lambda: [0, 0])
+    for start, end, name, _ in window:
+        by_category[category(name)][0] += end - start
+        by_category[category(name)][1] += 1
+        by_kernel[short_name(name)][0] += end - start
+        by_kernel[short_name(name)][1] += 1
+
+    ms = 1e-6
+    print(f"Trace {args.trace}: the last {steps} of {len(ends)} steps.\n")
+    print("| | ms per step | share of the step |")
+    print("| --- | ---: | ---: |")
+    print(f"| step (optimizer to optimizer) | {span * ms:.2f} | 100% |")
+    print(f"| GPU busy | {busy * ms:.2f} | {100 * busy / span:.1f}% |")
+    print(f"| GPU idle (waiting on the host) | {(span - busy) * ms:.2f} | {100 * (span - busy) / span:.1f}% |")
+    if args.step_flops > 0:
+        mfu = args.step_flops / (span * 1e-9) / (args.peak_tflops * 1e12)
+        print(f"| MFU at this step time | | {100 * mfu:.1f}% |")
+    print("\n| category | ms per step | share of the step | launches per step |")
+    print("| --- | ---: | ---: | ---: |")
+    for label, (ns, count) in sorted(by_category.items(), key=lambda kv: -kv[1][0]):
+        print(f"| {label} | {ns / steps * ms:.2f} | {100 * ns / steps / span:.1f}% | {count / steps:.0f} |")
+    print(f"\n| kernel (top {args.top}) | ms per step | share | launches per step | µs each |")
+    print("| --- | ---: | ---: | ---: | ---: |")
+    ranked = sorted(by_kernel.items(), key=lambda kv: -kv[1][0])[: args.top]
+    for name, (ns, count) in ranked:
+        print(f"| `{name}` | {ns / steps * ms:.2f} | {100 * ns / steps / span:.1f}% | "
+              f"{count / steps:.0f} | {ns / count / 1e3:.1f} |")
+
+
+if __name__ == "__main__":
+    main()
