@@ -24,6 +24,7 @@
 #include <thread>
 #include <utility>
 
+#include "ringdilated/dist/peer_failures.h"
 #include "ringdilated/kernels/error.h"
 #include "ringdilated/kernels/strided.h"
 #include "ringdilated/tensor/ops.h"
@@ -535,25 +536,15 @@ class GlooComm final : public Communicator, public std::enable_shared_from_this<
   // process left. Looks for up to options.failure_lookup, since the record may land just
   // after the connection broke (a timed-out rank closes its connections before recording).
   std::optional<Failure> first_recorded_failure() const {
-    TcpStore& store = *process_->store;
     const Clock::time_point deadline = Clock::now() + process_->options.failure_lookup;
     for (;;) {
-      try {
-        for (const auto& [key, value] : store.list(kFailedPrefix)) {
-          if (key == str_cat(kFailedPrefix, world_rank()) || value.empty()) continue;
-          return Failure{value[0] == kTimeoutRecord ? ErrorCode::kTimeout : ErrorCode::kAborted,
-                         value.substr(1)};
-        }
-        for (const auto& [key, value] : store.list(TcpStore::kLeftPrefix)) {
-          if (key == TcpStore::left_key(world_rank())) continue;
-          return Failure{ErrorCode::kAborted,
-                         str_cat("rank ", key.substr(std::string(TcpStore::kLeftPrefix).size()),
-                                 " left: its process exited or was killed")};
-        }
-      } catch (const std::exception& e) {
-        return Failure{ErrorCode::kAborted,
-                       str_cat("rank 0, which serves the store at ", store.address(),
-                               ", is unreachable (its process probably exited): ", e.what())};
+      if (const std::optional<PeerFailure> failure =
+              first_peer_failure(*process_->store, kFailedPrefix, world_rank())) {
+        if (!failure->recorded) return Failure{ErrorCode::kAborted, failure->text};
+        // A code letter, then the message (first_peer_failure skips empty records).
+        const std::string& record = failure->text;
+        return Failure{record[0] == kTimeoutRecord ? ErrorCode::kTimeout : ErrorCode::kAborted,
+                       record.substr(1)};
       }
       if (Clock::now() >= deadline) return std::nullopt;
       std::this_thread::sleep_for(milliseconds(20));

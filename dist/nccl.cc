@@ -25,6 +25,7 @@
 #include <thread>
 #include <utility>
 
+#include "ringdilated/dist/peer_failures.h"
 #include "ringdilated/kernels/cuda/runtime.h"
 #include "ringdilated/tensor/device.h"
 #endif
@@ -214,20 +215,9 @@ class PeerWatchdog {
   // The first failure of another rank the store knows of: an abort record, else a rank
   // whose process left; an unreachable store means rank 0 (which serves it) is gone.
   std::optional<std::string> peer_failure() {
-    try {
-      for (const auto& [key, message] : store_->list(kAbortPrefix)) {
-        if (key != str_cat(kAbortPrefix, own_rank())) return message;
-      }
-      for (const auto& [key, unused] : store_->list(TcpStore::kLeftPrefix)) {
-        if (key == TcpStore::left_key(own_rank())) continue;
-        return str_cat("rank ", key.substr(std::string(TcpStore::kLeftPrefix).size()),
-                       " left: its process exited or was killed");
-      }
-    } catch (const std::exception& e) {
-      return str_cat("rank 0, which serves the store at ", store_->address(),
-                     ", is unreachable (its process probably exited): ", e.what());
-    }
-    return std::nullopt;
+    std::optional<PeerFailure> failure = first_peer_failure(*store_, kAbortPrefix, own_rank());
+    if (!failure) return std::nullopt;
+    return std::move(failure->text);  // an abort record is already the message
   }
 
   std::shared_ptr<TcpStore> store_;
