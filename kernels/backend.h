@@ -285,6 +285,16 @@ class KernelBackend {
   virtual void rotary_embedding(const StridedView& out, const StridedView& x,
                                 int64_t position_offset, double base, bool inverse) = 0;
 
+  // --- SwiGLU (kernels/swiglu.h) ---
+  // out [rows, H] = silu(gate) * up for contiguous gate_up rows [rows, 2H] (gate first, then
+  // up), computed in accumulation_dtype(dtype); the backward pass writes grad_gate_up
+  // [rows, 2H] from grad_out [rows, H] and gate_up, reading each once. One pass each way,
+  // where silu and mul as separate ops take two forward and six backward.
+  virtual void swiglu(void* out, const void* gate_up, DType dtype, int64_t rows,
+                      int64_t hidden) = 0;
+  virtual void swiglu_backward(void* grad_gate_up, const void* grad_out, const void* gate_up,
+                               DType dtype, int64_t rows, int64_t hidden) = 0;
+
   // --- attention (the primitive of kernels/attention.h) ---
   // Whether `kernel` can run this call on this device; when not, *why_not says why (for the
   // fallback log). `backward` is null for a forward call. The math kernel runs every valid

@@ -84,13 +84,8 @@ void check_rope(double rope_base, int64_t head_dim, const char* module) {
            ": rotary positions need an even head dim, got ", head_dim);
 }
 
-Qkv split_qkv(const Tensor& qkv, double rope_base, int64_t position_offset) {
-  Qkv r{qkv.select(2, 0), qkv.select(2, 1), qkv.select(2, 2)};
-  if (rope_base > 0) {
-    r.q = rotary_embedding(r.q, position_offset, rope_base);
-    r.k = rotary_embedding(r.k, position_offset, rope_base);
-  }
-  return r;
+Tensor rotated_qkv(const Tensor& qkv, double rope_base, int64_t position_offset) {
+  return rope_base > 0 ? rotary_embedding_qkv(qkv, position_offset, rope_base) : qkv;
 }
 
 }  // namespace attention_modules_internal
@@ -101,16 +96,11 @@ Tensor MultiheadDilatedAttention::forward(const Tensor& x) {
            x.defined() ? shape_str(x.shape()) : std::string("(undefined)"));
   const int64_t batch = x.size(0), seq_len = x.size(1);
   const int64_t head_dim = embed_dim_ / num_heads_;
-  // [B, N, 3E] viewed as [B, N, 3, H, D]: q, k and v are strided views, never copied, and
-  // their gradient is written into one packed buffer.
+  // [B, N, 3E] viewed as [B, N, 3, H, D]: q, k and v are strided views of one buffer (after
+  // the rotation, a new one), and their gradient is written into one packed buffer.
   const Tensor qkv = qkv_->forward(x).view({batch, seq_len, 3, num_heads_, head_dim});
-  Tensor attended;
-  if (rope_base_ > 0) {  // rotated q and k are new tensors; v stays a view
-    const attention_modules_internal::Qkv p = attention_modules_internal::split_qkv(qkv, rope_base_, 0);
-    attended = attention_->forward(p.q, p.k, p.v);
-  } else {
-    attended = attention_->forward_packed(qkv);
-  }
+  const Tensor attended =
+      attention_->forward_packed(attention_modules_internal::rotated_qkv(qkv, rope_base_, 0));
   return out_->forward(attended.reshape({batch, seq_len, embed_dim_}));
 }
 

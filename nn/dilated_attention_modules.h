@@ -87,12 +87,10 @@ struct MultiheadOptions {
 
 namespace attention_modules_internal {
 
-// q, k and v of a [B, N, 3, H, D] QKV projection; q and k rotated (rope_base > 0) with
-// positions position_offset, position_offset + 1, ...
-struct Qkv {
-  Tensor q, k, v;
-};
-Qkv split_qkv(const Tensor& qkv, double rope_base, int64_t position_offset);
+// A [B, N, 3, H, D] QKV projection with q and k rotated (rope_base > 0) with positions
+// position_offset, position_offset + 1, ..., still packed (rotary_embedding_qkv), so the
+// attention reads and differentiates one buffer; the projection itself when rope_base = 0.
+Tensor rotated_qkv(const Tensor& qkv, double rope_base, int64_t position_offset);
 // Throws rd::Error naming `module` unless rope_base is 0 or > 1 with an even head dim.
 void check_rope(double rope_base, int64_t head_dim, const char* module);
 

@@ -30,7 +30,12 @@ MLP::MLP(int64_t dim, int64_t hidden, MLPActivation activation, bool bias, Gener
 
 Tensor MLP::forward(const Tensor& x) {
   if (activation_ == MLPActivation::kGelu) return out_->forward(gelu(in_->forward(x)));
-  return out_->forward(silu(gate_->forward(x)) * in_->forward(x));
+  // One GEMM for the gate and the up projection (their weights stacked, a small copy), then
+  // one fused SwiGLU kernel each way: the [tokens, hidden] activations are the largest
+  // tensors of a block, and separate silu and mul ops would pass over them eight times.
+  const Tensor weight = cat({gate_->weight(), in_->weight()}, 0);
+  const Tensor bias = gate_->bias() ? cat({*gate_->bias(), *in_->bias()}, 0) : Tensor();
+  return out_->forward(swiglu(linear(x, weight, bias)));
 }
 
 }  // namespace rd::nn

@@ -54,4 +54,9 @@ Tensor RMSNorm::forward(const Tensor& x) {
   return rms_norm(x, {dim_}, optional(weight_), eps_);
 }
 
+AddNormResult RMSNorm::forward_add(const Tensor& x, const Tensor& residual) {
+  check_input(x, dim_, "RMSNorm");
+  return add_rms_norm(x, residual, {dim_}, optional(weight_), eps_);
+}
+
 }  // namespace rd::nn

@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "ringdilated/nn/module.h"
+#include "ringdilated/tensor/ops.h"  // AddNormResult
 
 namespace rd::nn {
 
@@ -38,6 +39,9 @@ class RMSNorm : public UnaryModule {
                    TensorOptions options = {});
   // [..., dim] -> [..., dim].
   Tensor forward(const Tensor& x) override;
+  // The norm of x + residual and that sum, from one kernel (add_rms_norm): for a pre-norm
+  // block, whose residual add feeds the next norm.
+  AddNormResult forward_add(const Tensor& x, const Tensor& residual);
 
   int64_t dim() const { return dim_; }
   double eps() const { return eps_; }

@@ -65,14 +65,12 @@ Tensor RingMultiheadDilatedAttention::forward(const Tensor& x) {
   const int64_t batch = x.size(0), block = x.size(1);
   const Tensor qkv =
       qkv_->forward(x).view({batch, block, 3, num_heads_, embed_dim_ / num_heads_});
-  Tensor attended;
-  if (rope_base_ > 0) {  // global positions: this rank's block starts at rank x block
-    const attention_modules_internal::Qkv p = attention_modules_internal::split_qkv(
-        qkv, rope_base_, static_cast<int64_t>(attention_->communicator().rank()) * block);
-    attended = attention_->forward(p.q, p.k, p.v);
-  } else {
-    attended = attention_->forward_packed(qkv).attention.out;
-  }
+  // Global positions: this rank's block starts at rank x block.
+  const int64_t first_position = static_cast<int64_t>(attention_->communicator().rank()) * block;
+  const Tensor attended =
+      attention_
+          ->forward_packed(attention_modules_internal::rotated_qkv(qkv, rope_base_, first_position))
+          .attention.out;
   return out_->forward(attended.reshape({batch, block, embed_dim_}));
 }
 

@@ -36,6 +36,10 @@ Tensor relu(const Tensor& x);
 enum class GeluApproximation { kNone, kTanh };
 Tensor gelu(const Tensor& x, GeluApproximation approximation = GeluApproximation::kNone);
 Tensor silu(const Tensor& x);
+// SwiGLU of a packed projection: gate_up [..., 2H] holds the gate in its first half and
+// the up projection in its second; returns silu(gate) * up [..., H]. One kernel each way
+// (silu and mul as separate ops take two passes forward and six backward over [..., H]).
+Tensor swiglu(const Tensor& gate_up);
 Tensor clamp(const Tensor& x, std::optional<double> min, std::optional<double> max);
 // cond ? a : b, broadcasting all three; cond must be bool.
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
@@ -125,6 +129,12 @@ Tensor embedding(const Tensor& weight, const Tensor& indices);
 // One fused kernel reads x once and writes out once; the backward pass is the inverse
 // rotation (the same kernel).
 Tensor rotary_embedding(const Tensor& x, int64_t position_offset = 0, double base = 10000.0);
+// rotary_embedding of q and k in a packed qkv [B, T, 3, H, D], v passed through: a new
+// packed tensor, for attention that reads q, k and v from one buffer. Two kernels each way
+// (rotate q and k as 2H heads, copy v) and one packed gradient, where rotating q and k
+// apart and selecting v costs the backward pass three zeroed [B, T, 3, H, D] buffers.
+Tensor rotary_embedding_qkv(const Tensor& qkv, int64_t position_offset = 0,
+                            double base = 10000.0);
 // Zeroes each element with probability p and scales survivors by 1/(1-p), when training.
 Tensor dropout(const Tensor& x, double p, bool training, Generator& gen);
 

@@ -304,6 +304,39 @@ AddNormResult add_rms_norm(const Tensor& x, const Tensor& residual, const Shape&
   return norm_impl(x, residual, normalized_shape, weight, Tensor(), eps, /*rms=*/true);
 }
 
+namespace {
+
+// On a GPU a vocabulary this small gets its embedding gradient from a one-hot GEMM: its
+// cost is at most that of a [tokens, dim] x [dim, 1024] projection.
+constexpr int64_t kOneHotMaxEmbeddings = 1024;
+
+// The embedding's weight gradient [num_embeddings, D]: row v sums the rows of g [N, D]
+// whose index is v, in float32 for 16-bit dtypes. Scattering with atomic adds serializes on
+// a small vocabulary, where every row takes thousands of adds to the same addresses (26 ms
+// for 64K tokens of a 260-symbol vocabulary on an H100); on the GPU such a vocabulary goes
+// through a one-hot matrix instead, one_hot^T g, whose GEMM accumulates in float32 in a
+// fixed order (deterministic, no atomics). Elsewhere index_add (in order on the CPU).
+Tensor embedding_backward(const Tensor& g, const Tensor& index, int64_t num_embeddings) {
+  const int64_t dim = g.size(1);
+  if (g.device().is_cuda() && num_embeddings <= kOneHotMaxEmbeddings) {
+    const Tensor vocabulary =
+        arange(int64_t{0}, num_embeddings, TensorOptions(DType::kInt64).with_device(g.device()));
+    const Tensor one_hot = eq(index.unsqueeze(1), vocabulary.unsqueeze(0)).to(g.dtype());
+    return matmul(one_hot.t(), g);
+  }
+  const DType accumulate = accumulation_dtype(g.dtype());
+  Tensor grad = zeros({num_embeddings, dim}, TensorOptions(accumulate).with_device(g.device()));
+  const Tensor rows = g.to(accumulate);
+  if (rows.numel() > 0) {
+    backend_for(g.device())
+        .index_add(kernel_view(grad, "embedding"), 0, kernel_view(index, "embedding"),
+                   kernel_view(rows, "embedding"));
+  }
+  return grad.to(g.dtype());
+}
+
+}  // namespace
+
 Tensor embedding(const Tensor& weight, const Tensor& indices) {
   constexpr const char* kOp = "embedding";
   RD_CHECK(weight.defined(), kInvalidArgument, kOp, ": argument 'weight' is undefined");
@@ -316,8 +349,47 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
                               "num_embeddings (weight.size(0))");
   Shape out_shape = indices.shape();
   out_shape.push_back(weight.size(1));
-  // index_select supplies the gradient (index_add of the rows into zeros).
-  return index_select(weight, 0, index.reshape({index.numel()})).view(out_shape);
+  const Tensor flat_index = index.reshape({index.numel()});
+  Tensor out = index_select(weight.detach(), 0, flat_index).view(out_shape);
+  if (autograd::needs_grad({&weight})) {
+    autograd::record(out, kOp, {weight},
+                     [flat_index, num_embeddings = weight.size(0)](const Tensor& g) {
+                       return std::vector<Tensor>{
+                           embedding_backward(g.reshape({flat_index.numel(), g.size(-1)}),
+                                              flat_index, num_embeddings)};
+                     });
+  }
+  return out;
+}
+
+Tensor swiglu(const Tensor& gate_up) {
+  constexpr const char* kOp = "swiglu";
+  check_defined_floating(gate_up, kOp, "gate_up");
+  RD_CHECK(gate_up.dim() >= 1 && gate_up.size(-1) % 2 == 0, kShapeMismatch, kOp,
+           ": argument 'gate_up' must be [..., 2H] (gate, then up), got shape ",
+           shape_str(gate_up.shape()));
+  const Tensor in = gate_up.detach().contiguous();
+  const int64_t hidden = in.size(-1) / 2;
+  const int64_t rows = hidden == 0 ? 0 : in.numel() / (2 * hidden);
+  Shape out_shape = in.shape();
+  out_shape.back() = hidden;
+  Tensor out = empty(out_shape, options_like(in));
+  if (out.numel() > 0) {
+    backend_for(in.device()).swiglu(out.raw_data(), in.raw_data(), in.dtype(), rows, hidden);
+  }
+  if (autograd::needs_grad({&gate_up})) {
+    autograd::record(out, kOp, {gate_up}, [in, rows, hidden](const Tensor& g) {
+      const Tensor grad_out = g.contiguous();
+      Tensor grad = empty(in.shape(), options_like(in));
+      if (grad.numel() > 0) {
+        backend_for(in.device())
+            .swiglu_backward(grad.raw_data(), grad_out.raw_data(), in.raw_data(), in.dtype(),
+                             rows, hidden);
+      }
+      return std::vector<Tensor>{grad};
+    });
+  }
+  return out;
 }
 
 void attention_merge_(const Tensor& acc_out, const Tensor& acc_lse, const Tensor& part_out,
@@ -340,14 +412,32 @@ void attention_merge_(const Tensor& acc_out, const Tensor& acc_lse, const Tensor
 
 namespace {
 
-// x rotated by the rotary embedding (or its inverse) into a new tensor; no autograd.
-Tensor rotary_raw(const Tensor& x, int64_t position_offset, double base, bool inverse) {
+// Rotates x by the rotary embedding (or its inverse) into out; no autograd.
+void rotary_into(const Tensor& out, const Tensor& x, int64_t position_offset, double base,
+                 bool inverse) {
   constexpr const char* kOp = "rotary_embedding";
-  Tensor out = empty(x.shape(), options_like(x));
   // The kernel checks the rest (4 dims, even D, base, positions) even when x is empty.
   backend_for(x.device())
       .rotary_embedding(kernel_view(out, kOp), kernel_view(x, kOp), position_offset, base,
                         inverse);
+}
+
+// x rotated by the rotary embedding (or its inverse) into a new tensor; no autograd.
+Tensor rotary_raw(const Tensor& x, int64_t position_offset, double base, bool inverse) {
+  Tensor out = empty(x.shape(), options_like(x));
+  rotary_into(out, x, position_offset, base, inverse);
+  return out;
+}
+
+// A new packed [B, T, 3, H, D] tensor: q and k of `qkv` rotated (or rotated back), v copied.
+// q and k are adjacent in every row, so one rotary call covers both as 2H heads.
+Tensor rotary_qkv_raw(const Tensor& qkv, int64_t position_offset, double base, bool inverse) {
+  Tensor out = empty(qkv.shape(), options_like(qkv));
+  const auto query_key_heads = [](const Tensor& t) {
+    return t.narrow(2, 0, 2).view({t.size(0), t.size(1), 2 * t.size(3), t.size(4)});
+  };
+  rotary_into(query_key_heads(out), query_key_heads(qkv), position_offset, base, inverse);
+  out.select(2, 2).copy_(qkv.select(2, 2));
   return out;
 }
 
@@ -361,6 +451,27 @@ Tensor rotary_embedding(const Tensor& x, int64_t position_offset, double base) {
     // The rotation is orthogonal: its adjoint is the inverse rotation.
     autograd::record(out, kOp, {x}, [position_offset, base](const Tensor& g) {
       return std::vector<Tensor>{rotary_raw(g, position_offset, base, /*inverse=*/true)};
+    });
+  }
+  return out;
+}
+
+Tensor rotary_embedding_qkv(const Tensor& qkv, int64_t position_offset, double base) {
+  constexpr const char* kOp = "rotary_embedding_qkv";
+  check_defined_floating(qkv, kOp, "qkv");
+  RD_CHECK(qkv.dim() == 5 && qkv.size(2) == 3, kShapeMismatch, kOp,
+           ": argument 'qkv' must be [B, T, 3, H, D] (q, k, v packed), got shape ",
+           shape_str(qkv.shape()));
+  // q's and k's heads must merge into 2H heads of one stride, as in a projection's output;
+  // other layouts are copied first.
+  const Tensor base_qkv = qkv.detach();
+  const bool heads_merge = base_qkv.strides()[2] == base_qkv.strides()[3] * base_qkv.size(3);
+  const Tensor in = heads_merge ? base_qkv : base_qkv.contiguous();
+  Tensor out = rotary_qkv_raw(in, position_offset, base, /*inverse=*/false);
+  if (autograd::needs_grad({&qkv})) {
+    autograd::record(out, kOp, {qkv}, [position_offset, base](const Tensor& g) {
+      return std::vector<Tensor>{
+          rotary_qkv_raw(g.contiguous(), position_offset, base, /*inverse=*/true)};
     });
   }
   return out;

@@ -699,8 +699,18 @@ void add_nn(CaseTable& t) {
        [](const Rs& r) { return ref::add_rms_norm(r[0], r[1], {4}, r[2], 1e-6)[0]; })
       .accumulates(4);
 
+  // swiglu: one row, several rows, a batch of rows; widths that take the GPU's 16-byte
+  // lanes (2H = 16, 32) and widths that do not (2H = 6, 10).
+  for (const Shape& shape : {Shape{6}, Shape{3, 10}, Shape{2, 3, 16}, Shape{5, 32}}) {
+    t.def(
+        "swiglu", kFloat, {Data(shape)}, [](const Ts& x) { return swiglu(x[0]); },
+        [](const Rs& r) { return ref::swiglu(r[0]); });
+  }
+  // embedding; "repeats" has many repeated indices, so each gradient row sums several (the
+  // GPU computes small tables' gradients with a one-hot GEMM, the CPU with index_add).
   auto embed = [](const Ts& x) { return embedding(x[0], x[1]); };
   auto embed_ref = [](const Rs& r) { return ref::embedding(r[0], r[1]); };
+  t.def("embedding_repeats", kFloat, {Data({9, 16}), Index({64}, 9)}, embed, embed_ref);
   t.def("embedding", kFloat, {Data({6, 3}), Index({2, 4}, 6)}, embed, embed_ref);
   t.def("embedding", kFloat, {Data({6, 3}), Index({}, 6)}, embed, embed_ref);
   t.def("embedding_i32", kFloat, {Data({5, 2}), Index({7}, 5, DType::kInt32)}, embed, embed_ref);
@@ -731,6 +741,21 @@ void add_nn(CaseTable& t) {
          [offset, base](const Rs& r) { return ref::rotary_embedding(r[0], offset, base); })
         .accumulates(2);
   }
+
+  // rotary_embedding_qkv: the packed form (q and k rotated as 2H heads, v copied), also on a
+  // qkv whose heads do not merge (a permuted view, copied first).
+  t.def(
+       "rotary_embedding_qkv", kFloat, {Data({2, 3, 3, 2, 4})},
+       [](const Ts& x) { return rotary_embedding_qkv(x[0], 5, 1000.0); },
+       [](const Rs& r) { return ref::rotary_embedding_qkv(r[0], 5, 1000.0); })
+      .accumulates(2);
+  t.def(
+       "rotary_embedding_qkv_strided", kFloat, {Data({2, 3, 2, 3, 4})},
+       [](const Ts& x) { return rotary_embedding_qkv(x[0].permute({0, 1, 3, 2, 4}), 0, 10000.0); },
+       [](const Rs& r) {
+         return ref::rotary_embedding_qkv(ref::permute(r[0], {0, 1, 3, 2, 4}), 0, 10000.0);
+       })
+      .accumulates(2);
 
   // dropout: identity when p = 0 or when not training; with p > 0 only the gradient is
   // checked here (the mask is random), by re-seeding the generator on every evaluation.

@@ -40,26 +40,30 @@ def category(name):
     return "other"
 
 
-def short_name(name, width=110):
-    """The kernel's name with its template arguments abbreviated to their first level."""
+def short_name(name, width=150):
+    """The kernel's name without namespaces or its parameter list, template arguments kept
+    to three levels: enough to tell grid_stride_kernel<VectorBody<8, BinaryFn<kMul>, ...>> apart."""
+    name = re.sub(r"\(anonymous namespace\)::|rd::kernels::cuda::|rd::kernels::|rd::|cutlass::", "", name)
+    name = re.sub(r"^void ", "", name)
     depth, out = 0, []
     for ch in name:
+        if ch == "(" and depth == 0:
+            break  # the parameter list
         if ch == "<":
             depth += 1
-            if depth == 1:
+            if depth <= 3:
                 out.append("<")
-            elif depth == 2:
+            elif depth == 4:
                 out.append("…")
             continue
         if ch == ">":
             depth -= 1
-            if depth == 0:
+            if depth <= 2:
                 out.append(">")
             continue
-        if depth <= 1:
+        if depth <= 3:
             out.append(ch)
-    text = re.sub(r"\s+", " ", "".join(out)).replace("(anonymous namespace)::", "")
-    text = re.sub(r"^void ", "", text)
+    text = re.sub(r"\s+", " ", "".join(out))
     return text if len(text) <= width else text[: width - 1] + "…"
 
 

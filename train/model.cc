@@ -90,13 +90,19 @@ TransformerBlock::TransformerBlock(const ModelConfig& config, Generator& generat
 }
 
 Tensor TransformerBlock::forward(const Tensor& x) {
-  return mlp_residual(add(x, attn_->forward(attn_norm_->forward(x))));
+  const Tensor attended = attn_->forward(attn_norm_->forward(x));
+  const int64_t tokens = x.size(1);
+  if (mlp_chunk_tokens_ > 0 && tokens > mlp_chunk_tokens_) {
+    return chunked_mlp_residual(add(x, attended));
+  }
+  // The residual add and the MLP's norm in one kernel.
+  const AddNormResult h = mlp_norm_->forward_add(attended, x);
+  return add(h.sum, mlp_->forward(h.out));
 }
 
-Tensor TransformerBlock::mlp_residual(const Tensor& h) {
+Tensor TransformerBlock::chunked_mlp_residual(const Tensor& h) {
   const auto mlp_of = [this](const Tensor& t) { return mlp_->forward(mlp_norm_->forward(t)); };
   const int64_t tokens = h.size(1);
-  if (mlp_chunk_tokens_ <= 0 || tokens <= mlp_chunk_tokens_) return add(h, mlp_of(h));
   // The MLP acts on each token alone, so chunks of the sequence give the same result.
   const bool keep_graph = autograd::grad_enabled();
   std::vector<Tensor> parts;

@@ -58,8 +58,9 @@ class TransformerBlock : public nn::UnaryModule {
   Tensor forward(const Tensor& x) override;
 
  private:
-  // h + mlp(mlp_norm(h)), over sequence chunks when mlp_chunk_tokens_ asks for it.
-  Tensor mlp_residual(const Tensor& h);
+  // h + mlp(mlp_norm(h)) over sequence chunks of mlp_chunk_tokens_ tokens, each recomputed
+  // in the backward pass (long sequences: one chunk's MLP activations at a time).
+  Tensor chunked_mlp_residual(const Tensor& h);
 
   int64_t mlp_chunk_tokens_;
   std::shared_ptr<nn::RMSNorm> attn_norm_;

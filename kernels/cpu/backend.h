@@ -1,6 +1,6 @@
 // CpuBackend: the KernelBackend for host memory. Its methods are defined by concern across
-// kernels/cpu/*.cc (copy, elementwise, reduce, gemm, rowwise, cross_entropy, rotary, adamw,
-// indexing, random).
+// kernels/cpu/*.cc (copy, elementwise, reduce, gemm, rowwise, cross_entropy, rotary, swiglu,
+// adamw, indexing, random).
 #pragma once
 
 #include "ringdilated/kernels/backend.h"
@@ -62,6 +62,11 @@ class CpuBackend final : public KernelBackend {
   // rotary.cc
   void rotary_embedding(const StridedView& out, const StridedView& x, int64_t position_offset,
                         double base, bool inverse) override;
+
+  // swiglu.cc
+  void swiglu(void* out, const void* gate_up, DType dtype, int64_t rows, int64_t hidden) override;
+  void swiglu_backward(void* grad_gate_up, const void* grad_out, const void* gate_up, DType dtype,
+                       int64_t rows, int64_t hidden) override;
 
   // attention_backend.cc (the math kernels of kernels/cpu/attention.cc)
   bool attention_supports(AttentionKernel kernel, const AttentionForwardArgs& forward,

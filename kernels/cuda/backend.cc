@@ -117,6 +117,15 @@ class CudaBackend final : public KernelBackend {
     Scope s(device_);
     cuda::rotary_embedding(out, x, position_offset, base, inverse, s.stream);
   }
+  void swiglu(void* out, const void* gate_up, DType dtype, int64_t rows, int64_t hidden) override {
+    Scope s(device_);
+    cuda::swiglu(out, gate_up, dtype, rows, hidden, s.stream);
+  }
+  void swiglu_backward(void* grad_gate_up, const void* grad_out, const void* gate_up, DType dtype,
+                       int64_t rows, int64_t hidden) override {
+    Scope s(device_);
+    cuda::swiglu_backward(grad_gate_up, grad_out, gate_up, dtype, rows, hidden, s.stream);
+  }
   bool attention_supports(AttentionKernel kernel, const AttentionForwardArgs& forward,
                           const AttentionBackwardArgs* backward, std::string* why_not) override {
     DeviceGuard guard(device_);

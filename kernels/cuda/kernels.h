@@ -73,6 +73,12 @@ void cross_entropy_backward(void* grad_logits, const void* grad_loss, int64_t gr
 void rotary_embedding(const StridedView& out, const StridedView& x, int64_t position_offset,
                       double base, bool inverse, cudaStream_t stream);
 
+// swiglu.cu
+void swiglu(void* out, const void* gate_up, DType dtype, int64_t rows, int64_t hidden,
+            cudaStream_t stream);
+void swiglu_backward(void* grad_gate_up, const void* grad_out, const void* gate_up, DType dtype,
+                     int64_t rows, int64_t hidden, cudaStream_t stream);
+
 // adamw.cu (one launch for the whole tensor list)
 void adamw(std::span<const AdamWTensor> tensors, DType dtype, const AdamWStep& step,
            cudaStream_t stream);

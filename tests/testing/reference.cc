@@ -453,6 +453,41 @@ RefArray embedding(const RefArray& weight, const RefArray& indices) {
   return out;
 }
 
+RefArray rotary_embedding_qkv(const RefArray& qkv, int64_t position_offset, double base) {
+  const Shape& s = qkv.shape;  // [B, T, 3, H, D]
+  RefArray out = qkv;
+  for (int64_t part = 0; part < 2; ++part) {  // q, then k
+    RefArray x;
+    x.shape = {s[0], s[1], s[3], s[4]};
+    x.data.resize(static_cast<size_t>(numel_of(x.shape)));
+    for (int64_t b = 0; b < s[0]; ++b)
+      for (int64_t t = 0; t < s[1]; ++t)
+        for (int64_t h = 0; h < s[3]; ++h)
+          for (int64_t d = 0; d < s[4]; ++d) x.at({b, t, h, d}) = qkv.at({b, t, part, h, d});
+    const RefArray rotated = rotary_embedding(x, position_offset, base);
+    for (int64_t b = 0; b < s[0]; ++b)
+      for (int64_t t = 0; t < s[1]; ++t)
+        for (int64_t h = 0; h < s[3]; ++h)
+          for (int64_t d = 0; d < s[4]; ++d) out.at({b, t, part, h, d}) = rotated.at({b, t, h, d});
+  }
+  return out;
+}
+
+RefArray swiglu(const RefArray& x) {
+  const int64_t hidden = x.shape.back() / 2;
+  RefArray out;
+  out.shape = x.shape;
+  out.shape.back() = hidden;
+  const int64_t rows = hidden == 0 ? 0 : x.numel() / (2 * hidden);
+  for (int64_t row = 0; row < rows; ++row) {
+    for (int64_t j = 0; j < hidden; ++j) {
+      const double gate = x.data[row * 2 * hidden + j], up = x.data[row * 2 * hidden + hidden + j];
+      out.data.push_back(silu(gate) * up);
+    }
+  }
+  return out;
+}
+
 RefArray rotary_embedding(const RefArray& x, int64_t position_offset, double base) {
   RefArray out = x;
   const int64_t dim = x.shape[3], half = dim / 2;

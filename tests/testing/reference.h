@@ -94,6 +94,10 @@ std::vector<RefArray> add_rms_norm(const RefArray& x, const RefArray& residual,
 RefArray embedding(const RefArray& weight, const RefArray& indices);
 // RoPE of x [B, T, H, D] ("rotate_half" pairs (i, i + D/2)), with the angle
 // (position_offset + t) * base^(-2i/D) and its cos/sin in long double.
+// q and k of a packed qkv [B, T, 3, H, D] rotated by rotary_embedding, v unchanged.
+RefArray rotary_embedding_qkv(const RefArray& qkv, int64_t position_offset, double base);
+// silu(gate) * up of the halves of x's last dim [..., 2H] (gate first).
+RefArray swiglu(const RefArray& x);
 RefArray rotary_embedding(const RefArray& x, int64_t position_offset, double base);
 enum class Reduction { kNone, kMean, kSum };
 RefArray cross_entropy(const RefArray& logits, const RefArray& targets, int64_t ignore_index,
