@@ -320,6 +320,30 @@ TEST_F(CudaKernelsTest, CopyConvertsEveryDtypePairWithAnyStrides) {
   }
 }
 
+// Same-dtype copies of rows of contiguous runs take cudaMemcpy2DAsync when the runs reach
+// 256 bytes: v of a packed [B, N, 3, H, D] buffer (rows merged over two dims, a pitch of 3
+// runs) into a dense tensor and back, a narrowed last dim, and runs just under the limit.
+TEST_F(CudaKernelsTest, CopiesRowsOfContiguousRunsAsTwoDimensionalCopies) {
+  const Layout kPacked{"packed_v", {2, 5, 4, 32}, {5 * 384, 384, 32, 1}, 256};
+  const Layout kDense = contiguous({2, 5, 4, 32}, "dense");
+  const Layout kNarrowed{"narrowed", {9, 100}, {130, 1}, 3};
+  const Layout kNarrowedDense = contiguous({9, 100}, "narrowed_dense");
+  const Layout kShortRuns{"short_runs", {9, 15}, {40, 1}, 0};  // 60 bytes of float32
+  const Layout kShortDense = contiguous({9, 15}, "short_dense");
+  const UnaryLayouts layouts[] = {{&kDense, &kPacked},         {&kPacked, &kDense},
+                                  {&kNarrowedDense, &kNarrowed}, {&kNarrowed, &kNarrowedDense},
+                                  {&kShortDense, &kShortRuns}};
+  for (DType dtype : {DType::kFloat32, DType::kBFloat16, DType::kFloat64}) {
+    for (const UnaryLayouts& l : layouts) {
+      Mirror in(random_array(dtype, l.in->extent(), rng_, Values::kSmallInts));
+      Mirror out(poisoned_array(dtype, l.out->extent()));
+      cpu().copy(out.cpu(*l.out), in.cpu(*l.in));
+      run_gpu([&] { cuda::copy(out.gpu(*l.out), in.gpu(*l.in), nullptr); });
+      expect_same(out, Match::kExact, describe("copy", dtype, {l.out, l.in}));
+    }
+  }
+}
+
 TEST_F(CudaKernelsTest, AccumulateAddsIntoDistinctAndOverlappingOutputs) {
   // Overlapping: every out element is hit 7 times. Small integer values keep every partial sum
   // exact, so the atomic adds' free order cannot change the result.

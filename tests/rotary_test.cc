@@ -119,6 +119,41 @@ TEST(RotaryEmbedding, BackwardIsTheInverseRotation) {
   }
 }
 
+// The packed form at a transformer's shape (head dim 64, where the GPU moves 16-byte groups
+// of pairs): q and k equal rotary_embedding of each, v is copied bit for bit, on every
+// device; its gradient equals those of the three separate pieces.
+TEST(RotaryEmbedding, PackedQkvMatchesSeparateRotations) {
+  std::mt19937_64 rng(13);
+  const Shape shape = {2, 37, 3, 4, 64};  // B, T, (q, k, v), H, D
+  const int64_t offset = 5000;
+  for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+    for (Device device : devices()) {
+      SCOPED_TRACE(std::string(dtype_name(dtype)) + " on " + device.str());
+      Tensor qkv = from_ref(random_x(shape, rng), dtype, device);
+      qkv.set_requires_grad(true);
+      const Tensor w = from_ref(random_x(shape, rng), dtype, device);
+      const Tensor packed = rotary_embedding_qkv(qkv, offset);
+      sum(mul(packed, w)).backward();
+      const Tensor packed_grad = qkv.grad();
+
+      Tensor separate = qkv.detach().clone();
+      separate.set_requires_grad(true);
+      const Tensor q = rotary_embedding(separate.select(2, 0), offset);
+      const Tensor k = rotary_embedding(separate.select(2, 1), offset);
+      const Tensor v = separate.select(2, 2);
+      sum(add(add(mul(q, w.select(2, 0)), mul(k, w.select(2, 1))), mul(v, w.select(2, 2))))
+          .backward();
+      for (int64_t part : {0, 1}) {
+        EXPECT_TRUE(values_close(to_ref(packed.select(2, part)), to_ref(part == 0 ? q : k),
+                                 tolerance_for(dtype, 2)))
+            << "part " << part;
+      }
+      EXPECT_TRUE(values_close(to_ref(packed.select(2, 2)), to_ref(v), {})) << "v";
+      EXPECT_TRUE(values_close(to_ref(packed_grad), to_ref(separate.grad()), tolerance_for(dtype, 4)));
+    }
+  }
+}
+
 TEST(RotaryEmbedding, RejectsBadArguments) {
   const Tensor x = zeros({1, 2, 2, 4});
   EXPECT_TRUE(raises([&] { rotary_embedding(zeros({1, 2, 2, 3})); }, {ErrorCode::kShapeMismatch},

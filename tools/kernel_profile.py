@@ -24,6 +24,7 @@ CATEGORIES = [
     ("GEMM (cuBLASLt)", r"gemm|nvjet|xmma|cutlass|cublas|sm\d\d_"),
     ("norms", r"norm_"),
     ("rotary", r"rotary"),
+    ("SwiGLU", r"swiglu"),
     ("cross-entropy", r"cross_entropy"),
     ("optimizer (AdamW)", r"adamw"),
     ("reductions", r"reduce_|column_partials|cumsum"),
