@@ -50,6 +50,21 @@ struct alignas(sizeof(T) * kLanes) Lanes {
   T v[kLanes];
 };
 
+// Heads whose loads are issued together (see rotary_kernel).
+constexpr int kHeadChunk = 4;
+
+// kLanes adjacent elements at `at`: one 16-byte access when kLanes > 1 (the head dim is
+// then unit-stride and `at` aligned).
+template <class T, int kLanes>
+__device__ __forceinline__ Lanes<T, kLanes> load_lanes(const T* at) {
+  return *reinterpret_cast<const Lanes<T, kLanes>*>(at);
+}
+
+template <class T, int kLanes>
+__device__ __forceinline__ void store_lanes(T* at, const Lanes<T, kLanes>& v) {
+  *reinterpret_cast<Lanes<T, kLanes>*>(at) = v;
+}
+
 // One thread per (batch, position, kLanes adjacent pairs i..i+kLanes-1): the angles once,
 // then every head's pairs rotated with 16-byte loads and stores where kLanes > 1 (then the
 // head dim is unit-stride and the pairs start 16-byte aligned; rotary_embedding checks).
@@ -76,29 +91,35 @@ __global__ void __launch_bounds__(kRotaryThreads)
     }
     const int64_t x_base = b * p.x.b + t * p.x.t + i0 * p.x.d;
     const int64_t o_base = b * p.out.b + t * p.out.t + i0 * p.out.d;
-    for (int64_t h = 0; h < p.shape.heads; ++h) {
-      const T* xi = x + x_base + h * p.x.h;
-      T* oi = out + o_base + h * p.out.h;
-      L x1, x2, o1, o2;
-      if constexpr (kLanes > 1) {
-        x1 = *reinterpret_cast<const L*>(xi);
-        x2 = *reinterpret_cast<const L*>(xi + half);
-      } else {
-        x1.v[0] = xi[0];
-        x2.v[0] = xi[half * p.x.d];
+    // kHeadChunk heads at a time: all their loads are issued before any store. out may be x
+    // itself, so the compiler cannot move a later head's loads above an earlier head's
+    // stores; without the chunks every head would wait a full memory round trip.
+    for (int64_t h0 = 0; h0 < p.shape.heads; h0 += kHeadChunk) {
+      const int64_t left = p.shape.heads - h0;
+      const int chunk = left < kHeadChunk ? static_cast<int>(left) : kHeadChunk;
+      L x1[kHeadChunk], x2[kHeadChunk];
+#pragma unroll
+      for (int j = 0; j < kHeadChunk; ++j) {
+        if (j < chunk) {
+          const T* xi = x + x_base + (h0 + j) * p.x.h;
+          x1[j] = load_lanes<T, kLanes>(xi);
+          x2[j] = load_lanes<T, kLanes>(xi + half * p.x.d);
+        }
       }
 #pragma unroll
-      for (int k = 0; k < kLanes; ++k) {
-        const A a1 = to_compute(x1.v[k]), a2 = to_compute(x2.v[k]);
-        o1.v[k] = from_compute<T>(a1 * cos_a[k] - a2 * sin_a[k]);
-        o2.v[k] = from_compute<T>(a2 * cos_a[k] + a1 * sin_a[k]);
-      }
-      if constexpr (kLanes > 1) {
-        *reinterpret_cast<L*>(oi) = o1;
-        *reinterpret_cast<L*>(oi + half) = o2;
-      } else {
-        oi[0] = o1.v[0];
-        oi[half * p.out.d] = o2.v[0];
+      for (int j = 0; j < kHeadChunk; ++j) {
+        if (j < chunk) {
+          L o1, o2;
+#pragma unroll
+          for (int k = 0; k < kLanes; ++k) {
+            const A a1 = to_compute(x1[j].v[k]), a2 = to_compute(x2[j].v[k]);
+            o1.v[k] = from_compute<T>(a1 * cos_a[k] - a2 * sin_a[k]);
+            o2.v[k] = from_compute<T>(a2 * cos_a[k] + a1 * sin_a[k]);
+          }
+          T* oi = out + o_base + (h0 + j) * p.out.h;
+          store_lanes<T, kLanes>(oi, o1);
+          store_lanes<T, kLanes>(oi + half * p.out.d, o2);
+        }
       }
     }
   }
