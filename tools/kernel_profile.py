@@ -131,10 +131,9 @@ def main():
     by_category = defaultdict(lambda: [0, 0])
     by_kernel = defaultdict(lambda: [0, 0])
     for start, end, name, _ in window:
-        by_category[category(name)][0] += end - start
-        by_category[category(name)][1] += 1
-        by_kernel[short_name(name)][0] += end - start
-        by_kernel[short_name(name)][1] += 1
+        for totals in (by_category[category(name)], by_kernel[short_name(name)]):
+            totals[0] += end - start
+            totals[1] += 1
 
     ms = 1e-6
     print(f"Trace {args.trace}: the last {steps} of {len(ends)} steps.\n")
