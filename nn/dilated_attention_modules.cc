@@ -85,7 +85,7 @@ void check_rope(double rope_base, int64_t head_dim, const char* module) {
 }
 
 Tensor rotated_qkv(const Tensor& qkv, double rope_base, int64_t position_offset) {
-  return rope_base > 0 ? rotary_embedding_qkv(qkv, position_offset, rope_base) : qkv;
+  return rope_base > 0 ? rotary_embedding_qkv_overwrite(qkv, position_offset, rope_base) : qkv;
 }
 
 }  // namespace attention_modules_internal

@@ -88,8 +88,9 @@ struct MultiheadOptions {
 namespace attention_modules_internal {
 
 // A [B, N, 3, H, D] QKV projection with q and k rotated (rope_base > 0) with positions
-// position_offset, position_offset + 1, ..., still packed (rotary_embedding_qkv), so the
-// attention reads and differentiates one buffer; the projection itself when rope_base = 0.
+// position_offset, position_offset + 1, ..., still packed, so the attention reads and
+// differentiates one buffer; the projection itself when rope_base = 0. The rotation
+// overwrites `qkv` (rotary_embedding_qkv_overwrite): pass the projection's fresh output.
 Tensor rotated_qkv(const Tensor& qkv, double rope_base, int64_t position_offset);
 // Throws rd::Error naming `module` unless rope_base is 0 or > 1 with an even head dim.
 void check_rope(double rope_base, int64_t head_dim, const char* module);

@@ -15,16 +15,20 @@ namespace {
 
 thread_local bool grad_mode_enabled = true;
 
+// Whether `t` is held by `handles` Tensor handles and no more, and is a whole, packed
+// storage of its own (no other view of its storage exists).
+bool sole_owner(const Tensor& t, long handles) {
+  const TensorImpl& impl = *t.impl();
+  return t.impl_ptr().use_count() == handles && impl.storage.use_count() == 1 &&
+         impl.offset == 0 && t.is_contiguous() &&
+         impl.storage->nbytes() == static_cast<size_t>(t.numel()) * dtype_size(t.dtype());
+}
+
 // Whether `grad` (the incoming gradient `incoming`, or its dtype conversion) is held by no
-// one but the engine's input slot and this call, and is a whole, packed storage of its own:
-// then making it a leaf's .grad aliases nothing and pins no larger buffer.
+// one but the engine's input slot and this call: then making it a leaf's .grad aliases
+// nothing and pins no larger buffer.
 bool exclusively_owned(const Tensor& grad, const Tensor& incoming) {
-  const long holders = grad.impl() == incoming.impl() ? 2 : 1;  // the slot, and `grad`
-  const TensorImpl& impl = *grad.impl();
-  return grad.impl_ptr().use_count() == holders && impl.storage.use_count() == 1 &&
-         impl.offset == 0 && grad.is_contiguous() &&
-         impl.storage->nbytes() ==
-             static_cast<size_t>(grad.numel()) * dtype_size(grad.dtype());
+  return sole_owner(grad, grad.impl() == incoming.impl() ? 2 : 1);  // the slot, and `grad`
 }
 
 void run_post_accumulate_hooks(const std::shared_ptr<TensorImpl>& leaf) {
@@ -88,6 +92,11 @@ Tensor sum_gradients(const Tensor& existing, const Tensor& incoming) {
 }
 
 }  // namespace
+
+bool is_exclusive_gradient(const Tensor& grad) {
+  // The one handle is the engine's input slot, which the backward function gets by reference.
+  return grad.defined() && sole_owner(grad, 1);
+}
 
 Node::~Node() {
   // Destroying the last owner of a long chain would recurse once per node. Instead the

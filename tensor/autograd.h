@@ -118,6 +118,12 @@ class HookHandle {
 bool needs_grad(std::initializer_list<const Tensor*> inputs);
 bool needs_grad(const std::vector<Tensor>& inputs);
 
+// For backward functions: whether `grad`, the gradient the function was given, is held by
+// the engine alone (a user's seed, a gradient also passed to another node or a view of a
+// bigger buffer is not) and is a whole, packed storage: the function may then overwrite it
+// and return it as an input's gradient instead of allocating a new one.
+bool is_exclusive_gradient(const Tensor& grad);
+
 // For op implementations: makes `output` the result of a node named `name` over `inputs`,
 // whose gradients `fn` computes from the output's gradient (never called with an undefined
 // one). Call only when needs_grad(inputs). `fn` runs with grad mode off.

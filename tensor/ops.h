@@ -130,11 +130,20 @@ Tensor embedding(const Tensor& weight, const Tensor& indices);
 // rotation (the same kernel).
 Tensor rotary_embedding(const Tensor& x, int64_t position_offset = 0, double base = 10000.0);
 // rotary_embedding of q and k in a packed qkv [B, T, 3, H, D], v passed through: a new
-// packed tensor, for attention that reads q, k and v from one buffer. Two kernels each way
-// (rotate q and k as 2H heads, copy v) and one packed gradient, where rotating q and k
-// apart and selecting v costs the backward pass three zeroed [B, T, 3, H, D] buffers.
+// packed tensor, for attention that reads q, k and v from one buffer. Two kernels (rotate q
+// and k as 2H heads, copy v) and one packed gradient, where rotating q and k apart and
+// selecting v costs the backward pass three zeroed [B, T, 3, H, D] buffers.
+// The backward pass rotates the incoming gradient in its own buffer when nothing else
+// holds it (autograd::is_exclusive_gradient): then v's gradient costs no copy either.
 Tensor rotary_embedding_qkv(const Tensor& qkv, int64_t position_offset = 0,
                             double base = 10000.0);
+// rotary_embedding_qkv in qkv's own buffer: q and k are rotated in place and v stays where
+// it is, so the result aliases qkv and qkv's values are overwritten. For a projection's
+// fresh output that nothing else reads (its producer's backward must not need it, as a
+// matmul's does not): it saves a packed-sized buffer and the copy of v. qkv may not be a
+// leaf that requires grad; a layout whose q and k heads do not merge takes the copying path.
+Tensor rotary_embedding_qkv_overwrite(const Tensor& qkv, int64_t position_offset = 0,
+                                      double base = 10000.0);
 // Zeroes each element with probability p and scales survivors by 1/(1-p), when training.
 Tensor dropout(const Tensor& x, double p, bool training, Generator& gen);
 

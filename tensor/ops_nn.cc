@@ -429,16 +429,41 @@ Tensor rotary_raw(const Tensor& x, int64_t position_offset, double base, bool in
   return out;
 }
 
-// A new packed [B, T, 3, H, D] tensor: q and k of `qkv` rotated (or rotated back), v copied.
-// q and k are adjacent in every row, so one rotary call covers both as 2H heads.
+// q and k of a packed [B, T, 3, H, D] tensor as 2H heads [B, T, 2H, D]: they are adjacent
+// in every row, so one rotary call covers both.
+Tensor query_key_heads(const Tensor& qkv) {
+  return qkv.narrow(2, 0, 2).view({qkv.size(0), qkv.size(1), 2 * qkv.size(3), qkv.size(4)});
+}
+
+// A new packed tensor: q and k of `qkv` rotated (or rotated back), v copied.
 Tensor rotary_qkv_raw(const Tensor& qkv, int64_t position_offset, double base, bool inverse) {
   Tensor out = empty(qkv.shape(), options_like(qkv));
-  const auto query_key_heads = [](const Tensor& t) {
-    return t.narrow(2, 0, 2).view({t.size(0), t.size(1), 2 * t.size(3), t.size(4)});
-  };
   rotary_into(query_key_heads(out), query_key_heads(qkv), position_offset, base, inverse);
   out.select(2, 2).copy_(qkv.select(2, 2));
   return out;
+}
+
+// Whether q's and k's heads merge into 2H heads of one stride, as in a projection's output.
+bool query_key_heads_merge(const Tensor& qkv) {
+  return qkv.strides()[2] == qkv.strides()[3] * qkv.size(3);
+}
+
+void check_packed_qkv(const Tensor& qkv, const char* op) {
+  check_defined_floating(qkv, op, "qkv");
+  RD_CHECK(qkv.dim() == 5 && qkv.size(2) == 3, kShapeMismatch, op,
+           ": argument 'qkv' must be [B, T, 3, H, D] (q, k, v packed), got shape ",
+           shape_str(qkv.shape()));
+}
+
+// The gradient of both packed forms: g's q and k rotated back, v's passed through. In g's
+// own buffer when the engine alone holds it (then v costs nothing), else into a new one.
+std::vector<Tensor> rotary_qkv_backward(const Tensor& g, int64_t position_offset, double base) {
+  if (autograd::is_exclusive_gradient(g)) {
+    const Tensor heads = query_key_heads(g);
+    rotary_into(heads, heads, position_offset, base, /*inverse=*/true);
+    return {g};
+  }
+  return {rotary_qkv_raw(g.contiguous(), position_offset, base, /*inverse=*/true)};
 }
 
 }  // namespace
@@ -458,20 +483,33 @@ Tensor rotary_embedding(const Tensor& x, int64_t position_offset, double base) {
 
 Tensor rotary_embedding_qkv(const Tensor& qkv, int64_t position_offset, double base) {
   constexpr const char* kOp = "rotary_embedding_qkv";
-  check_defined_floating(qkv, kOp, "qkv");
-  RD_CHECK(qkv.dim() == 5 && qkv.size(2) == 3, kShapeMismatch, kOp,
-           ": argument 'qkv' must be [B, T, 3, H, D] (q, k, v packed), got shape ",
-           shape_str(qkv.shape()));
-  // q's and k's heads must merge into 2H heads of one stride, as in a projection's output;
-  // other layouts are copied first.
+  check_packed_qkv(qkv, kOp);
+  // Other layouts than a projection's are copied first.
   const Tensor base_qkv = qkv.detach();
-  const bool heads_merge = base_qkv.strides()[2] == base_qkv.strides()[3] * base_qkv.size(3);
-  const Tensor in = heads_merge ? base_qkv : base_qkv.contiguous();
+  const Tensor in = query_key_heads_merge(base_qkv) ? base_qkv : base_qkv.contiguous();
   Tensor out = rotary_qkv_raw(in, position_offset, base, /*inverse=*/false);
   if (autograd::needs_grad({&qkv})) {
     autograd::record(out, kOp, {qkv}, [position_offset, base](const Tensor& g) {
-      return std::vector<Tensor>{
-          rotary_qkv_raw(g.contiguous(), position_offset, base, /*inverse=*/true)};
+      return rotary_qkv_backward(g, position_offset, base);
+    });
+  }
+  return out;
+}
+
+Tensor rotary_embedding_qkv_overwrite(const Tensor& qkv, int64_t position_offset, double base) {
+  constexpr const char* kOp = "rotary_embedding_qkv_overwrite";
+  check_packed_qkv(qkv, kOp);
+  RD_CHECK(!(qkv.is_leaf() && qkv.requires_grad()), kInvalidArgument, kOp,
+           ": argument 'qkv' (shape ", shape_str(qkv.shape()),
+           ") is a leaf that requires grad; its values may not be overwritten (use "
+           "rotary_embedding_qkv)");
+  if (!query_key_heads_merge(qkv)) return rotary_embedding_qkv(qkv, position_offset, base);
+  Tensor out = qkv.detach();  // qkv's storage, rotated in place
+  const Tensor heads = query_key_heads(out);
+  rotary_into(heads, heads, position_offset, base, /*inverse=*/false);
+  if (autograd::needs_grad({&qkv})) {
+    autograd::record(out, kOp, {qkv}, [position_offset, base](const Tensor& g) {
+      return rotary_qkv_backward(g, position_offset, base);
     });
   }
   return out;

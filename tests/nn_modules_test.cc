@@ -410,6 +410,49 @@ TEST(MultiheadDilatedAttentionTest, EqualsItsCompositionAndTrainsEveryParameter)
   EXPECT_THROW(nn::MultiheadDilatedAttention(10, 3, options, init), Error);
 }
 
+// With rotary positions the module rotates q and k inside its projection's output (and the
+// gradient inside the attention's): values and every gradient equal the composition's,
+// which rotates separate copies.
+TEST(MultiheadDilatedAttentionTest, WithRotaryPositionsEqualsItsComposition) {
+  nn::DilatedAttentionOptions options;
+  options.segment_lengths = {4, 8};
+  options.dilation_rates = {1, 2};
+  options.causal = true;
+  nn::MultiheadOptions module_options;
+  module_options.tensor_options = TensorOptions(DType::kFloat64);
+  module_options.rope_base = 500.0;
+  Generator init(7);
+  nn::MultiheadDilatedAttention mha(16, 2, options, init, module_options);
+  std::mt19937_64 rng(11);
+  const Tensor x_values = from_ref(random_values({2, 16, 16}, Domain::kAny, DType::kFloat64, rng),
+                                   DType::kFloat64);
+  const Tensor w = from_ref(random_values({2, 16, 16}, Domain::kAny, DType::kFloat64, rng),
+                            DType::kFloat64);
+  Tensor x = x_values.clone();
+  x.set_requires_grad(true);
+  const Tensor y = mha.forward(x);
+  sum(mul(y, w)).backward();
+
+  std::map<std::string, Tensor> p;
+  for (const auto& [name, t] : mha.named_parameters()) {
+    p[name] = t.detach().clone();
+    p[name].set_requires_grad(true);
+  }
+  Tensor x2 = x_values.clone();
+  x2.set_requires_grad(true);
+  const Tensor qkv = add(matmul(x2, p["qkv.weight"].t()), p["qkv.bias"]).reshape({2, 16, 3, 2, 8});
+  const Tensor attended = nn::dilated_attention(rotary_embedding(qkv.select(2, 0), 0, 500.0),
+                                                rotary_embedding(qkv.select(2, 1), 0, 500.0),
+                                                qkv.select(2, 2), options);
+  const Tensor want = add(matmul(attended.reshape({2, 16, 16}), p["out.weight"].t()), p["out.bias"]);
+  sum(mul(want, w)).backward();
+  EXPECT_TRUE(allclose(y, want, 1e-12, 1e-12));
+  EXPECT_TRUE(allclose(x.grad(), x2.grad(), 1e-12, 1e-12)) << "input gradient";
+  for (const auto& [name, t] : mha.named_parameters()) {
+    EXPECT_TRUE(allclose(t.grad(), p[name].grad(), 1e-12, 1e-12)) << name;
+  }
+}
+
 // Forward + backward holds no activation longer than the backward needs it. With B*N*E
 // elements as the unit, the peak during backward is: the QKV projection output (3, read by
 // the attention backward), the attention output (1, read by the output projection's weight

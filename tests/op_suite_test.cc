@@ -743,7 +743,7 @@ void add_nn(CaseTable& t) {
   }
 
   // rotary_embedding_qkv: the packed form (q and k rotated as 2H heads, v copied), also on a
-  // qkv whose heads do not merge (a permuted view, copied first).
+  // qkv whose heads do not merge (a permuted view, copied first) and in place.
   t.def(
        "rotary_embedding_qkv", kFloat, {Data({2, 3, 3, 2, 4})},
        [](const Ts& x) { return rotary_embedding_qkv(x[0], 5, 1000.0); },
@@ -755,6 +755,12 @@ void add_nn(CaseTable& t) {
        [](const Rs& r) {
          return ref::rotary_embedding_qkv(ref::permute(r[0], {0, 1, 3, 2, 4}), 0, 10000.0);
        })
+      .accumulates(2);
+  // The overwriting form, on a fresh product (its input must be nobody else's).
+  t.def(
+       "rotary_embedding_qkv_overwrite", kFloat, {Data({2, 3, 3, 2, 4})},
+       [](const Ts& x) { return rotary_embedding_qkv_overwrite(mul(x[0], 1.0), 5, 1000.0); },
+       [](const Rs& r) { return ref::rotary_embedding_qkv(r[0], 5, 1000.0); })
       .accumulates(2);
 
   // dropout: identity when p = 0 or when not training; with p > 0 only the gradient is

@@ -1,7 +1,8 @@
 // rotary_embedding beyond the op suite: accuracy at positions around 2^21 against a long
 // double reference with a tolerance derived from the dtype and the position (on every
 // device this process can run), the sequence-parallel shard property of position_offset,
-// the backward pass as the inverse rotation, and argument errors.
+// the backward pass as the inverse rotation, the packed q/k/v forms (copying and
+// overwriting), and argument errors.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -154,6 +155,58 @@ TEST(RotaryEmbedding, PackedQkvMatchesSeparateRotations) {
   }
 }
 
+// The overwriting form gives the copying form's values and gradients (which the test above
+// checks against separate rotations), rotating inside the projection's buffer (the result
+// aliases it: no packed-sized copy, v never moves).
+TEST(RotaryEmbedding, OverwritingPackedQkvMatchesCopying) {
+  std::mt19937_64 rng(17);
+  const Shape shape = {2, 29, 3, 4, 64};
+  const int64_t offset = 123;
+  for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+    for (Device device : devices()) {
+      SCOPED_TRACE(std::string(dtype_name(dtype)) + " on " + device.str());
+      const Tensor x = from_ref(random_x(shape, rng), dtype, device);
+      const Tensor w = from_ref(random_x(shape, rng), dtype, device);
+      std::vector<Tensor> results, grads;
+      for (bool overwrite : {false, true}) {
+        Tensor leaf = x.clone();
+        leaf.set_requires_grad(true);
+        const Tensor projected = mul(leaf, 2.0);  // a fresh non-leaf, like a projection's output
+        const void* projected_data = projected.raw_data();
+        const Tensor packed = overwrite ? rotary_embedding_qkv_overwrite(projected, offset)
+                                        : rotary_embedding_qkv(projected, offset);
+        EXPECT_EQ(packed.raw_data() == projected_data, overwrite);
+        sum(mul(packed, w)).backward();  // mul's gradient reaches the rotation exclusively
+        results.push_back(packed.detach());
+        grads.push_back(leaf.grad());
+      }
+      EXPECT_TRUE(values_close(to_ref(results[1]), to_ref(results[0]), {})) << "values";
+      EXPECT_TRUE(values_close(to_ref(grads[1]), to_ref(grads[0]), {})) << "gradients";
+      // ... and the values equal the reference's rotation of 2x.
+      const RefArray doubled = ref::map(to_ref(x), [](double v) { return 2.0 * v; });
+      const RefArray expected = ref::rotary_embedding_qkv(doubled, offset, 10000.0);
+      EXPECT_TRUE(values_close(to_ref(results[1]), expected, tolerance_for(dtype, 4)));
+    }
+  }
+}
+
+// A gradient someone else holds (here the caller's seed) is read, never overwritten.
+TEST(RotaryEmbedding, PackedQkvBackwardLeavesSharedGradientsAlone) {
+  std::mt19937_64 rng(19);
+  const Shape shape = {1, 7, 3, 2, 8};
+  for (Device device : devices()) {
+    SCOPED_TRACE(device.str());
+    Tensor qkv = from_ref(random_x(shape, rng), DType::kFloat32, device);
+    qkv.set_requires_grad(true);
+    const Tensor seed = from_ref(random_x(shape, rng), DType::kFloat32, device);
+    const RefArray seed_values = to_ref(seed);
+    rotary_embedding_qkv_overwrite(mul(qkv, 1.0), 9).backward(seed);
+    EXPECT_TRUE(values_close(to_ref(seed), seed_values, {})) << "the seed was overwritten";
+    const RefArray back = ref::rotary_embedding_qkv(to_ref(qkv.grad()), 9, 10000.0);
+    EXPECT_TRUE(values_close(back, seed_values, tolerance_for(DType::kFloat32, 4)));
+  }
+}
+
 TEST(RotaryEmbedding, RejectsBadArguments) {
   const Tensor x = zeros({1, 2, 2, 4});
   EXPECT_TRUE(raises([&] { rotary_embedding(zeros({1, 2, 2, 3})); }, {ErrorCode::kShapeMismatch},
@@ -166,6 +219,12 @@ TEST(RotaryEmbedding, RejectsBadArguments) {
                      {"rotary_embedding", "base"}));
   EXPECT_TRUE(raises([&] { rotary_embedding(zeros({1, 2, 2, 4}, DType::kInt64)); },
                      {ErrorCode::kDTypeMismatch}, {"rotary_embedding"}));
+  Tensor leaf = zeros({1, 2, 3, 2, 4});
+  leaf.set_requires_grad(true);
+  EXPECT_TRUE(raises([&] { rotary_embedding_qkv_overwrite(leaf); }, {ErrorCode::kInvalidArgument},
+                     {"rotary_embedding_qkv_overwrite", "leaf", "[1, 2, 3, 2, 4]"}));
+  EXPECT_TRUE(raises([&] { rotary_embedding_qkv_overwrite(zeros({1, 2, 2, 2, 4})); },
+                     {ErrorCode::kShapeMismatch}, {"rotary_embedding_qkv_overwrite", "[B, T, 3, H, D]"}));
 }
 
 }  // namespace
