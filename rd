@@ -323,6 +323,7 @@ gpu_targets() {
   echo attention_merge_test
   echo ring_dilated_attention_test
   echo rotary_test
+  echo foreach_ops_test
   # The trainer, for training runs on the GPU (MFU, longest sequence; docs/benchmarks.md),
   # its launcher, and the test that trains on several GPUs through both.
   echo rd_train_cli

@@ -192,6 +192,20 @@ struct AdamWTensor {
   int64_t numel = 0;
 };
 
+// One tensor of multi_tensor_scale: `numel` contiguous elements read from src and written
+// to dst (which may be src itself).
+struct MultiTensorCopy {
+  const void* src = nullptr;
+  void* dst = nullptr;
+  int64_t numel = 0;
+};
+
+// One tensor of multi_tensor_sum_squares: `numel` contiguous elements.
+struct MultiTensorInput {
+  const void* data = nullptr;
+  int64_t numel = 0;
+};
+
 class KernelBackend {
  public:
   virtual ~KernelBackend() = default;
@@ -319,6 +333,22 @@ class KernelBackend {
   // One AdamW step over many tensors in a single pass (one launch on CUDA); see AdamWStep.
   virtual void adamw(std::span<const AdamWTensor> tensors, DType dtype,
                      const AdamWStep& step) = 0;
+
+  // --- multi-tensor ops (kernels/multi_tensor.h): an optimizer step's bookkeeping over many
+  // small tensors in one pass (one launch on CUDA) rather than one op per tensor ---
+  // dst = src * scale * (*device_scale) for every tensor of the list, computed in float32
+  // (float64 when either dtype is float64; the factor scale * *device_scale first, in that
+  // type), rounded to dst_dtype. device_scale points at one float32 on the backend's device,
+  // or is null (a factor of 1). dst may be src itself; no other overlap.
+  virtual void multi_tensor_scale(std::span<const MultiTensorCopy> tensors, DType src_dtype,
+                                  DType dst_dtype, double scale, const float* device_scale) = 0;
+  // partials[c] = the sum of the squares of chunk c's elements, where each tensor of the list
+  // is cut into chunks of kMultiTensorChunk elements, numbered in list order
+  // (multi_tensor_chunks counts them; empty tensors have none). Each chunk is summed in
+  // accumulation_dtype(dtype) in an order fixed by its size alone; partials are float64 on
+  // the backend's device.
+  virtual void multi_tensor_sum_squares(std::span<const MultiTensorInput> tensors, DType dtype,
+                                        double* partials) = 0;
 
   // --- indexing ---
   // out.select(dim, i) = in.select(dim, index[i]); index is int64 1-D. Bounds are checked by

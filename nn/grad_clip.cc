@@ -1,8 +1,10 @@
-// clip_grad_norm_ (nn/grad_clip.h): one norm per gradient, their combination and the clip
-// factor, all as device tensors, then one in-place scaling per gradient.
+// clip_grad_norm_ (nn/grad_clip.h): the norm, the clip factor as device tensors, then the
+// scaling in place: for the 2-norm of float32/16-bit gradients in two multi-tensor passes,
+// otherwise one norm and one scaling per gradient.
 #include "ringdilated/nn/grad_clip.h"
 
 #include <cmath>
+#include <map>
 
 #include "ringdilated/kernels/error.h"
 #include "ringdilated/tensor/autograd.h"
@@ -72,6 +74,32 @@ Tensor total_norm(const std::vector<Tensor>& grads, DType dtype, double norm_typ
   return pow(combined, 1.0 / norm_type);
 }
 
+// The common case (2-norm, no float64 gradient) with the multi-tensor ops: two passes over
+// all gradients of a dtype (the squares, then the scaling in float32), a few launches in
+// all rather than four per gradient.
+Tensor clip_l2_in_one_pass(const std::vector<Tensor>& grads, double max_norm) {
+  // The squares read contiguous copies of any strided gradient; the scaling writes those in
+  // place one by one.
+  std::map<DType, std::vector<Tensor>> readable, scalable;
+  std::vector<Tensor> strided;
+  for (const Tensor& g : grads) {
+    if (g.numel() == 0) continue;
+    readable[g.dtype()].push_back(g.contiguous());
+    if (g.is_contiguous()) {
+      scalable[g.dtype()].push_back(g);
+    } else {
+      strided.push_back(g);
+    }
+  }
+  Tensor squares = scalar_tensor(0.0, TensorOptions(DType::kFloat64).with_device(grads[0].device()));
+  for (const auto& [dtype, group] : readable) squares = add(squares, foreach_sum_squares(group));
+  const Tensor norm = sqrt(squares).to(DType::kFloat32);
+  const Tensor factor = clamp(max_norm / (norm + kNormEpsilon), std::nullopt, 1.0);
+  for (const auto& [dtype, group] : scalable) foreach_scaled_copy_(group, group, 1.0, factor);
+  for (Tensor& g : strided) g.copy_(mul(g, factor));
+  return norm;
+}
+
 }  // namespace
 
 Tensor clip_grad_norm_(const std::vector<Tensor>& parameters, double max_norm, double norm_type) {
@@ -82,7 +110,9 @@ Tensor clip_grad_norm_(const std::vector<Tensor>& parameters, double max_norm, d
     const Device device = parameters.empty() ? Device::cpu() : parameters[0].device();
     return scalar_tensor(0.0, TensorOptions(DType::kFloat32).with_device(device));
   }
-  const Tensor norm = total_norm(grads, norm_dtype(grads), norm_type);
+  const DType dtype = norm_dtype(grads);
+  if (norm_type == 2.0 && dtype == DType::kFloat32) return clip_l2_in_one_pass(grads, max_norm);
+  const Tensor norm = total_norm(grads, dtype, norm_type);
   // min(1, max_norm / (norm + eps)) stays on the device: no branch on the norm's value.
   const Tensor factor = clamp(max_norm / (norm + kNormEpsilon), std::nullopt, 1.0);
   // Each gradient is scaled in the norm's type and rounded to its own dtype once.

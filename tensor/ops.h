@@ -144,6 +144,20 @@ Tensor rotary_embedding_qkv(const Tensor& qkv, int64_t position_offset = 0,
 // leaf that requires grad; a layout whose q and k heads do not merge takes the copying path.
 Tensor rotary_embedding_qkv_overwrite(const Tensor& qkv, int64_t position_offset = 0,
                                       double base = 10000.0);
+// --- Multi-tensor ops: one pass (one launch on CUDA) over a list of contiguous tensors of
+// one device and one floating dtype, for an optimizer step's bookkeeping over many small
+// tensors (one op per tensor costs ~5 launches a parameter, which the host issues slower than
+// the GPU runs them). Not differentiable; errors name the list and the index.
+// The sum of the squares of every element of the list: float64 [] on its device (each
+// 65536-element chunk summed in float32, float64 for float64 data; the chunks in float64,
+// in a fixed order).
+Tensor foreach_sum_squares(const std::vector<Tensor>& tensors);
+// dst[i] = src[i] * scale (times `device_scale`, one float32 on the device, when defined),
+// computed in float32 (float64 when either list is float64) and rounded to dst's dtype once.
+// dst[i] may be src[i] itself (then one dtype); shapes must match pairwise.
+void foreach_scaled_copy_(const std::vector<Tensor>& dst, const std::vector<Tensor>& src,
+                          double scale = 1.0, const Tensor& device_scale = Tensor());
+
 // Zeroes each element with probability p and scales survivors by 1/(1-p), when training.
 Tensor dropout(const Tensor& x, double p, bool training, Generator& gen);
 

@@ -103,6 +103,35 @@ TEST(ClipGradNorm, ScalesEveryGradientToMaxNormForEachNormType) {
   }
 }
 
+// A strided gradient (a transposed view) is measured and scaled like a packed one.
+TEST(ClipGradNorm, ScalesStridedGradients) {
+  std::mt19937_64 rng(21);
+  Tensor packed = random_nonzero_tensor({4, 5}, DType::kFloat32, rng);
+  Tensor strided = random_nonzero_tensor({4, 5}, DType::kBFloat16, rng);
+  packed.set_grad(random_nonzero_tensor({4, 5}, DType::kFloat32, rng));
+  strided.set_grad(random_nonzero_tensor({5, 4}, DType::kBFloat16, rng).t());
+  ASSERT_FALSE(strided.grad().is_contiguous());
+  double want_norm = 0;
+  std::vector<std::vector<double>> before;
+  for (const Tensor& p : {packed, strided}) {
+    before.push_back(p.grad().to_vector<double>());
+    for (double v : before.back()) want_norm += v * v;
+  }
+  want_norm = std::sqrt(want_norm);
+  const Tensor norm = clip_grad_norm_(std::vector<Tensor>{packed, strided}, 0.5 * want_norm);
+  EXPECT_NEAR(norm.item<double>(), want_norm, 64 * test::unit_roundoff(DType::kFloat32) * want_norm);
+  const double factor = 0.5 * want_norm / (want_norm + 1e-6);
+  for (size_t i = 0; i < 2; ++i) {
+    const Tensor p = i == 0 ? packed : strided;
+    const std::vector<double> got = p.grad().to_vector<double>();
+    for (size_t k = 0; k < got.size(); ++k) {
+      const double want = before[i][k] * factor;
+      ASSERT_NEAR(got[k], want, 2 * test::unit_roundoff(p.dtype()) * std::fabs(want) + 1e-6 * std::fabs(want))
+          << "parameter " << i << " element " << k;
+    }
+  }
+}
+
 TEST(ClipGradNorm, LeavesGradientsBelowMaxNormUnchanged) {
   Params ps(12);
   const Tensor norm = clip_grad_norm_(ps.params, 2 * ps.reference_norm(2.0));

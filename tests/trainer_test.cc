@@ -118,6 +118,30 @@ TEST_F(TrainerTest, LossFallsAndMetricsAreWritten) {
   EXPECT_GT(r.final_eval.accuracy.samples, 0);
 }
 
+// bfloat16 compute with float32 masters (CPU): after the run the model's weights are its
+// masters (the checkpoint's float32 weights) rounded once, and training moved the masters.
+TEST_F(TrainerTest, LowPrecisionWeightsAreTheRoundedMasters) {
+  TrainConfig c = tiny("bf16");
+  c.dtype = "bfloat16";
+  c.steps = 3;
+  Trainer t(c);
+  const std::map<std::string, Tensor> initial = weights(t);
+  t.run();
+  const std::optional<std::string> path =
+      latest_checkpoint((fs::path(c.out_dir) / "checkpoints").string());
+  ASSERT_TRUE(path.has_value());
+  const CheckpointContents ck = load_checkpoint(*path);
+  for (const auto& [name, p] : t.model().named_parameters()) {
+    ASSERT_EQ(p.dtype(), DType::kBFloat16) << name;
+    const Tensor& master = ck.model.at(name);
+    ASSERT_EQ(master.dtype(), DType::kFloat32) << name;
+    EXPECT_TRUE(allclose(master.to(DType::kBFloat16), p, 0.0, 0.0)) << name;
+    // (The update may be below bfloat16's spacing, so the masters show it: norm weights.)
+    EXPECT_FALSE(allclose(master, initial.at(name).to(DType::kFloat32), 0.0, 0.0))
+        << name << " did not train";
+  }
+}
+
 struct Split {
   int world, context;
 };

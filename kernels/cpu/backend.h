@@ -1,6 +1,6 @@
 // CpuBackend: the KernelBackend for host memory. Its methods are defined by concern across
 // kernels/cpu/*.cc (copy, elementwise, reduce, gemm, rowwise, cross_entropy, rotary, swiglu,
-// adamw, indexing, random).
+// adamw, multi_tensor, indexing, random).
 #pragma once
 
 #include "ringdilated/kernels/backend.h"
@@ -79,6 +79,11 @@ class CpuBackend final : public KernelBackend {
 
   // adamw.cc
   void adamw(std::span<const AdamWTensor> tensors, DType dtype, const AdamWStep& step) override;
+  // multi_tensor.cc
+  void multi_tensor_scale(std::span<const MultiTensorCopy> tensors, DType src_dtype,
+                          DType dst_dtype, double scale, const float* device_scale) override;
+  void multi_tensor_sum_squares(std::span<const MultiTensorInput> tensors, DType dtype,
+                                double* partials) override;
 
   // indexing.cc
   void index_select(const StridedView& out, const StridedView& in, int dim,

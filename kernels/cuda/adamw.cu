@@ -2,14 +2,10 @@
 // backend's semantics and rounding.
 //
 // Every tensor is cut into kChunk-element chunks and block b of the grid updates chunk b of
-// the list. The host packs the list into one AdamWLaunch struct, passed by value as a
-// __grid_constant__ kernel parameter: per tensor its four pointers, its numel and the grid
-// index of its first chunk (the chunk table, increasing; a block finds its tensor by binary
-// search over it, at most log2(kMaxTensors) uniform reads). CUDA 12.1+ accepts up to 32764
-// bytes of kernel parameters on sm_70 and newer, and that is what bounds kMaxTensors;
-// __grid_constant__ keeps the struct in the constant bank, so the indexed reads never copy
-// it to per-thread memory. A longer list takes one more launch per kMaxTensors tensors
-// (queued back to back on the stream); every tensor lies wholly within one launch.
+// the list, found through the chunk table (kernels/cuda/chunk_table.cuh): per tensor its four
+// pointers, its numel and the grid index of its first chunk. The parameter limit bounds
+// kMaxTensors; a longer list takes one more launch per kMaxTensors tensors (queued back to
+// back on the stream).
 //
 // A tensor whose four pointers are 16-byte aligned is read and written in 16-byte vectors
 // (16 / sizeof(T) elements per access to param and grad; the float32 moments of 16-bit
@@ -26,6 +22,7 @@
 #include <span>
 
 #include "ringdilated/kernels/adamw_update.h"
+#include "ringdilated/kernels/cuda/chunk_table.cuh"
 #include "ringdilated/kernels/cuda/kernels.h"
 #include "ringdilated/kernels/cuda/reduce_common.cuh"
 #include "ringdilated/kernels/cuda/runtime.h"
@@ -41,8 +38,7 @@ using reduce_util::to_compute;
 constexpr int kBlock = 512;
 constexpr int64_t kChunk = 65536;  // elements per block: a multiple of every vector width
 constexpr int kMaxTensors = 720;   // tensors per launch, bounded by the parameter limit
-constexpr int64_t kMaxGridX = 2147483647;
-constexpr size_t kMaxKernelParamBytes = 32764;  // CUDA 12.1+, sm_70+
+using chunk_table::kMaxGridX;
 
 struct AdamWLaunch {
   void* param[kMaxTensors];
@@ -54,7 +50,7 @@ struct AdamWLaunch {
   int32_t num_tensors;
   AdamWConstants constants;  // rounded to the compute type in the kernel
 };
-static_assert(sizeof(AdamWLaunch) <= kMaxKernelParamBytes,
+static_assert(sizeof(AdamWLaunch) <= chunk_table::kMaxKernelParamBytes,
               "AdamWLaunch must fit in one launch's kernel parameters");
 
 // N elements of E at p, 16-byte aligned, as N * sizeof(E) / 16 128-bit accesses.
@@ -136,17 +132,8 @@ template <class T>
 __global__ void __launch_bounds__(kBlock, 2)
     adamw_kernel(const __grid_constant__ AdamWLaunch l) {
   using A = Compute<T>;
-  // The tensor of this block's chunk: the last one whose first chunk is <= blockIdx.x.
   const int block = static_cast<int>(blockIdx.x);
-  int lo = 0, hi = l.num_tensors - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (l.first_chunk[mid] <= block) {
-      lo = mid;
-    } else {
-      hi = mid - 1;
-    }
-  }
+  const int lo = chunk_table::owner(l.first_chunk, l.num_tensors, block);
   const int64_t begin = static_cast<int64_t>(block - l.first_chunk[lo]) * kChunk;
   const int64_t left = l.numel[lo] - begin;
   const int n = static_cast<int>(left < kChunk ? left : kChunk);
@@ -168,31 +155,22 @@ __global__ void __launch_bounds__(kBlock, 2)
 // Queues the launches for the non-empty tensors of the list, kMaxTensors at a time.
 template <class T>
 void launch_all(std::span<const AdamWTensor> tensors, AdamWLaunch& launch, cudaStream_t stream) {
-  int count = 0;
-  int64_t chunks = 0;
-  auto flush = [&] {
-    if (count == 0) return;
-    launch.num_tensors = count;
-    // The parameters are copied when the launch is queued, so `launch` can be refilled.
-    adamw_kernel<T><<<static_cast<unsigned>(chunks), kBlock, 0, stream>>>(launch);
-    RD_CUDA_CHECK_LAUNCH();
-    count = 0;
-    chunks = 0;
-  };
-  for (const AdamWTensor& t : tensors) {
-    if (t.numel == 0) continue;
-    const int64_t tensor_chunks = (t.numel + kChunk - 1) / kChunk;
-    if (count == kMaxTensors || chunks + tensor_chunks > kMaxGridX) flush();
-    launch.param[count] = t.param;
-    launch.grad[count] = t.grad;
-    launch.exp_avg[count] = t.exp_avg;
-    launch.exp_avg_sq[count] = t.exp_avg_sq;
-    launch.numel[count] = t.numel;
-    launch.first_chunk[count] = static_cast<int32_t>(chunks);
-    ++count;
-    chunks += tensor_chunks;
-  }
-  flush();
+  chunk_table::pack(
+      tensors, kMaxTensors, kChunk,
+      [&](int slot, const AdamWTensor& t, int32_t first_chunk) {
+        launch.param[slot] = t.param;
+        launch.grad[slot] = t.grad;
+        launch.exp_avg[slot] = t.exp_avg;
+        launch.exp_avg_sq[slot] = t.exp_avg_sq;
+        launch.numel[slot] = t.numel;
+        launch.first_chunk[slot] = first_chunk;
+      },
+      [&](int count, int64_t chunks) {
+        launch.num_tensors = count;
+        // The parameters are copied when the launch is queued, so `launch` can be refilled.
+        adamw_kernel<T><<<static_cast<unsigned>(chunks), kBlock, 0, stream>>>(launch);
+        RD_CUDA_CHECK_LAUNCH();
+      });
 }
 
 }  // namespace

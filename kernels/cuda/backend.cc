@@ -148,6 +148,16 @@ class CudaBackend final : public KernelBackend {
     Scope s(device_);
     cuda::adamw(tensors, dtype, step, s.stream);
   }
+  void multi_tensor_scale(std::span<const MultiTensorCopy> tensors, DType src_dtype,
+                          DType dst_dtype, double scale, const float* device_scale) override {
+    Scope s(device_);
+    cuda::multi_tensor_scale(tensors, src_dtype, dst_dtype, scale, device_scale, s.stream);
+  }
+  void multi_tensor_sum_squares(std::span<const MultiTensorInput> tensors, DType dtype,
+                                double* partials) override {
+    Scope s(device_);
+    cuda::multi_tensor_sum_squares(tensors, dtype, partials, s.stream);
+  }
   void index_select(const StridedView& out, const StridedView& in, int dim,
                     const StridedView& index) override {
     Scope s(device_);

@@ -83,6 +83,13 @@ void swiglu_backward(void* grad_gate_up, const void* grad_out, const void* gate_
 void adamw(std::span<const AdamWTensor> tensors, DType dtype, const AdamWStep& step,
            cudaStream_t stream);
 
+// multi_tensor.cu (one launch per list)
+void multi_tensor_scale(std::span<const MultiTensorCopy> tensors, DType src_dtype,
+                        DType dst_dtype, double scale, const float* device_scale,
+                        cudaStream_t stream);
+void multi_tensor_sum_squares(std::span<const MultiTensorInput> tensors, DType dtype,
+                              double* partials, cudaStream_t stream);
+
 // attention_dispatch.cc: the attention kernels (math, flash, cuDNN) behind one entry point
 bool attention_supports(AttentionKernel kernel, const AttentionForwardArgs& forward,
                         const AttentionBackwardArgs* backward, std::string* why_not);
