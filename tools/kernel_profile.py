@@ -6,7 +6,7 @@
 A step ends with the optimizer's fused AdamW kernels (the last of each run of them); the
 last --steps complete steps are averaged. Prints markdown: the step time, the time the GPU
 was busy and idle (idle = waiting on the host: launches, syncs, allocation), the time per
-kernel category, and the most expensive kernels.
+kernel category, the most expensive kernels, and the kernels the GPU sat idle before.
 """
 import argparse
 import csv
@@ -26,7 +26,7 @@ CATEGORIES = [
     ("rotary", r"rotary"),
     ("SwiGLU", r"swiglu"),
     ("cross-entropy", r"cross_entropy"),
-    ("optimizer (AdamW)", r"adamw"),
+    ("optimizer (AdamW, multi-tensor)", r"adamw|multi_tensor|scale_kernel<|sum_squares_kernel"),
     ("reductions", r"reduce_|column_partials|cumsum"),
     ("elementwise / copies", r"grid_stride_kernel|elementwise|copy|strided"),
     ("memcpy", r"^memcpy"),
@@ -108,6 +108,20 @@ def busy_time(intervals):
     return total
 
 
+def idle_gaps(window, top):
+    """Where the GPU waits: each gap in the busy timeline charged to the kernel that ends it
+    (the work the host was late to queue), as (name, total ns, count), largest first."""
+    gaps = defaultdict(lambda: [0, 0])
+    busy_until = None
+    for start, end, name, _ in window:  # sorted by start
+        if busy_until is not None and start > busy_until:
+            totals = gaps[short_name(name, 90)]
+            totals[0] += start - busy_until
+            totals[1] += 1
+        busy_until = end if busy_until is None else max(busy_until, end)
+    return sorted(((n, t[0], t[1]) for n, t in gaps.items()), key=lambda g: -g[1])[:top]
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("trace")
@@ -155,6 +169,10 @@ def main():
     for name, (ns, count) in ranked:
         print(f"| `{name}` | {ns / steps * ms:.2f} | {100 * ns / steps / span:.1f}% | "
               f"{count / steps:.0f} | {ns / count / 1e3:.1f} |")
+    print("\n| GPU idle before (top 10 kernels the GPU waited for) | ms per step | gaps per step |")
+    print("| --- | ---: | ---: |")
+    for name, ns, count in idle_gaps(window, 10):
+        print(f"| `{name}` | {ns / steps * ms:.3f} | {count / steps:.0f} |")
 
 
 if __name__ == "__main__":
