@@ -374,11 +374,17 @@ TEST(LinearTest, MatchesAFloat64ReferenceAndInitialisesWithinTheBound) {
   EXPECT_THROW(layer.forward(zeros({2, 4}, TensorOptions(DType::kFloat64))), Error);
 }
 
-TEST(MultiheadDilatedAttentionTest, EqualsItsCompositionAndTrainsEveryParameter) {
+// Causal, pairs (4, 1) and (8, 2): small enough for float64 compositions on the CPU.
+nn::DilatedAttentionOptions small_causal_options() {
   nn::DilatedAttentionOptions options;
   options.segment_lengths = {4, 8};
   options.dilation_rates = {1, 2};
   options.causal = true;
+  return options;
+}
+
+TEST(MultiheadDilatedAttentionTest, EqualsItsCompositionAndTrainsEveryParameter) {
+  const nn::DilatedAttentionOptions options = small_causal_options();
   nn::MultiheadOptions module_options;
   module_options.tensor_options = TensorOptions(DType::kFloat64);
   Generator init(5);
@@ -414,10 +420,7 @@ TEST(MultiheadDilatedAttentionTest, EqualsItsCompositionAndTrainsEveryParameter)
 // gradient inside the attention's): values and every gradient equal the composition's,
 // which rotates separate copies.
 TEST(MultiheadDilatedAttentionTest, WithRotaryPositionsEqualsItsComposition) {
-  nn::DilatedAttentionOptions options;
-  options.segment_lengths = {4, 8};
-  options.dilation_rates = {1, 2};
-  options.causal = true;
+  const nn::DilatedAttentionOptions options = small_causal_options();
   nn::MultiheadOptions module_options;
   module_options.tensor_options = TensorOptions(DType::kFloat64);
   module_options.rope_base = 500.0;
