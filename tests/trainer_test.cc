@@ -116,6 +116,14 @@ TEST_F(TrainerTest, LossFallsAndMetricsAreWritten) {
   EXPECT_EQ(train_lines(metrics).size(), 6u);
   EXPECT_TRUE(latest_checkpoint((fs::path(c.out_dir) / "checkpoints").string()).has_value());
   EXPECT_GT(r.final_eval.accuracy.samples, 0);
+
+  // Resuming the finished run trains nothing but still evaluates the model.
+  c.resume = "latest";
+  Trainer again(c);
+  const TrainResult resumed = again.run();
+  EXPECT_EQ(resumed.steps_done, c.steps);
+  EXPECT_EQ(resumed.final_eval.accuracy.samples, r.final_eval.accuracy.samples);
+  EXPECT_EQ(resumed.final_eval.loss, r.final_eval.loss);
 }
 
 // bfloat16 compute with float32 masters (CPU): after the run the model's weights are its

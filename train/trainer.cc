@@ -569,6 +569,22 @@ TrainResult Trainer::run(const std::atomic<bool>* stop) {
   double lr = 0;
   s.model->train();
 
+  bool final_evaluated = false;
+  auto run_eval = [&](int64_t step, int64_t batches) {
+    const EvalResult e = evaluate(batches);
+    result.final_eval = e;
+    if (!s.is_root()) return;
+    Json rec = {{"step", step},
+                {"time_s", seconds()},
+                {"split", "eval"},
+                {"loss", e.loss},
+                {"perplexity", e.perplexity},
+                {"accuracy", e.accuracy.token_accuracy()},
+                {"exact_match", e.accuracy.exact_match()}};
+    s.metrics->append(rec.dump());
+    progress.eval(step, e.loss, e.accuracy.token_accuracy(), e.accuracy.exact_match());
+  };
+
   while (s.step() < c.steps) {
     const Accumulated a = accumulate_gradients(s);
     window_loss = add(window_loss, a.loss_sum);
@@ -645,22 +661,13 @@ TrainResult Trainer::run(const std::atomic<bool>* stop) {
       }
     }
     if ((c.eval_every > 0 && step % c.eval_every == 0) || last) {
-      const EvalResult e = evaluate(last ? c.final_eval_batches : c.eval_batches);
-      result.final_eval = e;
-      if (s.is_root()) {
-        Json rec = {{"step", step},
-                    {"time_s", seconds()},
-                    {"split", "eval"},
-                    {"loss", e.loss},
-                    {"perplexity", e.perplexity},
-                    {"accuracy", e.accuracy.token_accuracy()},
-                    {"exact_match", e.accuracy.exact_match()}};
-        s.metrics->append(rec.dump());
-        progress.eval(step, e.loss, e.accuracy.token_accuracy(), e.accuracy.exact_match());
-      }
+      run_eval(step, last ? c.final_eval_batches : c.eval_batches);
+      final_evaluated = last;
     }
     if (c.checkpoint_every > 0 && step % c.checkpoint_every == 0 && !last) save();
   }
+  // A run resumed at its last step trains nothing; its result still reports the model.
+  if (!result.stopped && !final_evaluated) run_eval(s.step(), c.final_eval_batches);
   result.checkpoint = save();
   s.elapsed_before = s.elapsed();
   s.run_start.reset();
