@@ -363,9 +363,11 @@ cmd_gpu_pack() {
       cp -L -n "$path" "$GPU_PACK_DIR/lib/$name"
     done < <(ldd "$binary" | awk '$3 ~ /^\// {print $1, $3}')
   done
-  # xz -9 has a 64 MiB dictionary: the test binaries share most of their bytes (the kernels
-  # each links), which then compress to one copy (70 MB -> 23 MB, under the carry limit).
-  tar -C .carry -cf - gpu | xz -9 -T2 >"$GPU_PACK"
+  # The test binaries share most of their bytes (the ~40 MB of kernels each links), which
+  # compress to about one copy when the dictionary spans several binaries and the stream is
+  # one block: 1 GB -> 26 MB, leaving room for the ~20 MB tree under the 64 MiB carry limit
+  # (xz -9 -T2 cut it into blocks that each kept a copy: 60 MB). Single-threaded: ~9 minutes.
+  tar -C .carry -cf - gpu | xz -T1 --lzma2=preset=9,dict=192MiB >"$GPU_PACK"
   rm -rf "$GPU_PACK_DIR"
   log "packed $(du -h "$GPU_PACK" | cut -f1) into $GPU_PACK; carry .carry and run ./rd gpu-run there"
 }
