@@ -365,7 +365,7 @@ cmd_gpu_pack() {
   done
   # The test binaries share most of their bytes (the ~40 MB of kernels each links), which
   # compress to about one copy when the dictionary spans several binaries and the stream is
-  # one block: 1 GB -> 26 MB, leaving room for the ~20 MB tree under the 64 MiB carry limit
+  # one block: 1 GB -> 26 MB, leaving room for the tree (~5 MB) under the 64 MiB carry limit
   # (xz -9 -T2 cut it into blocks that each kept a copy: 60 MB). Single-threaded: ~9 minutes.
   tar -C .carry -cf - gpu | xz -T1 --lzma2=preset=9,dict=192MiB >"$GPU_PACK"
   rm -rf "$GPU_PACK_DIR"
