@@ -33,32 +33,16 @@ void adamw_range(const AdamWTensor& t, int64_t begin, int64_t end,
   }
 }
 
-// A kGrain-sized piece of one tensor: the unit of parallel work.
-struct Chunk {
-  size_t tensor;
-  int64_t begin, end;
-};
-
-std::vector<Chunk> chunk_list(std::span<const AdamWTensor> tensors) {
-  std::vector<Chunk> chunks;
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    for (int64_t begin = 0; begin < tensors[i].numel; begin += kGrain) {
-      chunks.push_back({i, begin, std::min(tensors[i].numel, begin + kGrain)});
-    }
-  }
-  return chunks;
-}
-
 }  // namespace
 
 void CpuBackend::adamw(std::span<const AdamWTensor> tensors, DType dtype, const AdamWStep& step) {
   check_adamw_args(tensors, dtype, step);
-  const std::vector<Chunk> chunks = chunk_list(tensors);
+  const std::vector<TensorChunk> chunks = tensor_chunks(tensors, kGrain);
   dispatch_floating(dtype, "adamw", [&](auto tag) {
     using T = typename decltype(tag)::type;
     const AdamWCoefficients<Compute<T>> coefficients(AdamWConstants::from(step));
     parallel_items(static_cast<int64_t>(chunks.size()), kGrain, [&](int64_t k) {
-      const Chunk& chunk = chunks[static_cast<size_t>(k)];
+      const TensorChunk& chunk = chunks[static_cast<size_t>(k)];
       adamw_range<T>(tensors[chunk.tensor], chunk.begin, chunk.end, coefficients);
     });
   });

@@ -10,33 +10,12 @@
 #include "ringdilated/kernels/multi_tensor.h"
 
 namespace rd::kernels::cpu {
-namespace {
-
-// One chunk: elements [begin, end) of tensor `tensor` of the list.
-struct Chunk {
-  size_t tensor;
-  int64_t begin, end;
-};
-
-// The chunks of every tensor, in list order (the numbering of the partials).
-template <class Tensors>
-std::vector<Chunk> chunk_list(const Tensors& tensors) {
-  std::vector<Chunk> chunks;
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    for (int64_t begin = 0; begin < tensors[i].numel; begin += kMultiTensorChunk) {
-      chunks.push_back({i, begin, std::min(tensors[i].numel, begin + kMultiTensorChunk)});
-    }
-  }
-  return chunks;
-}
-
-}  // namespace
 
 void CpuBackend::multi_tensor_scale(std::span<const MultiTensorCopy> tensors, DType src_dtype,
                                     DType dst_dtype, double scale, const float* device_scale) {
   constexpr const char* kOp = "multi_tensor_scale";
   check_multi_tensor_scale_args(tensors, src_dtype, dst_dtype, scale);
-  const std::vector<Chunk> chunks = chunk_list(tensors);
+  const std::vector<TensorChunk> chunks = tensor_chunks(tensors, kMultiTensorChunk);
   dispatch_floating(src_dtype, kOp, [&](auto src_tag) {
     dispatch_floating(dst_dtype, kOp, [&](auto dst_tag) {
       using S = typename decltype(src_tag)::type;
@@ -45,7 +24,7 @@ void CpuBackend::multi_tensor_scale(std::span<const MultiTensorCopy> tensors, DT
       const A factor = static_cast<A>(scale) *
                        (device_scale != nullptr ? static_cast<A>(*device_scale) : A(1));
       parallel_items(static_cast<int64_t>(chunks.size()), kMultiTensorChunk, [&](int64_t k) {
-        const Chunk& c = chunks[static_cast<size_t>(k)];
+        const TensorChunk& c = chunks[static_cast<size_t>(k)];
         const auto* src = static_cast<const S*>(tensors[c.tensor].src);
         auto* dst = static_cast<D*>(tensors[c.tensor].dst);
         for (int64_t i = c.begin; i < c.end; ++i) {
@@ -60,12 +39,12 @@ void CpuBackend::multi_tensor_sum_squares(std::span<const MultiTensorInput> tens
                                           double* partials) {
   constexpr const char* kOp = "multi_tensor_sum_squares";
   check_multi_tensor_sum_squares_args(tensors, dtype, partials);
-  const std::vector<Chunk> chunks = chunk_list(tensors);
+  const std::vector<TensorChunk> chunks = tensor_chunks(tensors, kMultiTensorChunk);
   dispatch_floating(dtype, kOp, [&](auto tag) {
     using T = typename decltype(tag)::type;
     using A = Accum<T>;
     parallel_items(static_cast<int64_t>(chunks.size()), kMultiTensorChunk, [&](int64_t k) {
-      const Chunk& c = chunks[static_cast<size_t>(k)];
+      const TensorChunk& c = chunks[static_cast<size_t>(k)];
       const auto* data = static_cast<const T*>(tensors[c.tensor].data);
       A total = 0;
       for (int64_t i = c.begin; i < c.end; ++i) {

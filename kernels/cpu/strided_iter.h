@@ -4,12 +4,14 @@
 // body of a run, passed as a FunctionRef, which keeps per-op template instantiations small.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <memory>
 #include <tuple>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "ringdilated/kernels/view_checks.h"
 #include "ringdilated/kernels/error.h"
@@ -51,6 +53,26 @@ void parallel_items(int64_t count, int64_t work_per_item, FunctionRef<void(int64
 
 // Splits [0, count) into kGrain-sized ranges and runs body(begin, end) on each, in parallel.
 void parallel_range(int64_t count, FunctionRef<void(int64_t, int64_t)> body);
+
+// One piece of a list of tensors (the multi-tensor ops, AdamW): elements [begin, end) of
+// tensor `tensor` of the list.
+struct TensorChunk {
+  size_t tensor;
+  int64_t begin, end;
+};
+
+// The tensors of a list (anything with a `numel` field) cut into pieces of `chunk`
+// elements, in list order: the parallel work items, numbered the same way on every run.
+template <class Tensors>
+std::vector<TensorChunk> tensor_chunks(const Tensors& tensors, int64_t chunk) {
+  std::vector<TensorChunk> chunks;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    for (int64_t begin = 0; begin < tensors[i].numel; begin += chunk) {
+      chunks.push_back({i, begin, std::min(tensors[i].numel, begin + chunk)});
+    }
+  }
+  return chunks;
+}
 
 // N operands sharing one shape; strides in bytes, dims ordered outermost first, size-1 dims
 // dropped and adjacent dims merged where every operand allows it.
