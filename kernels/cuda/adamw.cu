@@ -38,16 +38,13 @@ using reduce_util::to_compute;
 constexpr int kBlock = 512;
 constexpr int64_t kChunk = 65536;  // elements per block: a multiple of every vector width
 constexpr int kMaxTensors = 720;   // tensors per launch, bounded by the parameter limit
-using chunk_table::kMaxGridX;
 
 struct AdamWLaunch {
   void* param[kMaxTensors];
   const void* grad[kMaxTensors];
   void* exp_avg[kMaxTensors];
   void* exp_avg_sq[kMaxTensors];
-  int64_t numel[kMaxTensors];
-  int32_t first_chunk[kMaxTensors];  // grid index of each tensor's first chunk
-  int32_t num_tensors;
+  chunk_table::Table<kMaxTensors> table;
   AdamWConstants constants;  // rounded to the compute type in the kernel
 };
 static_assert(sizeof(AdamWLaunch) <= chunk_table::kMaxKernelParamBytes,
@@ -132,11 +129,9 @@ template <class T>
 __global__ void __launch_bounds__(kBlock, 2)
     adamw_kernel(const __grid_constant__ AdamWLaunch l) {
   using A = Compute<T>;
-  const int block = static_cast<int>(blockIdx.x);
-  const int lo = chunk_table::owner(l.first_chunk, l.num_tensors, block);
-  const int64_t begin = static_cast<int64_t>(block - l.first_chunk[lo]) * kChunk;
-  const int64_t left = l.numel[lo] - begin;
-  const int n = static_cast<int>(left < kChunk ? left : kChunk);
+  const chunk_table::BlockChunk chunk = chunk_table::block_chunk(l.table, kChunk);
+  const int lo = chunk.tensor, n = chunk.n;
+  const int64_t begin = chunk.begin;
   const ChunkData<T> d{static_cast<T*>(l.param[lo]) + begin,
                        static_cast<const T*>(l.grad[lo]) + begin,
                        static_cast<A*>(l.exp_avg[lo]) + begin,
@@ -156,17 +151,14 @@ __global__ void __launch_bounds__(kBlock, 2)
 template <class T>
 void launch_all(std::span<const AdamWTensor> tensors, AdamWLaunch& launch, cudaStream_t stream) {
   chunk_table::pack(
-      tensors, kMaxTensors, kChunk,
-      [&](int slot, const AdamWTensor& t, int32_t first_chunk) {
+      tensors, launch.table, kChunk,
+      [&](int slot, const AdamWTensor& t) {
         launch.param[slot] = t.param;
         launch.grad[slot] = t.grad;
         launch.exp_avg[slot] = t.exp_avg;
         launch.exp_avg_sq[slot] = t.exp_avg_sq;
-        launch.numel[slot] = t.numel;
-        launch.first_chunk[slot] = first_chunk;
       },
-      [&](int count, int64_t chunks) {
-        launch.num_tensors = count;
+      [&](int64_t chunks) {
         // The parameters are copied when the launch is queued, so `launch` can be refilled.
         adamw_kernel<T><<<static_cast<unsigned>(chunks), kBlock, 0, stream>>>(launch);
         RD_CUDA_CHECK_LAUNCH();
@@ -178,12 +170,7 @@ void launch_all(std::span<const AdamWTensor> tensors, AdamWLaunch& launch, cudaS
 void adamw(std::span<const AdamWTensor> tensors, DType dtype, const AdamWStep& step,
            cudaStream_t stream) {
   check_adamw_args(tensors, dtype, step);
-  // A tensor must fit in one grid (2^47 elements); checked before anything is queued.
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    RD_CHECK(tensors[i].numel <= kMaxGridX * kChunk, kInvalidArgument,
-             "adamw: argument 'tensors[", i, "].numel' is too large for one launch: ",
-             tensors[i].numel, " elements");
-  }
+  chunk_table::check_fits_one_grid(tensors, kChunk, "adamw");
   auto launch = std::make_unique<AdamWLaunch>();  // ~32 KB: not for the stack
   launch->constants = AdamWConstants::from(step);
   dispatch_floating(dtype, "adamw", [&](auto tag) {

@@ -30,9 +30,7 @@ constexpr int kMaxTensors = 1024;  // tensors per launch, bounded by the paramet
 struct ScaleLaunch {
   const void* src[kMaxTensors];
   void* dst[kMaxTensors];
-  int64_t numel[kMaxTensors];
-  int32_t first_chunk[kMaxTensors];
-  int32_t num_tensors;
+  chunk_table::Table<kMaxTensors> table;
   double scale;
   const float* device_scale;  // or null
 };
@@ -40,40 +38,21 @@ static_assert(sizeof(ScaleLaunch) <= chunk_table::kMaxKernelParamBytes);
 
 struct SumSquaresLaunch {
   const void* data[kMaxTensors];
-  int64_t numel[kMaxTensors];
-  int32_t first_chunk[kMaxTensors];
-  int32_t num_tensors;
+  chunk_table::Table<kMaxTensors> table;
   double* partials;  // this launch's first chunk's partial
 };
 static_assert(sizeof(SumSquaresLaunch) <= chunk_table::kMaxKernelParamBytes);
 
-// This block's chunk: its tensor, its first element and its length.
-struct ChunkSpan {
-  int tensor;
-  int64_t begin;
-  int n;
-};
-
-__device__ __forceinline__ ChunkSpan chunk_of_block(const int32_t* first_chunk,
-                                                    const int64_t* numel, int num_tensors) {
-  const int block = static_cast<int>(blockIdx.x);
-  const int tensor = chunk_table::owner(first_chunk, num_tensors, block);
-  const int64_t begin = static_cast<int64_t>(block - first_chunk[tensor]) * kMultiTensorChunk;
-  const int64_t left = numel[tensor] - begin;
-  return {tensor, begin, static_cast<int>(left < kMultiTensorChunk ? left : kMultiTensorChunk)};
-}
-
 template <class S, class D>
 __global__ void __launch_bounds__(kBlock) scale_kernel(const __grid_constant__ ScaleLaunch l) {
   using A = ScaleCompute<S, D>;
-  const ChunkSpan c = chunk_of_block(l.first_chunk, l.numel, l.num_tensors);
+  const chunk_table::BlockChunk c = chunk_table::block_chunk(l.table, kMultiTensorChunk);
   const S* src = static_cast<const S*>(l.src[c.tensor]) + c.begin;
   D* dst = static_cast<D*>(l.dst[c.tensor]) + c.begin;
   // The factor as the CPU forms it: scale, then times the device scalar, in A.
   const A factor =
       static_cast<A>(l.scale) * (l.device_scale != nullptr ? static_cast<A>(*l.device_scale) : A(1));
   for (int i = static_cast<int>(threadIdx.x); i < c.n; i += kBlock) {
-    // __fmul_rn-free on purpose: one product, so contraction cannot change its rounding.
     const A v = static_cast<A>(to_compute(src[i])) * factor;
     dst[i] = convert_to<D>(v);
   }
@@ -84,7 +63,7 @@ __global__ void __launch_bounds__(kBlock)
     sum_squares_kernel(const __grid_constant__ SumSquaresLaunch l) {
   using A = Accum<T>;
   __shared__ A warp_sums[kBlock / reduce_util::kWarp];
-  const ChunkSpan c = chunk_of_block(l.first_chunk, l.numel, l.num_tensors);
+  const chunk_table::BlockChunk c = chunk_table::block_chunk(l.table, kMultiTensorChunk);
   const T* data = static_cast<const T*>(l.data[c.tensor]) + c.begin;
   A total = 0;
   for (int i = static_cast<int>(threadIdx.x); i < c.n; i += kBlock) {
@@ -103,6 +82,7 @@ void multi_tensor_scale(std::span<const MultiTensorCopy> tensors, DType src_dtyp
                         cudaStream_t stream) {
   constexpr const char* kOp = "multi_tensor_scale";
   check_multi_tensor_scale_args(tensors, src_dtype, dst_dtype, scale);
+  chunk_table::check_fits_one_grid(tensors, kMultiTensorChunk, kOp);
   auto launch = std::make_unique<ScaleLaunch>();  // ~29 KB: not for the stack
   launch->scale = scale;
   launch->device_scale = device_scale;
@@ -111,15 +91,12 @@ void multi_tensor_scale(std::span<const MultiTensorCopy> tensors, DType src_dtyp
       using S = typename decltype(src_tag)::type;
       using D = typename decltype(dst_tag)::type;
       chunk_table::pack(
-          tensors, kMaxTensors, kMultiTensorChunk,
-          [&](int slot, const MultiTensorCopy& t, int32_t first_chunk) {
+          tensors, launch->table, kMultiTensorChunk,
+          [&](int slot, const MultiTensorCopy& t) {
             launch->src[slot] = t.src;
             launch->dst[slot] = t.dst;
-            launch->numel[slot] = t.numel;
-            launch->first_chunk[slot] = first_chunk;
           },
-          [&](int count, int64_t chunks) {
-            launch->num_tensors = count;
+          [&](int64_t chunks) {
             scale_kernel<S, D><<<static_cast<unsigned>(chunks), kBlock, 0, stream>>>(*launch);
             RD_CUDA_CHECK_LAUNCH();
           });
@@ -131,19 +108,15 @@ void multi_tensor_sum_squares(std::span<const MultiTensorInput> tensors, DType d
                               double* partials, cudaStream_t stream) {
   constexpr const char* kOp = "multi_tensor_sum_squares";
   check_multi_tensor_sum_squares_args(tensors, dtype, partials);
+  chunk_table::check_fits_one_grid(tensors, kMultiTensorChunk, kOp);
   auto launch = std::make_unique<SumSquaresLaunch>();
   int64_t done = 0;  // partials written by earlier launches
   dispatch_floating(dtype, kOp, [&](auto tag) {
     using T = typename decltype(tag)::type;
     chunk_table::pack(
-        tensors, kMaxTensors, kMultiTensorChunk,
-        [&](int slot, const MultiTensorInput& t, int32_t first_chunk) {
-          launch->data[slot] = t.data;
-          launch->numel[slot] = t.numel;
-          launch->first_chunk[slot] = first_chunk;
-        },
-        [&](int count, int64_t chunks) {
-          launch->num_tensors = count;
+        tensors, launch->table, kMultiTensorChunk,
+        [&](int slot, const MultiTensorInput& t) { launch->data[slot] = t.data; },
+        [&](int64_t chunks) {
           launch->partials = partials + done;
           sum_squares_kernel<T><<<static_cast<unsigned>(chunks), kBlock, 0, stream>>>(*launch);
           RD_CUDA_CHECK_LAUNCH();
