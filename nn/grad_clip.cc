@@ -77,7 +77,7 @@ Tensor total_norm(const std::vector<Tensor>& grads, DType dtype, double norm_typ
 // The common case (2-norm, no float64 gradient) with the multi-tensor ops: two passes over
 // all gradients of a dtype (the squares, then the scaling in float32), a few launches in
 // all rather than four per gradient.
-Tensor clip_l2_in_one_pass(const std::vector<Tensor>& grads, double max_norm) {
+Tensor clip_l2_multi_tensor(const std::vector<Tensor>& grads, double max_norm) {
   // The squares read contiguous copies of any strided gradient; the scaling writes those in
   // place one by one.
   std::map<DType, std::vector<Tensor>> readable, scalable;
@@ -111,7 +111,7 @@ Tensor clip_grad_norm_(const std::vector<Tensor>& parameters, double max_norm, d
     return scalar_tensor(0.0, TensorOptions(DType::kFloat32).with_device(device));
   }
   const DType dtype = norm_dtype(grads);
-  if (norm_type == 2.0 && dtype == DType::kFloat32) return clip_l2_in_one_pass(grads, max_norm);
+  if (norm_type == 2.0 && dtype == DType::kFloat32) return clip_l2_multi_tensor(grads, max_norm);
   const Tensor norm = total_norm(grads, dtype, norm_type);
   // min(1, max_norm / (norm + eps)) stays on the device: no branch on the norm's value.
   const Tensor factor = clamp(max_norm / (norm + kNormEpsilon), std::nullopt, 1.0);

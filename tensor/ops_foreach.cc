@@ -8,7 +8,6 @@
 #include "ringdilated/kernels/backend.h"
 #include "ringdilated/kernels/error.h"
 #include "ringdilated/kernels/multi_tensor.h"
-#include "ringdilated/tensor/autograd.h"
 #include "ringdilated/tensor/dispatch.h"
 #include "ringdilated/tensor/ops.h"
 #include "ringdilated/tensor/shape_util.h"
@@ -47,7 +46,6 @@ Tensor foreach_sum_squares(const std::vector<Tensor>& tensors) {
   const TensorOptions float64 = TensorOptions(DType::kFloat64).with_device(device);
   const int64_t chunks = kernels::multi_tensor_chunks(inputs);
   if (chunks == 0) return scalar_tensor(0.0, float64);
-  autograd::NoGradGuard no_grad;
   Tensor partials = empty({chunks}, float64);
   backend_for(device).multi_tensor_sum_squares(inputs, tensors[0].dtype(),
                                                partials.data_ptr<double>());

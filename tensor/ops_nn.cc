@@ -455,15 +455,21 @@ void check_packed_qkv(const Tensor& qkv, const char* op) {
            shape_str(qkv.shape()));
 }
 
-// The gradient of both packed forms: g's q and k rotated back, v's passed through. In g's
-// own buffer when the engine alone holds it (then v costs nothing), else into a new one.
-std::vector<Tensor> rotary_qkv_backward(const Tensor& g, int64_t position_offset, double base) {
-  if (autograd::is_exclusive_gradient(g)) {
-    const Tensor heads = query_key_heads(g);
-    rotary_into(heads, heads, position_offset, base, /*inverse=*/true);
-    return {g};
-  }
-  return {rotary_qkv_raw(g.contiguous(), position_offset, base, /*inverse=*/true)};
+// Records the backward of both packed forms on `out` when qkv needs a gradient: g's q and k
+// rotated back, v's passed through. In g's own buffer when the engine alone holds it (then
+// v costs nothing), else into a new one.
+void record_rotary_qkv(const Tensor& out, const char* op, const Tensor& qkv,
+                       int64_t position_offset, double base) {
+  if (!autograd::needs_grad({&qkv})) return;
+  autograd::record(out, op, {qkv}, [position_offset, base](const Tensor& g) {
+    if (autograd::is_exclusive_gradient(g)) {
+      const Tensor heads = query_key_heads(g);
+      rotary_into(heads, heads, position_offset, base, /*inverse=*/true);
+      return std::vector<Tensor>{g};
+    }
+    return std::vector<Tensor>{
+        rotary_qkv_raw(g.contiguous(), position_offset, base, /*inverse=*/true)};
+  });
 }
 
 }  // namespace
@@ -488,11 +494,7 @@ Tensor rotary_embedding_qkv(const Tensor& qkv, int64_t position_offset, double b
   const Tensor base_qkv = qkv.detach();
   const Tensor in = query_key_heads_merge(base_qkv) ? base_qkv : base_qkv.contiguous();
   Tensor out = rotary_qkv_raw(in, position_offset, base, /*inverse=*/false);
-  if (autograd::needs_grad({&qkv})) {
-    autograd::record(out, kOp, {qkv}, [position_offset, base](const Tensor& g) {
-      return rotary_qkv_backward(g, position_offset, base);
-    });
-  }
+  record_rotary_qkv(out, kOp, qkv, position_offset, base);
   return out;
 }
 
@@ -507,11 +509,7 @@ Tensor rotary_embedding_qkv_overwrite(const Tensor& qkv, int64_t position_offset
   Tensor out = qkv.detach();  // qkv's storage, rotated in place
   const Tensor heads = query_key_heads(out);
   rotary_into(heads, heads, position_offset, base, /*inverse=*/false);
-  if (autograd::needs_grad({&qkv})) {
-    autograd::record(out, kOp, {qkv}, [position_offset, base](const Tensor& g) {
-      return rotary_qkv_backward(g, position_offset, base);
-    });
-  }
+  record_rotary_qkv(out, kOp, qkv, position_offset, base);
   return out;
 }
 
