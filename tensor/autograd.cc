@@ -14,6 +14,17 @@ namespace rd::autograd {
 namespace {
 
 thread_local bool grad_mode_enabled = true;
+// The innermost live LeafGradientCapture of this thread (each links to the one it encloses).
+thread_local LeafGradientCapture* innermost_capture = nullptr;
+
+// Whether a live capture took `grad` for `leaf`, searching from the innermost outwards.
+bool captured(const TensorImpl* leaf, const Tensor& grad) {
+  for (LeafGradientCapture* capture = innermost_capture; capture != nullptr;
+       capture = capture->enclosing()) {
+    if (capture->add(leaf, grad)) return true;
+  }
+  return false;
+}
 
 // Whether `t` is held by `handles` Tensor handles and no more, and is a whole, packed
 // storage of its own (no other view of its storage exists).
@@ -52,6 +63,7 @@ class AccumulateGrad : public Node {
     Tensor grad = grads[0].to(leaf->dtype);
     RD_CHECK(grad.shape() == leaf->shape, kInternal, "backward: gradient of shape ",
              shape_str(grad.shape()), " reached a leaf of shape ", shape_str(leaf->shape));
+    if (captured(leaf.get(), grad)) return {};
     if (leaf->grad == nullptr) {
       // .grad must be private: users modify it in place (clipping, zeroing), and the
       // incoming tensor may also be another leaf's gradient or a user's seed. A gradient
@@ -159,6 +171,27 @@ HookHandle register_post_accumulate_grad_hook(const Tensor& leaf, PostAccumulate
   const uint64_t id = hooks->next_id++;
   hooks->hooks.emplace_back(id, std::move(hook));
   return HookHandle(hooks, id);
+}
+
+LeafGradientCapture::LeafGradientCapture(const std::vector<Tensor>& leaves)
+    : grads_(leaves.size()), enclosing_(innermost_capture) {
+  leaves_.reserve(leaves.size());
+  for (const Tensor& leaf : leaves) leaves_.push_back(leaf.defined() ? leaf.impl() : nullptr);
+  innermost_capture = this;
+}
+
+LeafGradientCapture::~LeafGradientCapture() { innermost_capture = enclosing_; }
+
+std::vector<Tensor> LeafGradientCapture::take() { return std::exchange(grads_, {}); }
+
+bool LeafGradientCapture::add(const TensorImpl* leaf, const Tensor& grad) {
+  for (size_t i = 0; i < leaves_.size(); ++i) {
+    if (leaves_[i] != leaf) continue;
+    // A clone the first time: the incoming gradient may be shared with other nodes.
+    grads_[i] = grads_[i].defined() ? rd::add(grads_[i], grad) : grad.clone();
+    return true;
+  }
+  return false;
 }
 
 bool grad_enabled() { return grad_mode_enabled; }

@@ -114,6 +114,32 @@ class HookHandle {
 [[nodiscard]] HookHandle register_post_accumulate_grad_hook(const Tensor& leaf,
                                                             PostAccumulateGradHook hook);
 
+// While alive, the gradients that backward passes on this thread send to `leaves` are
+// summed here instead of into their .grad, and their post-accumulate hooks do not run.
+// recompute() uses it so that the leaves a recomputed function reads (a module's
+// parameters) get their gradients through the recompute node: the outer pass then sums
+// every region's contribution and runs a leaf's hooks once, as if nothing were recomputed
+// (gradient buckets refuse a second gradient in one step). Captures nest: a gradient goes
+// to the innermost capture that lists its leaf.
+class LeafGradientCapture {
+ public:
+  explicit LeafGradientCapture(const std::vector<Tensor>& leaves);
+  ~LeafGradientCapture();
+  LeafGradientCapture(const LeafGradientCapture&) = delete;
+  LeafGradientCapture& operator=(const LeafGradientCapture&) = delete;
+
+  // The summed gradient of each leaf, in the leaves' order (undefined where none came).
+  std::vector<Tensor> take();
+  // Adds `grad` to `leaf`'s slot when this capture lists it; returns whether it did.
+  bool add(const TensorImpl* leaf, const Tensor& grad);
+  LeafGradientCapture* enclosing() const { return enclosing_; }
+
+ private:
+  std::vector<const TensorImpl*> leaves_;
+  std::vector<Tensor> grads_;
+  LeafGradientCapture* enclosing_;
+};
+
 // For op implementations: true when grad mode is on and any input requires grad.
 bool needs_grad(std::initializer_list<const Tensor*> inputs);
 bool needs_grad(const std::vector<Tensor>& inputs);

@@ -449,6 +449,60 @@ TEST(Recompute, MultipleOutputs) {
   EXPECT_EQ(plain.grads, recomputed.grads);
 }
 
+// Leaves that recomputed regions read (a weight shared by several regions, nested inside an
+// outer recomputed region, as chunked MLPs inside a recomputed block) get the gradient of
+// the plain graph, and their post-accumulate hooks run once per pass; leaves not named
+// still get their gradient, once per region that reads them.
+TEST(Recompute, NamedLeavesGetOneGradientPerPass) {
+  Generator gen(21);
+  Tensor x = (rand({4, 3}, gen, DType::kFloat64) - 0.5).detach();
+  x.set_requires_grad(true);  // as a block input is: recompute records only then
+  auto run = [&](bool use_recompute, bool name_leaves, int* hook_calls) {
+    Tensor w = (rand({3, 3}, gen, DType::kFloat64) - 0.5).detach();
+    Tensor v = (rand({3, 3}, gen, DType::kFloat64) - 0.5).detach();
+    w.set_requires_grad(true);
+    v.set_requires_grad(true);
+    autograd::HookHandle hook = autograd::register_post_accumulate_grad_hook(
+        w, [hook_calls](const Tensor&) { ++*hook_calls; });
+    const std::vector<Tensor> leaves = name_leaves ? std::vector<Tensor>{w, v} : std::vector<Tensor>{};
+    // The inner region: two chunks of rows, each reading w.
+    auto chunk = [&w](const std::vector<Tensor>& in) {
+      return std::vector<Tensor>{tanh(matmul(in[0], w))};
+    };
+    auto block = [&](const std::vector<Tensor>& in) {
+      const Tensor h = matmul(in[0], v);
+      std::vector<Tensor> parts;
+      for (int64_t start : {int64_t{0}, int64_t{2}}) {
+        const Tensor piece = h.narrow(0, start, 2);
+        parts.push_back(use_recompute ? recompute(chunk, {piece}, {}, name_leaves ? std::vector<Tensor>{w}
+                                                                                   : std::vector<Tensor>{})[0]
+                                      : chunk({piece})[0]);
+      }
+      return std::vector<Tensor>{cat(parts, 0)};
+    };
+    const Tensor out = use_recompute ? recompute(block, {x}, {}, leaves)[0] : block({x})[0];
+    sum(out * out).backward();
+    return std::vector<Tensor>{w.grad(), v.grad()};
+  };
+  gen.manual_seed(5);
+  int plain_calls = 0;
+  const std::vector<Tensor> plain = run(false, false, &plain_calls);
+  gen.manual_seed(5);
+  int named_calls = 0;
+  const std::vector<Tensor> named = run(true, true, &named_calls);
+  gen.manual_seed(5);
+  int unnamed_calls = 0;
+  const std::vector<Tensor> unnamed = run(true, false, &unnamed_calls);
+  EXPECT_EQ(plain_calls, 1);
+  EXPECT_EQ(named_calls, 1) << "a named leaf's hooks must run once per pass";
+  EXPECT_EQ(unnamed_calls, 2) << "an unnamed leaf accumulates once per region";
+  for (size_t i = 0; i < plain.size(); ++i) {
+    ASSERT_TRUE(named[i].defined() && unnamed[i].defined());
+    EXPECT_TRUE(allclose(named[i], plain[i], 1e-12, 1e-14)) << i;
+    EXPECT_TRUE(allclose(unnamed[i], plain[i], 1e-12, 1e-14)) << i;
+  }
+}
+
 // Backward formulas save only what they read: an intermediate consumed by add, sub, where,
 // or the operand whose values a product's requested gradients do not need is freed once
 // the forward is done with it, not held until backward.

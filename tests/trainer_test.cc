@@ -199,6 +199,20 @@ TEST_F(TrainerTest, ParallelGradientsOverMicroBatchesEqualOneRank) {
   expect_parallel_gradients_equal_one_rank(base, dir_, {Split{4, 2}});
 }
 
+// Recomputed blocks whose MLP runs in chunks smaller than a rank's block of the sequence
+// (8 tokens; the rank holds 32 at context parallel 2), over two micro-batches, with the
+// gradient summed in buckets during backward: context parallel, data parallel and both equal
+// one rank. Each chunk reads the MLP's weights; their gradients must still reach the buckets
+// once per step (they once got one per chunk, which the buckets refuse).
+TEST_F(TrainerTest, RecomputedChunkedMlpParallelGradientsEqualOneRank) {
+  TrainConfig base = tiny("one");
+  base.batch_size = 4;
+  base.model.recompute = true;
+  base.model.mlp_chunk_tokens = 8;
+  base.tokens_per_step = 2 * base.batch_size * base.data_options.task.seq_len;
+  expect_parallel_gradients_equal_one_rank(base, dir_, {Split{2, 2}, Split{2, 1}, Split{4, 2}});
+}
+
 TEST(LanguageModelTest, LogitsDependOnlyOnEarlierTokens) {
   ModelConfig c;
   c.vocab_size = 50;

@@ -105,6 +105,10 @@ Tensor TransformerBlock::chunked_mlp_residual(const Tensor& h) {
   const int64_t tokens = h.size(1);
   // The MLP acts on each token alone, so chunks of the sequence give the same result.
   const bool keep_graph = autograd::grad_enabled();
+  // Every chunk reads the same weights: their gradients leave through the chunks' nodes, so
+  // the pass sums them and each weight's gradient arrives once (one all-reduce per step).
+  std::vector<Tensor> weights = mlp_norm_->parameters();
+  for (const Tensor& w : mlp_->parameters()) weights.push_back(w);
   std::vector<Tensor> parts;
   for (int64_t start = 0; start < tokens; start += mlp_chunk_tokens_) {
     const Tensor piece = h.narrow(1, start, std::min(mlp_chunk_tokens_, tokens - start));
@@ -114,7 +118,7 @@ Tensor TransformerBlock::chunked_mlp_residual(const Tensor& h) {
     }
     parts.push_back(recompute(
         [mlp_of](const std::vector<Tensor>& in) { return std::vector<Tensor>{mlp_of(in[0])}; },
-        {piece})[0]);
+        {piece}, {}, weights)[0]);
   }
   return add(h, cat(parts, 1));
 }
@@ -153,8 +157,10 @@ Tensor LanguageModel::forward(const Tensor& tokens) {
   for (const std::shared_ptr<TransformerBlock>& block : blocks_) {
     if (config_.recompute && is_training() && autograd::grad_enabled()) {
       TransformerBlock* b = block.get();
+      // The block's parameters get their gradients through the recompute node (once per
+      // step, whatever the block recomputes inside), as gradient buckets require.
       x = recompute([b](const std::vector<Tensor>& in) { return std::vector<Tensor>{b->forward(in[0])}; },
-                    {x})[0];
+                    {x}, {}, b->parameters())[0];
     } else {
       x = block->forward(x);
     }
