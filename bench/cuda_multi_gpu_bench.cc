@@ -5,7 +5,12 @@
 //   strong/P<p>/N<n>                 auto fwd+bwd; efficiency = T(P0) * P0 / (T(P) * P), P0
 //                                    the fewest GPUs that hold N (1 unless it runs out of
 //                                    memory); per-rank peak memory against P0's
-//   weak/P<p>                        auto fwd+bwd at N = P x 1M; efficiency = T(1, 1M) / T(P)
+//   strong_causal/<layout>/P<p>/N<n> the same, causal, each sequence layout (contiguous,
+//                                    zigzag); work_imbalance: the plan's largest over mean
+//                                    attended pairs per rank
+//   weak/P<p>                        auto fwd+bwd at N = P x 1M; efficiency = T(1, 1M) / T(P);
+//                                    work_efficiency the same per attended pair (a pair over
+//                                    the whole sequence makes a rank's work grow with N)
 //   dense/P<p>/N<n>                  one dense pair (N, 1), ring: the workload PyTorch's
 //                                    context parallelism runs (tools/torch_cp_bench.py)
 // Counters: seconds per call (the slowest rank), tokens/s, peak_bytes (the largest rank's
@@ -49,6 +54,7 @@ namespace {
 
 using rd::Tensor;
 using rd::nn::DistStrategy;
+using rd::nn::SequenceLayout;
 
 constexpr int64_t kHeads = 16, kDim = 128;
 constexpr int64_t kMillion = 1048576;
@@ -58,10 +64,11 @@ enum class Direction { kForward, kForwardBackward };
 const char* direction_name(Direction d) { return d == Direction::kForward ? "fwd" : "fwdbwd"; }
 
 // The pairs, the last one over the whole sequence; or one dense pair.
-rd::nn::DilatedAttentionOptions dilated_options(int64_t seq_len) {
+rd::nn::DilatedAttentionOptions dilated_options(int64_t seq_len, bool causal = false) {
   rd::nn::DilatedAttentionOptions o;
   o.segment_lengths = {2048, 16384, std::min<int64_t>(262144, seq_len), seq_len};
   o.dilation_rates = {1, 4, 16, 64};
+  o.causal = causal;
   return o;
 }
 
@@ -110,7 +117,7 @@ void abort_group(int P, const std::string& why) {
 // kTimedCalls timed calls (and backward), ranks lined up by barriers around the timed region.
 RankTiming time_rank(int64_t seq_len, int P, int r, rd::dist::Communicator* comm,
                      const rd::nn::DilatedAttentionOptions& o, Direction direction,
-                     DistStrategy strategy) {
+                     DistStrategy strategy, SequenceLayout layout) {
   const rd::Device gpu = rd::Device::cuda(r);
   const int64_t chunk = seq_len / P;
   rd::Generator gen(100 + static_cast<uint64_t>(r));
@@ -127,7 +134,7 @@ RankTiming time_rank(int64_t seq_len, int P, int r, rd::dist::Communicator* comm
       out = rd::nn::dilated_attention(q, k, v, o);
     } else {
       const rd::nn::RingAttentionResult result =
-          rd::nn::ring_dilated_attention_with_lse(q, k, v, o, *comm, strategy);
+          rd::nn::ring_dilated_attention_with_lse(q, k, v, o, *comm, strategy, {}, layout);
       out = result.attention.out;
       timing.bytes_sent = result.forward_bytes_sent;
     }
@@ -157,13 +164,14 @@ RankTiming time_rank(int64_t seq_len, int P, int r, rd::dist::Communicator* comm
 // Out of memory on any rank marks the measurement (an NCCL group whose rank failed is not
 // reused: the failing rank's peers would wait for it, so P > 1 rows are sized to fit).
 Timing measure(int64_t seq_len, int P, const rd::nn::DilatedAttentionOptions& o,
-               Direction direction, DistStrategy strategy) {
+               Direction direction, DistStrategy strategy, SequenceLayout layout) {
   std::vector<RankTiming> ranks(static_cast<size_t>(P));
   std::vector<std::exception_ptr> errors(static_cast<size_t>(P));
   auto run = [&](int r) {
     try {
       rd::dist::Communicator* comm = P == 1 ? nullptr : nccl_group(P)[static_cast<size_t>(r)].get();
-      ranks[static_cast<size_t>(r)] = time_rank(seq_len, P, r, comm, o, direction, strategy);
+      ranks[static_cast<size_t>(r)] =
+          time_rank(seq_len, P, r, comm, o, direction, strategy, layout);
     } catch (...) {
       errors[static_cast<size_t>(r)] = std::current_exception();
       if (P > 1) abort_group(P, rd::str_cat("rank ", r, " failed"));
@@ -197,6 +205,17 @@ Timing measure(int64_t seq_len, int P, const rd::nn::DilatedAttentionOptions& o,
   return timing;
 }
 
+// Largest over mean of the plan's attended pairs per rank (nn::attended_pairs_per_rank).
+double work_imbalance(const rd::nn::DilatedAttentionOptions& o, int64_t seq_len, int P,
+                      SequenceLayout layout) {
+  double total = 0, largest = 0;
+  for (int64_t w : rd::nn::attended_pairs_per_rank(o, seq_len, kHeads, P, layout)) {
+    total += static_cast<double>(w);
+    largest = std::max(largest, static_cast<double>(w));
+  }
+  return largest / (total / P);
+}
+
 // Measurements are made once per configuration and shared by the rows that compare them.
 struct Key {
   int64_t seq_len;
@@ -204,6 +223,8 @@ struct Key {
   bool dense;
   Direction direction;
   DistStrategy strategy;
+  bool causal = false;
+  SequenceLayout layout = SequenceLayout::kAuto;
   auto operator<=>(const Key&) const = default;
 };
 
@@ -212,8 +233,9 @@ const Timing& measured(const Key& key) {
   auto it = cache->find(key);
   if (it == cache->end()) {
     const rd::nn::DilatedAttentionOptions o =
-        key.dense ? dense_options(key.seq_len) : dilated_options(key.seq_len);
-    it = cache->emplace(key, measure(key.seq_len, key.P, o, key.direction, key.strategy)).first;
+        key.dense ? dense_options(key.seq_len) : dilated_options(key.seq_len, key.causal);
+    it = cache->emplace(key, measure(key.seq_len, key.P, o, key.direction, key.strategy, key.layout))
+             .first;
   }
   return it->second;
 }
@@ -250,26 +272,37 @@ void strategy_row(benchmark::State& state, int64_t seq_len, int P, Direction d, 
                                                             kHeads, kDim, /*bf16*/ 2));
 }
 
-// The fewest GPUs (1, 2, 4) on which N runs forward+backward: the strong-scaling baseline.
-std::optional<int> baseline_gpus(int64_t seq_len) {
+// Forward+backward of the dilated pairs, auto strategy.
+Key fwdbwd_key(int64_t seq_len, int P, bool causal, SequenceLayout layout) {
+  return {seq_len, P, false, Direction::kForwardBackward, DistStrategy::kAuto, causal, layout};
+}
+
+// The fewest GPUs (1, 2, 4) on which N runs forward+backward: the strong-scaling baseline
+// (one GPU: no layout).
+std::optional<int> baseline_gpus(int64_t seq_len, bool causal, SequenceLayout layout) {
   for (int P : {1, 2, 4}) {
     if (P > rd::cuda_device_count()) break;
-    if (!measured({seq_len, P, false, Direction::kForwardBackward, DistStrategy::kAuto})
-             .out_of_memory) {
-      return P;
-    }
+    const SequenceLayout l = P == 1 ? SequenceLayout::kAuto : layout;
+    if (!measured(fwdbwd_key(seq_len, P, causal, l)).out_of_memory) return P;
   }
   return std::nullopt;
 }
 
-void strong_row(benchmark::State& state, int64_t seq_len, int P) {
+// Strong scaling of one call at N: time on P GPUs against the baseline's, per GPU. Causal
+// rows run each layout (kAuto: zigzag), so the balance shows against the same-run contiguous.
+void strong_row(benchmark::State& state, int64_t seq_len, int P, bool causal = false,
+                SequenceLayout layout = SequenceLayout::kAuto) {
   if (!enough_gpus(state, P)) return;
-  const Timing& t = measured({seq_len, P, false, Direction::kForwardBackward, DistStrategy::kAuto});
+  const Timing& t = measured(fwdbwd_key(seq_len, P, causal, P == 1 ? SequenceLayout::kAuto : layout));
   if (!report(state, t, seq_len)) return;
-  const std::optional<int> P0 = baseline_gpus(seq_len);
+  const std::optional<int> P0 = baseline_gpus(seq_len, causal, layout);
   if (!P0) return;
   const Timing& base =
-      measured({seq_len, *P0, false, Direction::kForwardBackward, DistStrategy::kAuto});
+      measured(fwdbwd_key(seq_len, *P0, causal, *P0 == 1 ? SequenceLayout::kAuto : layout));
+  if (causal && P > 1) {
+    state.counters["work_imbalance"] = work_imbalance(dilated_options(seq_len, true), seq_len, P,
+                                                      layout);
+  }
   state.counters["baseline_gpus"] = *P0;
   state.counters["efficiency"] = base.seconds * *P0 / (t.seconds * P);
   state.counters["peak_over_baseline"] =
@@ -283,7 +316,20 @@ void weak_row(benchmark::State& state, int P) {
   if (!report(state, t, seq_len)) return;
   const Timing& one =
       measured({kMillion, 1, false, Direction::kForwardBackward, DistStrategy::kAuto});
-  if (!one.out_of_memory) state.counters["efficiency"] = one.seconds / t.seconds;
+  if (one.out_of_memory) return;
+  state.counters["efficiency"] = one.seconds / t.seconds;
+  // Pairs per second per GPU against one GPU's at 1M.
+  auto total_pairs = [](int64_t n, int ranks) {
+    double total = 0;
+    for (int64_t w : rd::nn::attended_pairs_per_rank(dilated_options(n), n, kHeads, ranks,
+                                                     SequenceLayout::kContiguous)) {
+      total += static_cast<double>(w);
+    }
+    return total;
+  };
+  const double rate_p = total_pairs(seq_len, P) / P / t.seconds;
+  const double rate_1 = total_pairs(kMillion, 1) / one.seconds;
+  state.counters["work_efficiency"] = rate_p / rate_1;
 }
 
 void dense_row(benchmark::State& state, int64_t seq_len, int P, Direction d) {
@@ -321,6 +367,12 @@ void add_rows() {
     for (int P : {1, 2, 4}) {
       add(rd::str_cat("strong/P", P, "/N", seq_len),
           [=](benchmark::State& state) { strong_row(state, seq_len, P); });
+    }
+    for (SequenceLayout layout : {SequenceLayout::kContiguous, SequenceLayout::kZigzag}) {
+      for (int P : {1, 2, 4}) {
+        add(rd::str_cat("strong_causal/", rd::nn::layout_name(layout), "/P", P, "/N", seq_len),
+            [=](benchmark::State& state) { strong_row(state, seq_len, P, true, layout); });
+      }
     }
   }
   for (int P : {1, 2, 4}) {

@@ -88,6 +88,10 @@ Tensor rotated_qkv(const Tensor& qkv, double rope_base, int64_t position_offset)
   return rope_base > 0 ? rotary_embedding_qkv_overwrite(qkv, position_offset, rope_base) : qkv;
 }
 
+Tensor rotated_qkv(const Tensor& qkv, double rope_base, const std::vector<PositionRun>& positions) {
+  return rope_base > 0 ? rotary_embedding_qkv_overwrite(qkv, positions, rope_base) : qkv;
+}
+
 }  // namespace attention_modules_internal
 
 Tensor MultiheadDilatedAttention::forward(const Tensor& x) {

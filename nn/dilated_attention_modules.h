@@ -11,6 +11,7 @@
 #include "ringdilated/nn/pattern_cache.h"
 #include "ringdilated/nn/random_state.h"
 #include "ringdilated/tensor/generator.h"
+#include "ringdilated/tensor/ops.h"
 
 namespace rd::nn {
 
@@ -92,6 +93,7 @@ namespace attention_modules_internal {
 // differentiates one buffer; the projection itself when rope_base = 0. The rotation
 // overwrites `qkv` (rotary_embedding_qkv_overwrite): pass the projection's fresh output.
 Tensor rotated_qkv(const Tensor& qkv, double rope_base, int64_t position_offset);
+Tensor rotated_qkv(const Tensor& qkv, double rope_base, const std::vector<PositionRun>& positions);
 // Throws rd::Error naming `module` unless rope_base is 0 or > 1 with an even head dim.
 void check_rope(double rope_base, int64_t head_dim, const char* module);
 

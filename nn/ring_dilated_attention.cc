@@ -63,12 +63,42 @@ constexpr int64_t kAutoGatherMaxBytes = int64_t{4} << 20;
 
 kernels::StridedView view_of(const Tensor& t) { return kernel_view(t, kOp); }
 
-// The sequence, its split into blocks and the tensor dims every rank shares.
+// resolve_layout, its errors naming `op`.
+SequenceLayout resolve_layout_for(const char* op, SequenceLayout layout, bool causal,
+                                  int64_t seq_len, int ranks) {
+  RD_CHECK(ranks >= 1 && seq_len >= 0, kInvalidArgument, op, ": ", ranks,
+           " ranks and a sequence of ", seq_len);
+  RD_CHECK(seq_len % ranks == 0, kShapeMismatch, op, ": the sequence length ", seq_len,
+           " does not split into ", ranks, " equal blocks (N % P = ", seq_len % ranks,
+           "); pad the sequence or pick P dividing N");
+  const int64_t pieces = 2 * static_cast<int64_t>(ranks);
+  const bool zigzag_fits = seq_len % pieces == 0;
+  if (layout == SequenceLayout::kAuto) {
+    return causal && ranks > 1 && zigzag_fits ? SequenceLayout::kZigzag : SequenceLayout::kContiguous;
+  }
+  RD_CHECK(layout != SequenceLayout::kZigzag || zigzag_fits, kShapeMismatch, op,
+           ": the zigzag layout needs 2P = ", pieces, " equal pieces, but the sequence length ",
+           seq_len, " leaves N % 2P = ", seq_len % pieces,
+           "; pad the sequence or use the contiguous layout");
+  return layout;
+}
+
+
+// The sequence, its split among the ranks and the tensor dims every rank shares. A rank's
+// rows are one piece of the sequence (contiguous layout) or two (zigzag: pieces r and
+// 2P - 1 - r of 2P, in that order).
 struct Layout {
-  int64_t batch = 0, chunk = 0, heads = 0, dim = 0;
+  int64_t batch = 0, chunk = 0, heads = 0, dim = 0;  // chunk: rows per rank
   int rank = 0, size = 1;
+  bool zigzag = false;
   int64_t seq_len() const { return chunk * size; }
-  Block block(int r) const { return {r * chunk, (r + 1) * chunk}; }
+  int pieces() const { return zigzag ? 2 : 1; }
+  int64_t piece_len() const { return chunk / pieces(); }
+  // Global positions of piece `j` of rank `r` (its rows [j * piece_len, + piece_len)).
+  Block piece(int r, int j) const {
+    const int64_t index = !zigzag ? r : (j == 0 ? r : 2 * size - 1 - r);
+    return {index * piece_len(), (index + 1) * piece_len()};
+  }
 };
 
 // Block-relative positions first, first + stride, ... (count of them).
@@ -91,10 +121,12 @@ struct ExchangeUnit {
   // sharing its segments). P when the segments do not align with the blocks.
   int span = 0;
 
-  Run run(Block b) const {
-    if (stride == 1) return {0, 1, b.size()};
-    const int64_t first = ((offset - b.begin) % stride + stride) % stride;
-    return {first, stride, first < b.size() ? (b.size() - first + stride - 1) / stride : 0};
+  // The unit's rows among rank `r`'s rows: one arithmetic run, also over both pieces of the
+  // zigzag layout (whose units keep stride r only where r divides the piece length).
+  Run run(const Layout& l, int r) const {
+    if (stride == 1) return {0, 1, l.chunk};
+    const int64_t first = ((offset - l.piece(r, 0).begin) % stride + stride) % stride;
+    return {first, stride, first < l.chunk ? (l.chunk - first + stride - 1) / stride : 0};
   }
 };
 
@@ -128,11 +160,23 @@ struct ExchangeGroup {
   bool empty() const { return units.empty(); }
 };
 
+// A BlockCall between a query piece of this rank and a key piece of rank `src`, its
+// selections moved from piece-relative to rank-local rows; q_origin and k_origin are the
+// global positions of local row 0 as those selections see it (the dropout numbering).
+struct LocalCall : BlockCall {
+  int64_t q_origin = 0, k_origin = 0;
+  int key_piece = 0;  // which of src's pieces the keys are in
+};
+
 struct SpPlan {
   Layout layout;
-  bool merged = false;                        // all-heads mixing: merge per pair
+  bool merged = false;  // all-heads mixing: merge per pair
   int num_pairs = 0;
-  std::vector<std::vector<BlockCall>> calls;  // [src]: this rank's calls on src's keys
+  // Calls within one piece of this rank: run in place, exactly as on one device.
+  std::vector<LocalCall> local_calls;
+  // [src]: this rank's other calls on src's keys, through exchange units (src == rank: the
+  // zigzag layout's queries of one piece on keys of its other piece).
+  std::vector<std::vector<LocalCall>> calls;
   std::vector<ExchangeUnit> units;
   ExchangeGroup ring;
   std::vector<ExchangeGroup> gathers;  // one per span, each all-gathered in its sub-groups
@@ -150,8 +194,8 @@ struct SpPlan {
   }
 };
 
-int64_t unit_elements(const Layout& l, const ExchangeUnit& u, int block) {
-  return l.batch * u.run(l.block(block)).count * u.heads.hc * l.dim;
+int64_t unit_elements(const Layout& l, const ExchangeUnit& u, int rank) {
+  return l.batch * u.run(l, rank).count * u.heads.hc * l.dim;
 }
 
 // The units that travel around the ring (span 0), or the all-gathered units of one span.
@@ -191,35 +235,58 @@ int exchange_span(const std::vector<std::pair<int, int>>& reads, int size) {
   return size;
 }
 
-SpPlan make_plan(const DilatedAttentionOptions& o, const Layout& l, DistStrategy strategy,
-                 int64_t element_bytes) {
-  SpPlan plan;
-  plan.layout = l;
-  plan.merged = o.mixing == HeadMixing::kAllHeads;
-  plan.num_pairs = static_cast<int>(o.segment_lengths.size());
-  for (int pair = 0; pair < static_cast<int>(o.segment_lengths.size()); ++pair) {
-    const int64_t r = o.dilation_rates[static_cast<size_t>(pair)];
-    for (const PairHeads& ph : fixed_pair_heads(o, l.heads, pair)) {
-      plan.units.push_back(
-          {pair, ph.heads, ph.offset, o.offset_rule == OffsetRule::kConstant ? r : 1});
-    }
+// The calls between piece i of rank a's queries and piece j of rank b's keys, in the ranks'
+// local rows.
+std::vector<LocalCall> piece_calls(const DilatedAttentionOptions& o, const Layout& l, int a,
+                                   int i, int b, int j) {
+  const Block qb = l.piece(a, i), kb = l.piece(b, j);
+  const int64_t q_shift = i * l.piece_len(), k_shift = j * l.piece_len();
+  std::vector<LocalCall> result;
+  for (const BlockCall& c : plan_block_calls(o, l.seq_len(), l.heads, qb, kb)) {
+    LocalCall lc;
+    static_cast<BlockCall&>(lc) = c;
+    lc.q.p0 += q_shift;
+    lc.k.p0 += k_shift;
+    lc.q_origin = qb.begin - q_shift;
+    lc.k_origin = kb.begin - k_shift;
+    lc.key_piece = j;
+    result.push_back(lc);
   }
-  // Every rank plans every block pair, so all agree on the units and the ring length.
+  return result;
+}
+
+// Every rank plans every (query piece, key piece), so all agree on the units and the ring.
+// Returns, per unit, the (query rank, key rank) of every call through it.
+std::vector<std::vector<std::pair<int, int>>> plan_calls(const DilatedAttentionOptions& o,
+                                                         SpPlan& plan) {
+  const Layout& l = plan.layout;
   plan.calls.resize(static_cast<size_t>(l.size));
-  std::vector<std::vector<std::pair<int, int>>> reads(plan.units.size());  // (query, key) blocks
+  std::vector<std::vector<std::pair<int, int>>> reads(plan.units.size());
   for (int a = 0; a < l.size; ++a) {
     for (int b = 0; b < l.size; ++b) {
-      std::vector<BlockCall> calls = plan_block_calls(o, l.seq_len(), l.heads, l.block(a), l.block(b));
-      if (a != b) {
-        for (const BlockCall& c : calls) {
-          const int unit = plan.unit_of(c);
-          plan.units[static_cast<size_t>(unit)].remote = true;
-          reads[static_cast<size_t>(unit)].push_back({a, b});
+      for (int i = 0; i < l.pieces(); ++i) {
+        for (int j = 0; j < l.pieces(); ++j) {
+          const bool same_piece = a == b && i == j;
+          for (LocalCall& c : piece_calls(o, l, a, i, b, j)) {
+            if (!same_piece) {
+              const int unit = plan.unit_of(c);
+              plan.units[static_cast<size_t>(unit)].remote = true;
+              reads[static_cast<size_t>(unit)].push_back({a, b});
+            }
+            if (a != l.rank) continue;
+            (same_piece ? plan.local_calls : plan.calls[static_cast<size_t>(b)]).push_back(c);
+          }
         }
       }
-      if (a == l.rank) plan.calls[static_cast<size_t>(b)] = std::move(calls);
     }
   }
+  return reads;
+}
+
+// Ring or all-gather per exchanged unit, and the ring's span and steps.
+void choose_exchange(const std::vector<std::vector<std::pair<int, int>>>& reads,
+                     DistStrategy strategy, int64_t element_bytes, SpPlan& plan) {
+  const Layout& l = plan.layout;
   std::vector<int> spans;
   for (size_t i = 0; i < plan.units.size(); ++i) {
     ExchangeUnit& u = plan.units[i];
@@ -246,6 +313,25 @@ SpPlan make_plan(const DilatedAttentionOptions& o, const Layout& l, DistStrategy
   plan.ring = make_group(l, plan.units, /*span=*/0);
   std::sort(spans.begin(), spans.end());  // every rank visits the sub-groups in one order
   for (int span : spans) plan.gathers.push_back(make_group(l, plan.units, span));
+}
+
+SpPlan make_plan(const DilatedAttentionOptions& o, const Layout& l, DistStrategy strategy,
+                 int64_t element_bytes) {
+  SpPlan plan;
+  plan.layout = l;
+  plan.merged = o.mixing == HeadMixing::kAllHeads;
+  plan.num_pairs = static_cast<int>(o.segment_lengths.size());
+  for (int pair = 0; pair < static_cast<int>(o.segment_lengths.size()); ++pair) {
+    const int64_t r = o.dilation_rates[static_cast<size_t>(pair)];
+    // A unit's rows form one run over a rank's rows when r divides the zigzag pieces;
+    // otherwise whole rows of its heads travel.
+    const bool strided = o.offset_rule == OffsetRule::kConstant &&
+                         (!l.zigzag || l.piece_len() % r == 0);
+    for (const PairHeads& ph : fixed_pair_heads(o, l.heads, pair)) {
+      plan.units.push_back({pair, ph.heads, ph.offset, strided ? r : 1});
+    }
+  }
+  choose_exchange(plan_calls(o, plan), strategy, element_bytes, plan);
   return plan;
 }
 
@@ -279,7 +365,7 @@ struct Exec {
   bool forced = false;
   bool hilbert = false;
   PatternCache* patterns = nullptr;
-  int plan_size = 1;  // ranks (the global variant's sequence is plan_size blocks)
+  int64_t seq_len = 0;  // N, over every rank
   // With dropout: each pair's first Philox counter (every rank draws the same ones), and the
   // mask is numbered by global (batch, head, query, key) positions, as on one device.
   std::vector<uint64_t> pair_offsets;
@@ -290,7 +376,6 @@ struct Keys {
   Tensor k, v;
   Selection sel;
   Tensor key_order;  // Hilbert order (use_hilbert) or undefined
-  Block block;       // the key block, for the dropout numbering
 };
 
 // The K and V of unit `u` of `group` in block `block`'s flat buffer (and the unit's run).
@@ -298,7 +383,7 @@ std::pair<Tensor, Tensor> packed_rows(const SpPlan& p, const ExchangeGroup& grou
                                       const Tensor& flat, int block) {
   const Layout& l = p.layout;
   const ExchangeUnit& u = p.units[static_cast<size_t>(group.units[i])];
-  const int64_t n = u.run(l.block(block)).count;
+  const int64_t n = u.run(l, block).count;
   const int64_t len = l.batch * n * u.heads.hc * l.dim;
   const int64_t at = group.offsets[static_cast<size_t>(block)][i];
   const Shape shape{l.batch, n, u.heads.hc, l.dim};
@@ -310,21 +395,20 @@ size_t index_in_group(const ExchangeGroup& group, int unit) {
                              group.units.begin());
 }
 
-// Keys of call `c` on block `src`: `local` = (k, v) when src is this rank, else the flat
-// buffer of src holding `group`'s units.
-Keys keys_of(const Exec& ex, const BlockCall& c, int src, const Tensor& k, const Tensor& v,
+// Keys of call `c`: this rank's k and v (a local call: `group` is null), else src's rows of
+// `group`'s units in the flat buffer `flat`.
+Keys keys_of(const Exec& ex, const LocalCall& c, int src, const Tensor& k, const Tensor& v,
              const ExchangeGroup* group, const Tensor& flat) {
   const SpPlan& p = *ex.plan;
   Keys keys;
-  if (src == p.layout.rank) {
-    keys = {k, v, c.k, Tensor(), {}};
+  if (group == nullptr) {
+    keys = {k, v, c.k, Tensor()};
   } else {
     const int unit = p.unit_of(c);
     const ExchangeUnit& u = p.units[static_cast<size_t>(unit)];
     auto [kc, vc] = packed_rows(p, *group, index_in_group(*group, unit), flat, src);
-    keys = {kc, vc, in_unit(c.k, u, u.run(p.layout.block(src))), Tensor(), {}};
+    keys = {kc, vc, in_unit(c.k, u, u.run(p.layout, src)), Tensor()};
   }
-  keys.block = p.layout.block(src);
   if (ex.hilbert) keys.key_order = hilbert_indices(*ex.patterns, keys.sel.n, keys.k.device());
   return keys;
 }
@@ -354,7 +438,7 @@ struct Target {
   Selection sel;
 };
 
-AttentionForwardArgs forward_args(const Exec& ex, const Tensor& q, const BlockCall& c,
+AttentionForwardArgs forward_args(const Exec& ex, const Tensor& q, const LocalCall& c,
                                   const Keys& keys, const Target& to) {
   AttentionForwardArgs a;
   a.q = view_of(select_bnhd(q, c.q));
@@ -369,13 +453,13 @@ AttentionForwardArgs forward_args(const Exec& ex, const Tensor& q, const BlockCa
   if (a.params.dropout > 0) {
     const Layout& l = ex.plan->layout;
     a.params.offset = ex.pair_offsets[static_cast<size_t>(c.pair)];
-    a.params.dropout_indexing =
-        block_dropout_indexing(c, l.block(l.rank), keys.block, l.seq_len(), l.heads);
+    a.params.dropout_indexing = block_dropout_indexing(c, {c.q_origin, c.q_origin},
+                                                       {c.k_origin, c.k_origin}, l.seq_len(), l.heads);
   }
   return a;
 }
 
-AttentionKernel run_forward(const Exec& ex, const Tensor& q, const BlockCall& c, const Keys& keys,
+AttentionKernel run_forward(const Exec& ex, const Tensor& q, const LocalCall& c, const Keys& keys,
                             const Target& to) {
   kernels::KernelBackend& backend = backend_for(q.device());
   const AttentionForwardArgs args = forward_args(ex, q, c, keys, to);
@@ -384,10 +468,10 @@ AttentionKernel run_forward(const Exec& ex, const Tensor& q, const BlockCall& c,
 }
 
 // The calls of `calls` that read keys of unit `unit`.
-std::vector<const BlockCall*> calls_of_unit(const SpPlan& p, const std::vector<BlockCall>& calls,
+std::vector<const LocalCall*> calls_of_unit(const SpPlan& p, const std::vector<LocalCall>& calls,
                                             int unit) {
-  std::vector<const BlockCall*> result;
-  for (const BlockCall& c : calls) {
+  std::vector<const LocalCall*> result;
+  for (const LocalCall& c : calls) {
     if (p.unit_of(c) == unit) result.push_back(&c);
   }
   return result;
@@ -420,7 +504,7 @@ UnitAcc& unit_acc(const SpPlan& p, ForwardState& st, int unit, DType q_dtype) {
   const ExchangeUnit& u = p.units[static_cast<size_t>(unit)];
   UnitAcc ua;
   ua.unit = unit;
-  ua.rows = u.run(l.block(l.rank));
+  ua.rows = u.run(l, l.rank);
   // Head groups start from the local calls' (rounded) rows; all heads merge in place.
   ua.out = p.merged ? unit_rows(st.acc_out, u, ua.rows)
                     : unit_rows(st.out, u, ua.rows).to(st.lse.dtype()).contiguous();
@@ -436,10 +520,10 @@ UnitAcc& unit_acc(const SpPlan& p, ForwardState& st, int unit, DType q_dtype) {
 void local_forward(const Exec& ex, const Tensor& q, const Tensor& k, const Tensor& v,
                    ForwardState& st) {
   const SpPlan& p = *ex.plan;
-  const std::vector<BlockCall>& calls = p.calls[static_cast<size_t>(p.layout.rank)];
-  auto keys = [&](const BlockCall& c) { return keys_of(ex, c, p.layout.rank, k, v, nullptr, Tensor()); };
+  const std::vector<LocalCall>& calls = p.local_calls;
+  auto keys = [&](const LocalCall& c) { return keys_of(ex, c, p.layout.rank, k, v, nullptr, Tensor()); };
   if (!p.merged) {
-    for (const BlockCall& c : calls) {
+    for (const LocalCall& c : calls) {
       st.slowest = slower(st.slowest, run_forward(ex, q, c, keys(c), {st.out, st.lse, c.q}));
     }
     return;
@@ -448,7 +532,7 @@ void local_forward(const Exec& ex, const Tensor& q, const Tensor& k, const Tenso
   for (int pair = 0; pair < p.num_pairs; ++pair) {
     part.zero_();
     part_lse.fill_(kNegInf);
-    for (const BlockCall& c : calls) {
+    for (const LocalCall& c : calls) {
       if (c.pair != pair) continue;
       st.slowest = slower(st.slowest, run_forward(ex, q, c, keys(c), {part, part_lse, c.q}));
     }
@@ -461,44 +545,52 @@ void local_forward(const Exec& ex, const Tensor& q, const Tensor& k, const Tenso
 void remote_forward(const Exec& ex, int src, const Tensor& q, const ExchangeGroup& group,
                     const Tensor& flat, ForwardState& st) {
   const SpPlan& p = *ex.plan;
-  const std::vector<BlockCall>& calls = p.calls[static_cast<size_t>(src)];
+  const std::vector<LocalCall>& calls = p.calls[static_cast<size_t>(src)];
   for (int unit : group.units) {
-    const std::vector<const BlockCall*> mine = calls_of_unit(p, calls, unit);
+    const std::vector<const LocalCall*> mine = calls_of_unit(p, calls, unit);
     if (mine.empty()) continue;
     UnitAcc& ua = unit_acc(p, st, unit, q.dtype());
     const ExchangeUnit& u = p.units[static_cast<size_t>(unit)];
-    ua.part_out.zero_();
-    ua.part_lse.fill_(kNegInf);
-    for (const BlockCall* c : mine) {
-      const Keys keys = keys_of(ex, *c, src, Tensor(), Tensor(), &group, flat);
-      st.slowest = slower(st.slowest, run_forward(ex, q, *c, keys,
-                                                  {ua.part_out, ua.part_lse, in_unit(c->q, u, ua.rows)}));
+    // One partial per key piece: within one the calls write disjoint query rows (a row
+    // meets a piece in one segment per pair), across the two pieces of the zigzag layout
+    // they may not.
+    for (int piece = 0; piece < p.layout.pieces(); ++piece) {
+      ua.part_out.zero_();
+      ua.part_lse.fill_(kNegInf);
+      bool any = false;
+      for (const LocalCall* c : mine) {
+        if (c->key_piece != piece) continue;
+        const Keys keys = keys_of(ex, *c, src, Tensor(), Tensor(), &group, flat);
+        st.slowest = slower(st.slowest, run_forward(ex, q, *c, keys,
+                                                    {ua.part_out, ua.part_lse, in_unit(c->q, u, ua.rows)}));
+        any = true;
+      }
+      if (any) attention_merge_(ua.out, ua.lse, ua.part_out, ua.part_lse);
     }
-    attention_merge_(ua.out, ua.lse, ua.part_out, ua.part_lse);
   }
 }
 
 // Copies this rank's rows of `group`'s units from k and v into `flat`.
 void pack(const SpPlan& p, const ExchangeGroup& group, const Tensor& flat, const Tensor& k,
           const Tensor& v) {
-  const Block mine = p.layout.block(p.layout.rank);
   for (size_t i = 0; i < group.units.size(); ++i) {
     const ExchangeUnit& u = p.units[static_cast<size_t>(group.units[i])];
+    const Run mine = u.run(p.layout, p.layout.rank);
     auto [kc, vc] = packed_rows(p, group, i, flat, p.layout.rank);
-    kc.copy_(unit_rows(k, u, u.run(mine)));
-    vc.copy_(unit_rows(v, u, u.run(mine)));
+    kc.copy_(unit_rows(k, u, mine));
+    vc.copy_(unit_rows(v, u, mine));
   }
 }
 
 // Adds this rank's packed dK/dV rows of `group` (in `flat`) into grad_k and grad_v.
 void unpack_add(const SpPlan& p, const ExchangeGroup& group, const Tensor& flat,
                 const Tensor& grad_k, const Tensor& grad_v) {
-  const Block mine = p.layout.block(p.layout.rank);
   for (size_t i = 0; i < group.units.size(); ++i) {
     const ExchangeUnit& u = p.units[static_cast<size_t>(group.units[i])];
+    const Run mine = u.run(p.layout, p.layout.rank);
     auto [dk, dv] = packed_rows(p, group, i, flat, p.layout.rank);
-    add_into(unit_rows(grad_k, u, u.run(mine)), dk);
-    add_into(unit_rows(grad_v, u, u.run(mine)), dv);
+    add_into(unit_rows(grad_k, u, mine), dk);
+    add_into(unit_rows(grad_v, u, mine), dv);
   }
 }
 
@@ -536,7 +628,8 @@ void exchange(const Exec& ex, const Tensor& k, const Tensor& v, dist::Communicat
   const std::vector<int64_t>& elements = p.ring.elements;
   auto length = [&](int block) { return elements[static_cast<size_t>(block)]; };
   Tensor cur, nxt, dcur, dnxt;
-  if (p.ring_steps > 0) {
+  const bool ring = !p.ring.empty();
+  if (ring) {
     cur = empty({p.ring.max_elements}, opts);
     nxt = empty({p.ring.max_elements}, opts);
     pack(p, p.ring, prefix(cur, length(me)), k, v);
@@ -552,11 +645,11 @@ void exchange(const Exec& ex, const Tensor& k, const Tensor& v, dist::Communicat
       step = comm.isendrecv(prefix(cur, length(src)), peer(1), prefix(nxt, length(next_src)),
                             peer(-1));
     }
-    if (t == 0) {
-      local();
-    } else if (grads != nullptr) {
+    // Step 0 visits this rank's own rows too: the zigzag layout's calls between its pieces.
+    if (t == 0) local();
+    if (ring && grads != nullptr) {
       grads->visit(src, p.ring, cur, dcur);
-    } else {
+    } else if (ring) {
       visit(src, p.ring, cur);
     }
     if (!step) continue;
@@ -574,6 +667,8 @@ void exchange(const Exec& ex, const Tensor& k, const Tensor& v, dist::Communicat
     dist::send_recv(comm, prefix(dcur, length(owner)), owner, prefix(dnxt, length(me)),
                     peer(p.ring_steps));
     grads->home(p.ring, dnxt);
+  } else if (grads != nullptr && ring) {
+    grads->home(p.ring, dcur);  // only this rank's own rows were read: dcur is ours
   }
   for (const ExchangeGroup& group : p.gathers) {
     dist::Communicator& gc = gather_comm(comm, group.span);
@@ -584,8 +679,7 @@ void exchange(const Exec& ex, const Tensor& k, const Tensor& v, dist::Communicat
     gc.all_gather(all, mine);
     Tensor all_grads =
         grads != nullptr ? zeros({group.span, group.max_elements}, acc_opts) : Tensor();
-    for (int i = 0; i < group.span; ++i) {
-      if (first + i == me) continue;
+    for (int i = 0; i < group.span; ++i) {  // this rank's own rows too (zigzag)
       if (grads != nullptr) {
         grads->visit(first + i, group, all.select(0, i), all_grads.select(0, i));
       } else {
@@ -646,7 +740,7 @@ QkvGrads fixed_backward(const Exec& ex, const Tensor& q, const Tensor& k, const 
   const TensorOptions grad_opts = p.merged ? acc_opts : options_like(q);
   QkvGrads g{zeros(q.shape(), grad_opts), zeros(q.shape(), grad_opts), zeros(q.shape(), grad_opts)};
   kernels::KernelBackend& backend = backend_for(q.device());
-  auto run_backward = [&](const BlockCall& c, const Keys& keys, const Tensor& gq,
+  auto run_backward = [&](const LocalCall& c, const Keys& keys, const Tensor& gq,
                           const Selection& q_sel, const Tensor& gk, const Tensor& gv,
                           bool start_at_zero) {
     const AttentionForwardArgs fwd = forward_args(ex, q, c, keys, {out, lse, c.q});
@@ -659,7 +753,7 @@ QkvGrads fixed_backward(const Exec& ex, const Tensor& q, const Tensor& k, const 
                       [&](AttentionKernel kk) { backend.attention_backward(kk, b); });
   };
   auto local = [&] {
-    for (const BlockCall& c : p.calls[static_cast<size_t>(me)]) {
+    for (const LocalCall& c : p.local_calls) {
       run_backward(c, keys_of(ex, c, me, k, v, nullptr, Tensor()), g.q, c.q, g.k, g.v,
                    /*start_at_zero=*/!p.merged);
     }
@@ -676,11 +770,11 @@ QkvGrads fixed_backward(const Exec& ex, const Tensor& q, const Tensor& k, const 
   };
   RemoteGrads remote;
   remote.visit = [&](int src, const ExchangeGroup& group, const Tensor& flat, const Tensor& grads) {
-    const std::vector<BlockCall>& calls = p.calls[static_cast<size_t>(src)];
+    const std::vector<LocalCall>& calls = p.calls[static_cast<size_t>(src)];
     for (int unit : group.units) {
       const ExchangeUnit& u = p.units[static_cast<size_t>(unit)];
-      const Run rows = u.run(l.block(me));
-      for (const BlockCall* c : calls_of_unit(p, calls, unit)) {
+      const Run rows = u.run(l, me);
+      for (const LocalCall* c : calls_of_unit(p, calls, unit)) {
         const Keys keys = keys_of(ex, *c, src, Tensor(), Tensor(), &group, flat);
         auto [gk, gv] = packed_rows(p, group, index_in_group(group, unit), grads, src);
         run_backward(*c, keys, dq_of(unit, rows), in_unit(c->q, u, rows), gk, gv,
@@ -694,7 +788,7 @@ QkvGrads fixed_backward(const Exec& ex, const Tensor& q, const Tensor& k, const 
   exchange(ex, k, v, comm, local, nullptr, &remote);
   for (const auto& [unit, dq] : unit_dq) {
     const ExchangeUnit& u = p.units[static_cast<size_t>(unit)];
-    add_into(unit_rows(g.q, u, u.run(l.block(me))), dq);
+    add_into(unit_rows(g.q, u, u.run(l, me)), dq);
   }
   return g;
 }
@@ -714,28 +808,56 @@ Tensor cycled_rows(int64_t seq_len, int64_t r, int64_t o, int64_t begin, int64_t
 // One head group's share of the global variant on this rank: its heads of q, k and v for
 // the whole sequence (all-gathered), the cycled rows of this rank's queries and of the keys
 // they may see, and the attention call between them.
+// One head group's share for one piece of this rank's rows (two under the zigzag layout).
 struct GlobalGroup {
   int pair = 0;
   Heads heads;
   Tensor q_rows, key_rows;  // int64 indices into the full sequence
-  int64_t causal_offset = 0;
+  int64_t causal_offset = 0;  // the global position of the piece's first row
+  int64_t local_row = 0;      // the piece's first row in this rank's tensors
 };
 
 std::vector<GlobalGroup> global_groups(const DilatedAttentionOptions& o, const Layout& l,
                                        Device device) {
   const int64_t pairs = static_cast<int64_t>(o.dilation_rates.size());
   const std::vector<Heads> groups = head_groups(l.heads, pairs, /*extra_to_first=*/false);
-  const Block mine = l.block(l.rank);
   std::vector<GlobalGroup> result;
   for (int64_t i = 0; i < pairs; ++i) {
     const int64_t r = o.dilation_rates[static_cast<size_t>(i)], offset = i % r;
-    // Causal: row j sees list entries m <= j only, so keys past this rank's rows never count.
-    const int64_t key_end = o.causal ? mine.end : l.seq_len();
-    result.push_back({static_cast<int>(i), groups[static_cast<size_t>(i)],
-                      cycled_rows(l.seq_len(), r, offset, mine.begin, mine.end, device),
-                      cycled_rows(l.seq_len(), r, offset, 0, key_end, device), mine.begin});
+    for (int j = 0; j < l.pieces(); ++j) {
+      const Block mine = l.piece(l.rank, j);
+      // Causal: row j sees list entries m <= j only, so keys past the piece never count.
+      const int64_t key_end = o.causal ? mine.end : l.seq_len();
+      result.push_back({static_cast<int>(i), groups[static_cast<size_t>(i)],
+                        cycled_rows(l.seq_len(), r, offset, mine.begin, mine.end, device),
+                        cycled_rows(l.seq_len(), r, offset, 0, key_end, device), mine.begin,
+                        j * l.piece_len()});
+    }
   }
   return result;
+}
+
+// The whole sequence along `dim` from every rank's rows (blocks[r]: rank r's, in order).
+Tensor join_blocks(const std::vector<Tensor>& blocks, const Layout& l, int64_t dim) {
+  if (!l.zigzag) return cat(blocks, dim);
+  std::vector<Tensor> pieces(static_cast<size_t>(2 * l.size));
+  for (int r = 0; r < l.size; ++r) {
+    for (int j = 0; j < 2; ++j) {
+      pieces[static_cast<size_t>(l.piece(r, j).begin / l.piece_len())] =
+          blocks[static_cast<size_t>(r)].narrow(dim, j * l.piece_len(), l.piece_len());
+    }
+  }
+  return cat(pieces, dim);
+}
+
+// Rank r's rows, along `dim`, of a tensor over the whole sequence.
+Tensor rank_rows(const Tensor& full, const Layout& l, int r, int64_t dim) {
+  std::vector<Tensor> pieces;
+  for (int j = 0; j < l.pieces(); ++j) {
+    const Block b = l.piece(r, j);
+    pieces.push_back(full.narrow(dim, b.begin, b.size()));
+  }
+  return pieces.size() == 1 ? pieces[0] : cat(pieces, dim);
 }
 
 // [B, N, hc, D] tensors of q, k and v of the group's heads over the whole sequence.
@@ -747,8 +869,10 @@ std::vector<Tensor> gather_group_heads(const Tensor& q, const Tensor& k, const T
   for (int64_t d : mine.shape()) all_shape.push_back(d);
   Tensor all = empty(all_shape, TensorOptions(q.dtype()).with_device(q.device()));
   comm.all_gather(all, mine);
-  // [P, 3, B, C, hc, D] -> 3 x [B, P * C, hc, D]
-  const Tensor full = all.permute({1, 2, 0, 3, 4, 5}).reshape({3, l.batch, l.seq_len(), h.hc, l.dim});
+  // [P, 3, B, C, hc, D] -> 3 x [B, N, hc, D]
+  std::vector<Tensor> blocks;
+  for (int r = 0; r < l.size; ++r) blocks.push_back(all.select(0, r));
+  const Tensor full = join_blocks(blocks, l, /*dim=*/2);
   return {full.select(0, 0), full.select(0, 1), full.select(0, 2)};
 }
 
@@ -762,17 +886,106 @@ AttentionForwardArgs global_args(const Exec& ex, const GlobalGroup& g, const std
   a.q = view_of((*keep)[0]);
   a.k = view_of((*keep)[1]);
   a.v = view_of((*keep)[2]);
-  a.out = view_of(out.narrow(2, g.heads.h0, g.heads.hc).permute({0, 2, 1, 3}));
-  a.lse = view_of(lse.narrow(1, g.heads.h0, g.heads.hc));
+  const int64_t rows = g.q_rows.numel();
+  a.out = view_of(out.narrow(1, g.local_row, rows).narrow(2, g.heads.h0, g.heads.hc).permute({0, 2, 1, 3}));
+  a.lse = view_of(lse.narrow(1, g.heads.h0, g.heads.hc).narrow(2, g.local_row, rows));
   a.params = ex.params;
   a.params.causal_offset = g.causal_offset;
   if (ex.hilbert) a.params.key_order = static_cast<const int64_t*>(view_of((*keep)[3]).data);
   if (a.params.dropout > 0) {
     a.params.offset = ex.pair_offsets[static_cast<size_t>(g.pair)];
     a.params.dropout_indexing = global_dropout_indexing(
-        g.heads.h0, /*first_row=*/g.causal_offset, out.size(1) * ex.plan_size, out.size(2));
+        g.heads.h0, /*first_row=*/g.causal_offset, ex.seq_len, out.size(2));
   }
   return a;
+}
+
+struct GlobalForward {
+  Tensor out, lse;
+  AttentionKernel slowest = AttentionKernel::kCudnn;
+};
+
+// The global variant's forward: per pair, its head group gathered once over the whole
+// sequence, then one call per piece of this rank's rows.
+GlobalForward global_forward(const Exec& ex, const Layout& l, const std::vector<GlobalGroup>& groups,
+                             const Tensor& q, const Tensor& k, const Tensor& v,
+                             dist::Communicator& comm) {
+  GlobalForward f;
+  f.out = zeros(q.shape(), options_like(q));
+  f.lse = full({l.batch, l.heads, l.chunk}, kNegInf,
+               TensorOptions(accumulation_dtype(q.dtype())).with_device(q.device()));
+  kernels::KernelBackend& backend = backend_for(q.device());
+  std::vector<Tensor> qkv;
+  for (size_t i = 0; i < groups.size(); ++i) {
+    const GlobalGroup& g = groups[i];
+    if (i == 0 || groups[i - 1].pair != g.pair) qkv = gather_group_heads(q, k, v, g.heads, l, comm);
+    std::vector<Tensor> keep;
+    const AttentionForwardArgs args = global_args(ex, g, qkv, f.out, f.lse, &keep);
+    f.slowest = slower(f.slowest, run_with_fallback(backend, ex.kernels, args, nullptr, ex.forced, kOp,
+                                                    [&](AttentionKernel kk) { backend.attention_forward(kk, args); }));
+  }
+  return f;
+}
+
+// Adds one piece's gradients of q, k and v into `full_grads` [3, B, N, hc, D] (whole-sequence
+// positions): its call's backward on the gathered rows, each row added back at its position.
+void global_piece_backward(const Exec& ex, const Layout& l, const GlobalGroup& g,
+                           const std::vector<Tensor>& qkv, const Tensor& out, const Tensor& lse,
+                           const Tensor& grad_out, const Tensor& grad_lse, const Tensor& full_grads) {
+  kernels::KernelBackend& be = backend_for(out.device());
+  const TensorOptions acc = options_like(full_grads);
+  std::vector<Tensor> keep;
+  const AttentionForwardArgs fwd = global_args(ex, g, qkv, out, lse, &keep);
+  const int64_t nq = g.q_rows.numel(), nk = g.key_rows.numel();
+  const Shape q_shape{l.batch, g.heads.hc, nq, l.dim}, k_shape{l.batch, g.heads.hc, nk, l.dim};
+  std::vector<Tensor> gathered{zeros(q_shape, acc), zeros(k_shape, acc), zeros(k_shape, acc)};
+  AttentionBackwardArgs b = backward_args(
+      kOp, fwd,
+      grad_out.narrow(1, g.local_row, nq).narrow(2, g.heads.h0, g.heads.hc).permute({0, 2, 1, 3}),
+      grad_lse.defined() ? grad_lse.narrow(1, g.heads.h0, g.heads.hc).narrow(2, g.local_row, nq)
+                         : Tensor(),
+      gathered[0], gathered[1], gathered[2]);
+  b.grads_start_at_zero = true;
+  run_with_fallback(be, ex.kernels, fwd, &b, ex.forced, kOp,
+                    [&](AttentionKernel kk) { be.attention_backward(kk, b); });
+  const Tensor* rows[3] = {&g.q_rows, &g.key_rows, &g.key_rows};
+  for (int t = 0; t < 3; ++t) {
+    be.index_add(view_of(full_grads.select(0, t)), 1, view_of(*rows[t]),
+                 view_of(gathered[static_cast<size_t>(t)].permute({0, 2, 1, 3})));
+  }
+}
+
+// The global variant's backward: per pair, every piece's gradients over the whole sequence,
+// then one reduce-scatter that sums the ranks' shares and leaves each its own rows.
+std::vector<Tensor> global_backward(const Exec& ex, const Layout& l,
+                                    const std::vector<GlobalGroup>& groups,
+                                    const std::vector<Tensor>& qkv_local, const Tensor& out,
+                                    const Tensor& lse, const Tensor& grad_out,
+                                    const Tensor& grad_lse, dist::Communicator& comm) {
+  kernels::KernelBackend& be = backend_for(out.device());
+  const TensorOptions acc = TensorOptions(accumulation_dtype(out.dtype())).with_device(out.device());
+  std::vector<Tensor> result{zeros(out.shape(), acc), zeros(out.shape(), acc), zeros(out.shape(), acc)};
+  for (size_t first = 0; first < groups.size();) {
+    const GlobalGroup& g = groups[first];
+    const std::vector<Tensor> qkv =
+        gather_group_heads(qkv_local[0], qkv_local[1], qkv_local[2], g.heads, l, comm);
+    const Tensor full_grads = zeros({3, l.batch, l.seq_len(), g.heads.hc, l.dim}, acc);
+    size_t end = first;
+    for (; end < groups.size() && groups[end].pair == g.pair; ++end) {
+      global_piece_backward(ex, l, groups[end], qkv, out, lse, grad_out, grad_lse, full_grads);
+    }
+    // [3, B, N, hc, D] -> [P, 3, B, C, hc, D], rank-major for reduce_scatter.
+    std::vector<Tensor> per_rank;
+    for (int r = 0; r < l.size; ++r) per_rank.push_back(rank_rows(full_grads, l, r, 2));
+    Tensor mine = empty({3, l.batch, l.chunk, g.heads.hc, l.dim}, acc);
+    comm.reduce_scatter(mine, stack(per_rank));
+    for (int t = 0; t < 3; ++t) {
+      be.accumulate(view_of(result[static_cast<size_t>(t)].narrow(2, g.heads.h0, g.heads.hc)),
+                    view_of(mine.select(0, t)));
+    }
+    first = end;
+  }
+  return result;
 }
 
 void check_inputs(const Tensor& q, const Tensor& k, const Tensor& v,
@@ -792,7 +1005,8 @@ void check_inputs(const Tensor& q, const Tensor& k, const Tensor& v,
 RingAttentionResult attend(const Tensor& q, const Tensor& k, const Tensor& v,
                            const std::vector<Tensor>& inputs, bool packed,
                            const DilatedAttentionOptions& options, dist::Communicator& comm,
-                           DistStrategy strategy, const AttentionCallContext& context) {
+                           DistStrategy strategy, const AttentionCallContext& context,
+                           SequenceLayout layout) {
   RingAttentionResult result;
   if (comm.size() == 1) {  // one rank: exactly the single-device call, no communication
     result.attention = packed ? dilated_attention_qkv_with_lse(inputs[0], options, context)
@@ -800,7 +1014,10 @@ RingAttentionResult attend(const Tensor& q, const Tensor& k, const Tensor& v,
     return result;
   }
   check_inputs(q, k, v, options, comm, context);
-  Layout l{q.size(0), q.size(1), q.size(2), q.size(3), comm.rank(), comm.size()};
+  const SequenceLayout resolved =
+      resolve_layout_for(kOp, layout, options.causal, q.size(1) * comm.size(), comm.size());
+  Layout l{q.size(0), q.size(1), q.size(2), q.size(3), comm.rank(), comm.size(),
+           resolved == SequenceLayout::kZigzag};
   Exec ex;
   ex.params.scale = options.scale.value_or(1.0 / std::sqrt(static_cast<double>(l.dim)));
   const AttentionPath requested = requested_path(options.path, kOp);
@@ -808,7 +1025,7 @@ RingAttentionResult attend(const Tensor& q, const Tensor& k, const Tensor& v,
   ex.forced = requested != AttentionPath::kAuto;
   ex.hilbert = options.use_hilbert;
   ex.patterns = context.patterns != nullptr ? context.patterns : &global_pattern_cache();
-  ex.plan_size = l.size;
+  ex.seq_len = l.seq_len();
   if (context.training && options.dropout > 0) {
     ex.params.dropout = options.dropout;
     ex.params.seed = context.generator->seed();
@@ -852,75 +1069,26 @@ RingAttentionResult attend(const Tensor& q, const Tensor& k, const Tensor& v,
     }
   } else {
     const std::vector<GlobalGroup> groups = global_groups(options, l, q.device());
-    const TensorOptions acc_opts =
-        TensorOptions(accumulation_dtype(q.dtype())).with_device(q.device());
-    Tensor out = zeros(q.shape(), TensorOptions(q.dtype()).with_device(q.device()));
-    Tensor lse = full({l.batch, l.heads, l.chunk}, kNegInf, acc_opts);
-    kernels::KernelBackend& backend = backend_for(q.device());
-    AttentionKernel slowest = AttentionKernel::kCudnn;
     ex.params.causal = options.causal;
     const int64_t before = comm.stats().bytes_sent;
-    for (const GlobalGroup& g : groups) {
-      const std::vector<Tensor> qkv = gather_group_heads(qd, kd, vd, g.heads, l, comm);
-      std::vector<Tensor> keep;
-      const AttentionForwardArgs args = global_args(ex, g, qkv, out, lse, &keep);
-      slowest = slower(slowest, run_with_fallback(backend, ex.kernels, args, nullptr, ex.forced, kOp,
-                                                  [&](AttentionKernel kk) { backend.attention_forward(kk, args); }));
-    }
-    result.attention.out = out;
-    result.attention.lse = lse.to(DType::kFloat32);
-    result.attention.path_used = path_of(slowest);
-    result.gathered_pairs = static_cast<int>(groups.size());
+    GlobalForward fwd = global_forward(ex, l, groups, qd, kd, vd, comm);
+    result.attention.out = fwd.out;
+    result.attention.lse = fwd.lse.to(DType::kFloat32);
+    result.attention.path_used = path_of(fwd.slowest);
+    result.gathered_pairs = static_cast<int>(options.segment_lengths.size());
     result.forward_bytes_sent = comm.stats().bytes_sent - before;
     if (grad) {
       autograd::record(
           {result.attention.out, result.attention.lse}, kOp, inputs,
-          [ex, groups, l, qd, kd, vd, input_grads, comm = &comm, out = out.detach(),
-           lse = lse.detach()](const std::vector<Tensor>& grads) {
+          [ex, groups, l, qd, kd, vd, input_grads, comm = &comm, out = fwd.out.detach(),
+           lse = fwd.lse.detach()](const std::vector<Tensor>& grads) {
             const Tensor grad_out =
                 grads[0].defined() ? grads[0].to(out.dtype()).contiguous() : zeros_like(out);
             const Tensor grad_lse =
                 grads[1].defined() ? grads[1].to(lse.dtype()).contiguous() : Tensor();
-            kernels::KernelBackend& be = backend_for(out.device());
-            const TensorOptions acc =
-                TensorOptions(accumulation_dtype(out.dtype())).with_device(out.device());
-            std::vector<Tensor> result{zeros(out.shape(), acc), zeros(out.shape(), acc),
-                                       zeros(out.shape(), acc)};
-            for (const GlobalGroup& g : groups) {
-              const std::vector<Tensor> qkv = gather_group_heads(qd, kd, vd, g.heads, l, *comm);
-              std::vector<Tensor> keep;
-              const AttentionForwardArgs fwd = global_args(ex, g, qkv, out, lse, &keep);
-              const int64_t nq = g.q_rows.numel(), nk = g.key_rows.numel();
-              const Shape q_shape{l.batch, g.heads.hc, nq, l.dim}, k_shape{l.batch, g.heads.hc, nk, l.dim};
-              std::vector<Tensor> gathered{zeros(q_shape, acc), zeros(k_shape, acc), zeros(k_shape, acc)};
-              AttentionBackwardArgs b = backward_args(
-                  kOp, fwd, grad_out.narrow(2, g.heads.h0, g.heads.hc).permute({0, 2, 1, 3}),
-                  grad_lse.defined() ? grad_lse.narrow(1, g.heads.h0, g.heads.hc) : Tensor(),
-                  gathered[0], gathered[1], gathered[2]);
-              b.grads_start_at_zero = true;
-              run_with_fallback(be, ex.kernels, fwd, &b, ex.forced, kOp,
-                                [&](AttentionKernel kk) { be.attention_backward(kk, b); });
-              // Row m of a gathered copy came from sequence position rows[m]: add it back
-              // there, then sum every rank's share and keep this rank's block.
-              Tensor full_grads = zeros({3, l.batch, l.seq_len(), g.heads.hc, l.dim}, acc);
-              const Tensor* rows[3] = {&g.q_rows, &g.key_rows, &g.key_rows};
-              for (int t = 0; t < 3; ++t) {
-                be.index_add(view_of(full_grads.select(0, t)), 1, view_of(*rows[t]),
-                             view_of(gathered[static_cast<size_t>(t)].permute({0, 2, 1, 3})));
-              }
-              // [3, B, P * C, hc, D] -> [P, 3, B, C, hc, D], rank-major for reduce_scatter.
-              const Tensor by_rank =
-                  full_grads.view({3, l.batch, l.size, l.chunk, g.heads.hc, l.dim})
-                      .permute({2, 0, 1, 3, 4, 5})
-                      .contiguous();
-              Tensor mine = empty({3, l.batch, l.chunk, g.heads.hc, l.dim}, acc);
-              comm->reduce_scatter(mine, by_rank);
-              for (int t = 0; t < 3; ++t) {
-                be.accumulate(view_of(result[static_cast<size_t>(t)].narrow(2, g.heads.h0, g.heads.hc)),
-                              view_of(mine.select(0, t)));
-              }
-            }
-            return input_grads(result, out.dtype());
+            return input_grads(global_backward(ex, l, groups, {qd, kd, vd}, out, lse, grad_out,
+                                               grad_lse, *comm),
+                               out.dtype());
           });
     }
   }
@@ -934,40 +1102,142 @@ RingAttentionResult ring_dilated_attention_with_lse(const Tensor& q, const Tenso
                                                     const DilatedAttentionOptions& options,
                                                     dist::Communicator& comm,
                                                     DistStrategy strategy,
-                                                    const AttentionCallContext& context) {
-  return attend(q, k, v, {q, k, v}, false, options, comm, strategy, context);
+                                                    const AttentionCallContext& context,
+                                                    SequenceLayout layout) {
+  return attend(q, k, v, {q, k, v}, false, options, comm, strategy, context, layout);
 }
 
 RingAttentionResult ring_dilated_attention_qkv_with_lse(const Tensor& qkv,
                                                         const DilatedAttentionOptions& options,
                                                         dist::Communicator& comm,
                                                         DistStrategy strategy,
-                                                        const AttentionCallContext& context) {
+                                                        const AttentionCallContext& context,
+                                                        SequenceLayout layout) {
   RD_CHECK(qkv.defined() && qkv.dim() == 5 && qkv.size(2) == 3, kShapeMismatch, kOp,
            ": argument 'qkv' must be this rank's block [B, N / P, 3, H, D], got ",
            qkv.defined() ? shape_str(qkv.shape()) : std::string("undefined"));
   const Tensor base = qkv.detach();
   return attend(base.select(2, 0), base.select(2, 1), base.select(2, 2), {qkv}, true, options,
-                comm, strategy, context);
+                comm, strategy, context, layout);
 }
 
-Tensor sequence_block(const Tensor& sequence, int rank, int size) {
+const char* layout_name(SequenceLayout layout) {
+  switch (layout) {
+    case SequenceLayout::kAuto: return "auto";
+    case SequenceLayout::kContiguous: return "contiguous";
+    case SequenceLayout::kZigzag: return "zigzag";
+  }
+  return "?";
+}
+
+SequenceLayout resolve_layout(SequenceLayout layout, bool causal, int64_t seq_len, int ranks) {
+  return resolve_layout_for("resolve_layout", layout, causal, seq_len, ranks);
+}
+
+std::vector<Block> sequence_pieces(SequenceLayout layout, int64_t seq_len, int rank, int size) {
+  RD_CHECK(size >= 1 && rank >= 0 && rank < size, kInvalidArgument, "sequence_pieces: rank ",
+           rank, " is not in a group of ", size);
+  RD_CHECK(layout != SequenceLayout::kAuto, kInvalidArgument,
+           "sequence_pieces: resolve kAuto first (resolve_layout)");
+  const bool zigzag =
+      resolve_layout_for("sequence_pieces", layout, false, seq_len, size) == SequenceLayout::kZigzag;
+  const Layout l{0, seq_len / size, 0, 0, rank, size, zigzag};
+  std::vector<Block> pieces;
+  for (int j = 0; j < l.pieces(); ++j) pieces.push_back(l.piece(rank, j));
+  return pieces;
+}
+
+namespace {
+
+// Pairs attended by the queries of `piece` in the global variant: query row p of a head
+// group reads list entries m <= p under the causal mask, else all N.
+int64_t global_piece_pairs(const DilatedAttentionOptions& o, int64_t seq_len, int64_t heads,
+                           const Block& piece) {
+  const std::vector<Heads> groups =
+      head_groups(heads, static_cast<int64_t>(o.segment_lengths.size()), false);
+  // sum of p + 1 over [begin, end), or N per row.
+  const int64_t per_head = o.causal ? (piece.end * (piece.end + 1) - piece.begin * (piece.begin + 1)) / 2
+                                    : piece.size() * seq_len;
+  int64_t pairs = 0;
+  for (const Heads& g : groups) pairs += per_head * g.hc;
+  return pairs;
+}
+
+// Pairs attended by the calls of the fixed variant between two pieces.
+int64_t fixed_piece_pairs(const DilatedAttentionOptions& o, int64_t seq_len, int64_t heads,
+                          const Block& qb, const Block& kb) {
+  int64_t pairs = 0;
+  for (const BlockCall& c : plan_block_calls(o, seq_len, heads, qb, kb)) {
+    const int64_t per_segment = c.causal ? c.q.n * (c.q.n + 1) / 2 : c.q.n * c.k.n;
+    pairs += per_segment * c.q.segments * c.q.hc;
+  }
+  return pairs;
+}
+
+}  // namespace
+
+std::vector<int64_t> attended_pairs_per_rank(const DilatedAttentionOptions& options,
+                                             int64_t seq_len, int64_t num_heads, int ranks,
+                                             SequenceLayout layout) {
+  validate_options(options, num_heads);
+  const SequenceLayout resolved =
+      resolve_layout_for("attended_pairs_per_rank", layout, options.causal, seq_len, ranks);
+  std::vector<std::vector<Block>> pieces;
+  for (int r = 0; r < ranks; ++r) pieces.push_back(sequence_pieces(resolved, seq_len, r, ranks));
+  std::vector<int64_t> work(static_cast<size_t>(ranks), 0);
+  for (int a = 0; a < ranks; ++a) {
+    for (const Block& qb : pieces[static_cast<size_t>(a)]) {
+      if (options.variant == DilationVariant::kGlobal) {
+        work[static_cast<size_t>(a)] += global_piece_pairs(options, seq_len, num_heads, qb);
+        continue;
+      }
+      for (const std::vector<Block>& key_pieces : pieces) {
+        for (const Block& kb : key_pieces) {
+          work[static_cast<size_t>(a)] += fixed_piece_pairs(options, seq_len, num_heads, qb, kb);
+        }
+      }
+    }
+  }
+  return work;
+}
+
+Tensor sequence_block(const Tensor& sequence, int rank, int size, SequenceLayout layout) {
   RD_CHECK(sequence.defined() && sequence.dim() >= 2, kShapeMismatch,
            "sequence_block: argument 'sequence' must be [B, N, ...], got ",
            sequence.defined() ? shape_str(sequence.shape()) : std::string("undefined"));
-  RD_CHECK(size >= 1 && rank >= 0 && rank < size, kInvalidArgument, "sequence_block: rank ",
-           rank, " is not in a group of ", size);
-  const int64_t n = sequence.size(1);
-  RD_CHECK(n % size == 0, kShapeMismatch, "sequence_block: the sequence length ", n,
-           " does not split into ", size, " equal blocks (N % P = ", n % size,
-           "); pad the sequence or pick P dividing N");
-  return sequence.narrow(1, rank * (n / size), n / size);
+  RD_CHECK(layout != SequenceLayout::kAuto, kInvalidArgument,
+           "sequence_block: resolve kAuto first (resolve_layout)");
+  resolve_layout_for("sequence_block", layout, false, sequence.size(1), size);
+  std::vector<Tensor> pieces;
+  for (const Block& b : sequence_pieces(layout, sequence.size(1), rank, size)) {
+    pieces.push_back(sequence.narrow(1, b.begin, b.size()));
+  }
+  return pieces.size() == 1 ? pieces[0] : cat(pieces, 1);
+}
+
+Tensor sequence_from_blocks(const std::vector<Tensor>& blocks, SequenceLayout layout) {
+  RD_CHECK(!blocks.empty() && blocks[0].defined() && blocks[0].dim() >= 2, kShapeMismatch,
+           "sequence_from_blocks: needs every rank's block [B, N / P, ...]");
+  RD_CHECK(layout != SequenceLayout::kAuto, kInvalidArgument,
+           "sequence_from_blocks: resolve kAuto first (resolve_layout)");
+  const auto size = static_cast<int>(blocks.size());
+  const int64_t chunk = blocks[0].size(1);
+  for (const Tensor& b : blocks) {
+    RD_CHECK(b.defined() && b.shape() == blocks[0].shape(), kShapeMismatch,
+             "sequence_from_blocks: every block must have the shape ", shape_str(blocks[0].shape()),
+             ", got ", b.defined() ? shape_str(b.shape()) : std::string("undefined"));
+  }
+  const bool zigzag = resolve_layout_for("sequence_from_blocks", layout, false, chunk * size,
+                                         size) == SequenceLayout::kZigzag;
+  return join_blocks(blocks, Layout{0, chunk, 0, 0, 0, size, zigzag}, 1);
 }
 
 Tensor ring_dilated_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                               const DilatedAttentionOptions& options, dist::Communicator& comm,
-                              DistStrategy strategy, const AttentionCallContext& context) {
-  return ring_dilated_attention_with_lse(q, k, v, options, comm, strategy, context).attention.out;
+                              DistStrategy strategy, const AttentionCallContext& context,
+                              SequenceLayout layout) {
+  return ring_dilated_attention_with_lse(q, k, v, options, comm, strategy, context, layout)
+      .attention.out;
 }
 
 }  // namespace rd::nn

@@ -4,8 +4,11 @@
 // docs/distributed.md describes the algorithms, the exchange and the cost model.
 #pragma once
 
+#include <vector>
+
 #include "ringdilated/dist/communicator.h"
 #include "ringdilated/nn/dilated_attention.h"
+#include "ringdilated/nn/dilated_plan.h"
 
 namespace rd::nn {
 
@@ -21,6 +24,41 @@ enum class DistStrategy { kRing, kAllGather, kAuto };
 
 const char* strategy_name(DistStrategy strategy);
 
+// How a sequence is split among the P ranks of a context-parallel group:
+//   kContiguous  rank r holds positions [r N / P, (r + 1) N / P).
+//   kZigzag      the sequence is cut into 2P pieces of N / (2P); rank r holds pieces r and
+//                2P - 1 - r, in that order. Under a causal mask this balances the work: in a
+//                segment of 2^k pieces the two pieces of a rank sit at mirrored places, so
+//                every rank attends the same number of (query, key) pairs
+//                (docs/distributed.md, "Causal load balance").
+//   kAuto        kZigzag for causal attention when 2P divides N, else kContiguous.
+// The caller splits its data with the same layout (sequence_block) and gives rotary
+// embeddings the pieces' global positions (sequence_pieces).
+enum class SequenceLayout { kAuto, kContiguous, kZigzag };
+
+const char* layout_name(SequenceLayout layout);
+
+// The layout a call uses for a sequence of `seq_len` positions over `ranks` ranks (kAuto
+// resolved as above). Errors name N and P when they do not split: P must divide N, and 2P
+// for the zigzag layout.
+SequenceLayout resolve_layout(SequenceLayout layout, bool causal, int64_t seq_len, int ranks);
+
+// The global positions of rank `rank`'s rows, in the order it holds them: one block
+// (contiguous) or two (zigzag). `layout` must be resolved (not kAuto).
+std::vector<Block> sequence_pieces(SequenceLayout layout, int64_t seq_len, int rank, int size);
+
+// This rank's rows [B, N / P, ...] of a whole sequence [B, N, ...] (dim 1) under a resolved
+// layout, and back: the whole sequence from every rank's rows (blocks[r] is rank r's).
+Tensor sequence_block(const Tensor& sequence, int rank, int size, SequenceLayout layout);
+Tensor sequence_from_blocks(const std::vector<Tensor>& blocks, SequenceLayout layout);
+
+// The (query, key) pairs the queries of each rank attend under a layout, summed over heads
+// (per batch row): the work the plan gives each rank. Its largest over its mean is the work
+// imbalance of docs/distributed.md ("Causal load balance").
+std::vector<int64_t> attended_pairs_per_rank(const DilatedAttentionOptions& options,
+                                             int64_t seq_len, int64_t num_heads, int ranks,
+                                             SequenceLayout layout);
+
 // What a call did: its result, the strategy each crossing pair used, and its traffic.
 struct RingAttentionResult {
   DilatedAttentionResult attention;  // this rank's rows: out [B, N/P, H, D], lse [B, H, N/P]
@@ -30,18 +68,20 @@ struct RingAttentionResult {
   int64_t forward_bytes_sent = 0;    // by this rank in the forward
 };
 
-// q, k, v: this rank's block [B, N / P, H, D] of a sequence of N = P * (N / P) positions,
-// rank r holding positions [r N / P, (r + 1) N / P). Every rank of `comm` must call it with
-// the same options and shapes; the backward communicates too, so every rank must run it.
-// The result equals the rows [r N / P, (r + 1) N / P) of dilated_attention_with_lse on the
-// whole sequence, for every variant, mixing mode, offset rule and causal setting; with
-// P = 1 it is that call. Differentiable in q, k and v.
+// q, k, v: this rank's rows [B, N / P, H, D] of a sequence of N = P * (N / P) positions,
+// split by `layout` (kAuto: zigzag when causal and 2P divides N, else contiguous; see
+// SequenceLayout). Every rank of `comm` must call it with the same options, shapes and
+// layout; the backward communicates too, so every rank must run it. The result equals this
+// rank's rows (sequence_block) of dilated_attention_with_lse on the whole sequence, for
+// every variant, mixing mode, offset rule and causal setting; with P = 1 it is that call.
+// Differentiable in q, k and v.
 RingAttentionResult ring_dilated_attention_with_lse(const Tensor& q, const Tensor& k,
                                                     const Tensor& v,
                                                     const DilatedAttentionOptions& options,
                                                     dist::Communicator& comm,
                                                     DistStrategy strategy = DistStrategy::kAuto,
-                                                    const AttentionCallContext& context = {});
+                                                    const AttentionCallContext& context = {},
+                                                    SequenceLayout layout = SequenceLayout::kAuto);
 
 // The same on q, k and v packed as this rank's [B, N / P, 3, H, D] block (a QKV projection's
 // output): differentiable in `qkv`, with one packed gradient (see
@@ -50,16 +90,15 @@ RingAttentionResult ring_dilated_attention_qkv_with_lse(const Tensor& qkv,
                                                         const DilatedAttentionOptions& options,
                                                         dist::Communicator& comm,
                                                         DistStrategy strategy = DistStrategy::kAuto,
-                                                        const AttentionCallContext& context = {});
+                                                        const AttentionCallContext& context = {},
+                                                        SequenceLayout layout = SequenceLayout::kAuto);
 
-// This rank's block [B, N / P, ...] of a whole sequence [B, N, ...] (dim 1 split into
-// `size` equal blocks); N % size != 0 is an error naming both.
-Tensor sequence_block(const Tensor& sequence, int rank, int size);
 
 // The output only.
 Tensor ring_dilated_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                               const DilatedAttentionOptions& options, dist::Communicator& comm,
                               DistStrategy strategy = DistStrategy::kAuto,
-                              const AttentionCallContext& context = {});
+                              const AttentionCallContext& context = {},
+                              SequenceLayout layout = SequenceLayout::kAuto);
 
 }  // namespace rd::nn

@@ -11,10 +11,12 @@ namespace rd::nn {
 
 RingDilatedAttention::RingDilatedAttention(DilatedAttentionOptions options,
                                            std::shared_ptr<dist::Communicator> comm,
-                                           DistStrategy strategy, uint64_t dropout_seed)
+                                           DistStrategy strategy, uint64_t dropout_seed,
+                                           SequenceLayout layout)
     : options_(std::move(options)),
       comm_(std::move(comm)),
       strategy_(strategy),
+      layout_(layout),
       dropout_generator_(*this, "dropout_state", dropout_seed) {
   RD_CHECK(comm_ != nullptr, kInvalidArgument, "RingDilatedAttention: argument 'comm' is null");
   validate_options(options_, static_cast<int64_t>(options_.segment_lengths.size()));
@@ -23,20 +25,28 @@ RingDilatedAttention::RingDilatedAttention(DilatedAttentionOptions options,
 RingAttentionResult RingDilatedAttention::forward_with_lse(const Tensor& q, const Tensor& k,
                                                            const Tensor& v) {
   return with_context([&](const AttentionCallContext& context) {
-    return ring_dilated_attention_with_lse(q, k, v, options_, *comm_, strategy_, context);
+    return ring_dilated_attention_with_lse(q, k, v, options_, *comm_, strategy_, context, layout_);
   });
 }
 
 RingAttentionResult RingDilatedAttention::forward_packed(const Tensor& qkv) {
   return with_context([&](const AttentionCallContext& context) {
-    return ring_dilated_attention_qkv_with_lse(qkv, options_, *comm_, strategy_, context);
+    return ring_dilated_attention_qkv_with_lse(qkv, options_, *comm_, strategy_, context, layout_);
   });
+}
+
+SequenceLayout RingDilatedAttention::layout_for(int64_t seq_len) const {
+  return resolve_layout(layout_, options_.causal, seq_len, comm_->size());
+}
+
+std::vector<Block> RingDilatedAttention::pieces_for(int64_t seq_len) const {
+  return sequence_pieces(layout_for(seq_len), seq_len, comm_->rank(), comm_->size());
 }
 
 RingMultiheadDilatedAttention::RingMultiheadDilatedAttention(
     int64_t embed_dim, int64_t num_heads, DilatedAttentionOptions options,
     std::shared_ptr<dist::Communicator> comm, Generator& generator, DistStrategy strategy,
-    const MultiheadOptions& module_options)
+    const MultiheadOptions& module_options, SequenceLayout layout)
     : embed_dim_(embed_dim), num_heads_(num_heads), rope_base_(module_options.rope_base) {
   RD_CHECK(embed_dim >= 1 && num_heads >= 1 && embed_dim % num_heads == 0, kInvalidArgument,
            "RingMultiheadDilatedAttention: embed_dim (", embed_dim,
@@ -52,7 +62,7 @@ RingMultiheadDilatedAttention::RingMultiheadDilatedAttention(
                                                           module_options.bias, generator, t));
   attention_ = register_module("attention", std::make_shared<RingDilatedAttention>(
                                                 std::move(options), std::move(comm), strategy,
-                                                split_seed(generator)));
+                                                split_seed(generator), layout));
   out_ = register_module("out", std::make_shared<Linear>(embed_dim, embed_dim,
                                                           module_options.bias, generator, t));
 }
@@ -65,11 +75,14 @@ Tensor RingMultiheadDilatedAttention::forward(const Tensor& x) {
   const int64_t batch = x.size(0), block = x.size(1);
   const Tensor qkv =
       qkv_->forward(x).view({batch, block, 3, num_heads_, embed_dim_ / num_heads_});
-  // Global positions: this rank's block starts at rank x block.
-  const int64_t first_position = static_cast<int64_t>(attention_->communicator().rank()) * block;
+  // Global positions: the runs of the sequence this rank holds under the layout.
+  std::vector<PositionRun> positions;
+  for (const Block& b : attention_->pieces_for(block * attention_->communicator().size())) {
+    positions.push_back({b.size(), b.begin});
+  }
   const Tensor attended =
       attention_
-          ->forward_packed(attention_modules_internal::rotated_qkv(qkv, rope_base_, first_position))
+          ->forward_packed(attention_modules_internal::rotated_qkv(qkv, rope_base_, positions))
           .attention.out;
   return out_->forward(attended.reshape({batch, block, embed_dim_}));
 }

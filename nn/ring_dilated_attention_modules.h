@@ -19,8 +19,11 @@ namespace rd::nn {
 // The communicator must outlive the module and every backward through it.
 class RingDilatedAttention : public Module {
  public:
+  // `layout`: how the ranks split the sequence (SequenceLayout; kAuto: zigzag for causal
+  // attention when 2P divides N). Callers split their inputs with layout_for / pieces_for.
   RingDilatedAttention(DilatedAttentionOptions options, std::shared_ptr<dist::Communicator> comm,
-                       DistStrategy strategy = DistStrategy::kAuto, uint64_t dropout_seed = 0);
+                       DistStrategy strategy = DistStrategy::kAuto, uint64_t dropout_seed = 0,
+                       SequenceLayout layout = SequenceLayout::kAuto);
   RingAttentionResult forward_with_lse(const Tensor& q, const Tensor& k, const Tensor& v);
   Tensor forward(const Tensor& q, const Tensor& k, const Tensor& v) {
     return forward_with_lse(q, k, v).attention.out;
@@ -29,6 +32,9 @@ class RingDilatedAttention : public Module {
   RingAttentionResult forward_packed(const Tensor& qkv);
   const DilatedAttentionOptions& options() const { return options_; }
   DistStrategy strategy() const { return strategy_; }
+  // The resolved layout for a sequence of seq_len positions, and this rank's pieces of it.
+  SequenceLayout layout_for(int64_t seq_len) const;
+  std::vector<Block> pieces_for(int64_t seq_len) const;
   dist::Communicator& communicator() const { return *comm_; }
   PatternCache& pattern_cache() const { return *patterns_; }
   // The live dropout generator, e.g. for rd::checkpoint's list of generators to rewind.
@@ -47,12 +53,14 @@ class RingDilatedAttention : public Module {
   DilatedAttentionOptions options_;
   std::shared_ptr<dist::Communicator> comm_;
   DistStrategy strategy_;
+  SequenceLayout layout_;
   BufferedGenerator dropout_generator_;
   std::unique_ptr<PatternCache> patterns_ = std::make_unique<PatternCache>();
 };
 
-// [B, N / P, E] -> [B, N / P, E] on this rank's block: QKV projection, sequence-parallel
-// dilated attention, output projection. Children and draws from `generator` are those of
+// [B, N / P, E] -> [B, N / P, E] on this rank's rows (split by `layout`, whose pieces also
+// give the rotary positions): QKV projection, sequence-parallel dilated attention, output
+// projection. Children and draws from `generator` are those of
 // MultiheadDilatedAttention, so ranks whose generators hold one state build the same
 // weights and dropout stream, and a one-rank module equals the single-device one.
 class RingMultiheadDilatedAttention : public UnaryModule {
@@ -61,11 +69,13 @@ class RingMultiheadDilatedAttention : public UnaryModule {
                                 DilatedAttentionOptions options,
                                 std::shared_ptr<dist::Communicator> comm, Generator& generator,
                                 DistStrategy strategy = DistStrategy::kAuto,
-                                const MultiheadOptions& module_options = {});
+                                const MultiheadOptions& module_options = {},
+                                SequenceLayout layout = SequenceLayout::kAuto);
   Tensor forward(const Tensor& x) override;
   int64_t embed_dim() const { return embed_dim_; }
   int64_t num_heads() const { return num_heads_; }
   const RingDilatedAttention& attention() const { return *attention_; }
+  SequenceLayout layout_for(int64_t seq_len) const { return attention_->layout_for(seq_len); }
 
  private:
   int64_t embed_dim_;

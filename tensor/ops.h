@@ -144,6 +144,18 @@ Tensor rotary_embedding_qkv(const Tensor& qkv, int64_t position_offset = 0,
 // leaf that requires grad; a layout whose q and k heads do not merge takes the copying path.
 Tensor rotary_embedding_qkv_overwrite(const Tensor& qkv, int64_t position_offset = 0,
                                       double base = 10000.0);
+// Rows of a sequence shard that hold consecutive positions, and the first one's position:
+// a context-parallel rank of the zigzag layout holds two such runs
+// (nn::sequence_pieces). The packed forms below take a list of runs covering dim 1 in
+// order; the position_offset forms are one run.
+struct PositionRun {
+  int64_t rows = 0;
+  int64_t first_position = 0;
+};
+Tensor rotary_embedding_qkv(const Tensor& qkv, const std::vector<PositionRun>& runs,
+                            double base = 10000.0);
+Tensor rotary_embedding_qkv_overwrite(const Tensor& qkv, const std::vector<PositionRun>& runs,
+                                      double base = 10000.0);
 // --- Multi-tensor ops: one pass (one launch on CUDA) over a list of contiguous tensors of
 // one device and one floating dtype, for an optimizer step's bookkeeping over many small
 // tensors (one op per tensor costs ~5 launches a parameter, which the host issues slower than

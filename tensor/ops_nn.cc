@@ -435,12 +435,37 @@ Tensor query_key_heads(const Tensor& qkv) {
   return qkv.narrow(2, 0, 2).view({qkv.size(0), qkv.size(1), 2 * qkv.size(3), qkv.size(4)});
 }
 
+// rotary_into for [B, T, ...] tensors whose rows are runs of consecutive positions.
+void rotary_runs_into(const Tensor& out, const Tensor& x, const std::vector<PositionRun>& runs,
+                      double base, bool inverse) {
+  int64_t at = 0;
+  for (const PositionRun& run : runs) {
+    rotary_into(out.narrow(1, at, run.rows), x.narrow(1, at, run.rows), run.first_position, base,
+                inverse);
+    at += run.rows;
+  }
+}
+
 // A new packed tensor: q and k of `qkv` rotated (or rotated back), v copied.
-Tensor rotary_qkv_raw(const Tensor& qkv, int64_t position_offset, double base, bool inverse) {
+Tensor rotary_qkv_raw(const Tensor& qkv, const std::vector<PositionRun>& runs, double base,
+                      bool inverse) {
   Tensor out = empty(qkv.shape(), options_like(qkv));
-  rotary_into(query_key_heads(out), query_key_heads(qkv), position_offset, base, inverse);
+  rotary_runs_into(query_key_heads(out), query_key_heads(qkv), runs, base, inverse);
   out.select(2, 2).copy_(qkv.select(2, 2));
   return out;
+}
+
+// The runs must cover the rows exactly; positions must not be negative.
+void check_position_runs(const Tensor& qkv, const std::vector<PositionRun>& runs, const char* op) {
+  int64_t rows = 0;
+  for (const PositionRun& run : runs) {
+    RD_CHECK(run.rows >= 0 && run.first_position >= 0, kInvalidArgument, op,
+             ": position runs need rows >= 0 and first positions >= 0, got (", run.rows, ", ",
+             run.first_position, ")");
+    rows += run.rows;
+  }
+  RD_CHECK(rows == qkv.size(1), kShapeMismatch, op, ": the position runs cover ", rows,
+           " rows but qkv has ", qkv.size(1), " (shape ", shape_str(qkv.shape()), ")");
 }
 
 // Whether q's and k's heads merge into 2H heads of one stride, as in a projection's output.
@@ -459,16 +484,15 @@ void check_packed_qkv(const Tensor& qkv, const char* op) {
 // rotated back, v's passed through. In g's own buffer when the engine alone holds it (then
 // v costs nothing), else into a new one.
 void record_rotary_qkv(const Tensor& out, const char* op, const Tensor& qkv,
-                       int64_t position_offset, double base) {
+                       const std::vector<PositionRun>& runs, double base) {
   if (!autograd::needs_grad({&qkv})) return;
-  autograd::record(out, op, {qkv}, [position_offset, base](const Tensor& g) {
+  autograd::record(out, op, {qkv}, [runs, base](const Tensor& g) {
     if (autograd::is_exclusive_gradient(g)) {
       const Tensor heads = query_key_heads(g);
-      rotary_into(heads, heads, position_offset, base, /*inverse=*/true);
+      rotary_runs_into(heads, heads, runs, base, /*inverse=*/true);
       return std::vector<Tensor>{g};
     }
-    return std::vector<Tensor>{
-        rotary_qkv_raw(g.contiguous(), position_offset, base, /*inverse=*/true)};
+    return std::vector<Tensor>{rotary_qkv_raw(g.contiguous(), runs, base, /*inverse=*/true)};
   });
 }
 
@@ -487,30 +511,44 @@ Tensor rotary_embedding(const Tensor& x, int64_t position_offset, double base) {
   return out;
 }
 
-Tensor rotary_embedding_qkv(const Tensor& qkv, int64_t position_offset, double base) {
+Tensor rotary_embedding_qkv(const Tensor& qkv, const std::vector<PositionRun>& runs,
+                            double base) {
   constexpr const char* kOp = "rotary_embedding_qkv";
   check_packed_qkv(qkv, kOp);
+  check_position_runs(qkv, runs, kOp);
   // Other layouts than a projection's are copied first.
   const Tensor base_qkv = qkv.detach();
   const Tensor in = query_key_heads_merge(base_qkv) ? base_qkv : base_qkv.contiguous();
-  Tensor out = rotary_qkv_raw(in, position_offset, base, /*inverse=*/false);
-  record_rotary_qkv(out, kOp, qkv, position_offset, base);
+  Tensor out = rotary_qkv_raw(in, runs, base, /*inverse=*/false);
+  record_rotary_qkv(out, kOp, qkv, runs, base);
   return out;
 }
 
-Tensor rotary_embedding_qkv_overwrite(const Tensor& qkv, int64_t position_offset, double base) {
+Tensor rotary_embedding_qkv(const Tensor& qkv, int64_t position_offset, double base) {
+  check_packed_qkv(qkv, "rotary_embedding_qkv");
+  return rotary_embedding_qkv(qkv, {{qkv.size(1), position_offset}}, base);
+}
+
+Tensor rotary_embedding_qkv_overwrite(const Tensor& qkv, const std::vector<PositionRun>& runs,
+                                      double base) {
   constexpr const char* kOp = "rotary_embedding_qkv_overwrite";
   check_packed_qkv(qkv, kOp);
+  check_position_runs(qkv, runs, kOp);
   RD_CHECK(!(qkv.is_leaf() && qkv.requires_grad()), kInvalidArgument, kOp,
            ": argument 'qkv' (shape ", shape_str(qkv.shape()),
            ") is a leaf that requires grad; its values may not be overwritten (use "
            "rotary_embedding_qkv)");
-  if (!query_key_heads_merge(qkv)) return rotary_embedding_qkv(qkv, position_offset, base);
+  if (!query_key_heads_merge(qkv)) return rotary_embedding_qkv(qkv, runs, base);
   Tensor out = qkv.detach();  // qkv's storage, rotated in place
   const Tensor heads = query_key_heads(out);
-  rotary_into(heads, heads, position_offset, base, /*inverse=*/false);
-  record_rotary_qkv(out, kOp, qkv, position_offset, base);
+  rotary_runs_into(heads, heads, runs, base, /*inverse=*/false);
+  record_rotary_qkv(out, kOp, qkv, runs, base);
   return out;
+}
+
+Tensor rotary_embedding_qkv_overwrite(const Tensor& qkv, int64_t position_offset, double base) {
+  check_packed_qkv(qkv, "rotary_embedding_qkv_overwrite");
+  return rotary_embedding_qkv_overwrite(qkv, {{qkv.size(1), position_offset}}, base);
 }
 
 Tensor dropout(const Tensor& x, double p, bool training, Generator& gen) {

@@ -270,7 +270,7 @@ TEST(MultiGpuWorker, EveryCaseMatchesOneGpu) {
     const DilatedAttentionOptions o = options_of(c);
     const FullSequence f = test::single_device(o, c.dtype, kSeed, gpu, kDims);
     const RankResult mine = test::run_rank(f, o, *comm, c.strategy, gpu);
-    test::expect_ranks_match({mine}, test::block_of(f, comm->rank(), comm->size()),
+    test::expect_ranks_match({mine}, test::block_of(f, comm->rank(), comm->size(), mine.layout),
                              test::gpu_ring_tolerance(c.dtype));
   }
   comm->barrier();

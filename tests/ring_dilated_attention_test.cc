@@ -5,8 +5,10 @@
 // only for pairs that cross blocks, and the errors of bad calls.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <mutex>
 #include <string>
 #include <tuple>
@@ -34,6 +36,7 @@ using nn::DilationVariant;
 using nn::DistStrategy;
 using nn::HeadMixing;
 using nn::OffsetRule;
+using nn::SequenceLayout;
 
 // N = 24 splits into blocks of 24, 12, 8 and 6. The pairs mix segments shorter than a block,
 // segments that do not divide it (so they straddle boundaries), a short last segment (10
@@ -63,51 +66,59 @@ FullSequence single_device(const DilatedAttentionOptions& o, DType dtype, uint64
 }
 
 std::vector<RankResult> run_ranks(const FullSequence& f, const DilatedAttentionOptions& o, int P,
-                                  DistStrategy strategy) {
-  return test::run_in_process_ranks(f, o, P, strategy);
+                                  DistStrategy strategy,
+                                  SequenceLayout layout = SequenceLayout::kAuto) {
+  return test::run_in_process_ranks(f, o, P, strategy, layout);
 }
 
 void expect_invariant(const DilatedAttentionOptions& o, DType dtype, int P, DistStrategy strategy,
-                      double tol) {
+                      SequenceLayout layout, double tol) {
   const FullSequence f = single_device(o, dtype, 1234 + static_cast<uint64_t>(P));
-  test::expect_ranks_match(run_ranks(f, o, P, strategy), f, {tol, tol, tol});
+  test::expect_ranks_match(run_ranks(f, o, P, strategy, layout), f, {tol, tol, tol});
 }
 
-using Case = std::tuple<int, DistStrategy, DilationVariant, HeadMixing, OffsetRule, bool>;
+// Ranks, strategy, variant, mixing, offset rule, causal, layout.
+using Case =
+    std::tuple<int, DistStrategy, DilationVariant, HeadMixing, OffsetRule, bool, SequenceLayout>;
 
 class RingInvariance : public ::testing::TestWithParam<Case> {};
 
 TEST_P(RingInvariance, Float64MatchesOneDeviceTo1e10) {
-  const auto [P, strategy, variant, mixing, rule, causal] = GetParam();
+  const auto [P, strategy, variant, mixing, rule, causal, layout] = GetParam();
   expect_invariant(options_for(variant, mixing, rule, causal), DType::kFloat64, P, strategy,
-                   1e-10);
+                   layout, 1e-10);
 }
 
 // The dropout mask is numbered by global positions, so each rank's blocks draw exactly the
 // single-device mask.
 TEST_P(RingInvariance, WithDropoutFloat64MatchesOneDeviceTo1e10) {
-  const auto [P, strategy, variant, mixing, rule, causal] = GetParam();
+  const auto [P, strategy, variant, mixing, rule, causal, layout] = GetParam();
   DilatedAttentionOptions o = options_for(variant, mixing, rule, causal);
   o.dropout = 0.3;
-  expect_invariant(o, DType::kFloat64, P, strategy, 1e-10);
+  expect_invariant(o, DType::kFloat64, P, strategy, layout, 1e-10);
 }
 
 TEST_P(RingInvariance, Float32MatchesOneDeviceTo1e5) {
-  const auto [P, strategy, variant, mixing, rule, causal] = GetParam();
+  const auto [P, strategy, variant, mixing, rule, causal, layout] = GetParam();
   expect_invariant(options_for(variant, mixing, rule, causal), DType::kFloat32, P, strategy,
-                   1e-5);
+                   layout, 1e-5);
 }
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
-  const auto [P, strategy, variant, mixing, rule, causal] = info.param;
+  const auto [P, strategy, variant, mixing, rule, causal, layout] = info.param;
   return "P" + std::to_string(P) + "_" + nn::strategy_name(strategy) + "_" +
          (variant == DilationVariant::kGlobal ? "global" : "fixed") + "_" +
          (mixing == HeadMixing::kAllHeads ? "allheads" : "groups") + "_" +
-         (rule == OffsetRule::kRotating ? "rotating" : "constant") + (causal ? "_causal" : "");
+         (rule == OffsetRule::kRotating ? "rotating" : "constant") + (causal ? "_causal" : "") +
+         "_" + nn::layout_name(layout);
 }
 
 const auto kStrategies =
     ::testing::Values(DistStrategy::kRing, DistStrategy::kAllGather, DistStrategy::kAuto);
+// Both layouts in every mode (N = 24 splits into 2P pieces for P = 1..4): zigzag pieces of
+// 3 and 6 rows are not multiples of every rate, so both the strided and the whole-row
+// exchange of the zigzag layout run.
+const auto kLayouts = ::testing::Values(SequenceLayout::kContiguous, SequenceLayout::kZigzag);
 
 INSTANTIATE_TEST_SUITE_P(Fixed, RingInvariance,
                          ::testing::Combine(::testing::Values(1, 2, 3, 4), kStrategies,
@@ -116,7 +127,7 @@ INSTANTIATE_TEST_SUITE_P(Fixed, RingInvariance,
                                                               HeadMixing::kAllHeads),
                                             ::testing::Values(OffsetRule::kConstant,
                                                               OffsetRule::kRotating),
-                                            ::testing::Bool()),
+                                            ::testing::Bool(), kLayouts),
                          case_name);
 
 INSTANTIATE_TEST_SUITE_P(Global, RingInvariance,
@@ -124,7 +135,7 @@ INSTANTIATE_TEST_SUITE_P(Global, RingInvariance,
                                             ::testing::Values(DilationVariant::kGlobal),
                                             ::testing::Values(HeadMixing::kHeadGroups),
                                             ::testing::Values(OffsetRule::kConstant),
-                                            ::testing::Bool()),
+                                            ::testing::Bool(), kLayouts),
                          case_name);
 
 // Segments that fit in a block never communicate, whatever the strategy.
@@ -179,7 +190,7 @@ TEST(RingDilatedAttention, AllGatherStaysAmongTheRanksSharingASegment) {
     o.causal = causal;
     const FullSequence f = single_device(o, DType::kFloat64, 13);
     for (DistStrategy s : {DistStrategy::kAllGather, DistStrategy::kRing}) {
-      const std::vector<RankResult> rs = run_ranks(f, o, P, s);
+      const std::vector<RankResult> rs = run_ranks(f, o, P, s, SequenceLayout::kContiguous);
       for (const RankResult& r : rs) {
         EXPECT_EQ(r.info.forward_bytes_sent, one_block) << nn::strategy_name(s);
         EXPECT_EQ(r.info.ring_steps, s == DistStrategy::kRing ? 1 : 0);
@@ -200,7 +211,8 @@ TEST(RingDilatedAttention, CausalRingSkipsBlocksAfterTheQueries) {
   const FullSequence f = single_device(o, DType::kFloat64, 11);
   // Blocks of 6: segment [0, 12) spans ranks 0-1 and [12, 24) ranks 2-3. Causal: rank 1
   // needs rank 0 only, so the ring takes one step and rank 0 receives nothing it uses.
-  const std::vector<RankResult> rs = run_ranks(f, o, 4, DistStrategy::kRing);
+  const std::vector<RankResult> rs =
+      run_ranks(f, o, 4, DistStrategy::kRing, SequenceLayout::kContiguous);
   for (const RankResult& r : rs) EXPECT_EQ(r.info.ring_steps, 1);
   EXPECT_LE(relative_error(joined(rs, &RankResult::out, 1), f.out), 1e-12);
   EXPECT_LE(relative_error(joined(rs, &RankResult::grad_k, 1), f.grad_k), 1e-12);
@@ -227,7 +239,12 @@ TEST(RingDilatedAttention, BadCallsNameTheOpAndTheArgument) {
 // The modules: P ranks of RingMultiheadDilatedAttention built from generators of one seed
 // equal one MultiheadDilatedAttention: the output and input gradient blocks, and the
 // parameter gradients summed over ranks (each rank's are those of its tokens).
-TEST(RingModules, MultiheadOnPRanksEqualsTheSingleDeviceModule) {
+// Both layouts (kAuto is zigzag here: the attention is causal); the zigzag ranks' rotary
+// positions follow their two pieces.
+class RingModules : public ::testing::TestWithParam<SequenceLayout> {};
+
+TEST_P(RingModules, MultiheadOnPRanksEqualsTheSingleDeviceModule) {
+  const SequenceLayout layout = GetParam();
   DilatedAttentionOptions o = options_for(DilationVariant::kSegmentLocal, HeadMixing::kAllHeads,
                                           OffsetRule::kConstant, true);
   nn::MultiheadOptions mo;
@@ -251,17 +268,21 @@ TEST(RingModules, MultiheadOnPRanksEqualsTheSingleDeviceModule) {
       std::shared_ptr<dist::Communicator> shared(&comm, [](dist::Communicator*) {});
       Generator init(kInitSeed);
       nn::RingMultiheadDilatedAttention ring(kEmbed, kH, o, shared, init, DistStrategy::kAuto,
-                                             mo);
-      Tensor xb = nn::sequence_block(x_full, comm.rank(), P).contiguous().detach();
+                                             mo, layout);
+      const SequenceLayout resolved = ring.layout_for(kN);
+      Tensor xb = nn::sequence_block(x_full, comm.rank(), P, resolved).contiguous().detach();
       xb.set_requires_grad(true);
       const Tensor yb = ring.forward(xb);
-      sum(mul(yb, nn::sequence_block(w, comm.rank(), P))).backward();
+      sum(mul(yb, nn::sequence_block(w, comm.rank(), P, resolved))).backward();
       ys[static_cast<size_t>(comm.rank())] = yb.detach();
       dxs[static_cast<size_t>(comm.rank())] = xb.grad();
       params[static_cast<size_t>(comm.rank())] = ring.named_parameters();
     });
-    EXPECT_LE(relative_error(cat(ys, 1), y.detach()), 1e-10) << "P = " << P;
-    EXPECT_LE(relative_error(cat(dxs, 1), x.grad()), 1e-10) << "P = " << P;
+    const SequenceLayout resolved = nn::resolve_layout(layout, o.causal, kN, P);
+    EXPECT_LE(relative_error(nn::sequence_from_blocks(ys, resolved), y.detach()), 1e-10)
+        << "P = " << P << ", " << nn::layout_name(resolved);
+    EXPECT_LE(relative_error(nn::sequence_from_blocks(dxs, resolved), x.grad()), 1e-10)
+        << "P = " << P << ", " << nn::layout_name(resolved);
     for (size_t i = 0; i < single_params.size(); ++i) {
       Tensor summed = zeros_like(single_params[i].second);
       for (int r = 0; r < P; ++r) {
@@ -274,9 +295,146 @@ TEST(RingModules, MultiheadOnPRanksEqualsTheSingleDeviceModule) {
   }
 }
 
-TEST(RingModules, UnevenSplitIsAClearError) {
-  EXPECT_TRUE(test::raises([] { nn::sequence_block(zeros({1, 10, 2}), 0, 4); },
-                           {ErrorCode::kShapeMismatch}, {"sequence_block", "10", "4", "N % P = 2"}));
+INSTANTIATE_TEST_SUITE_P(Layouts, RingModules,
+                         ::testing::Values(SequenceLayout::kAuto, SequenceLayout::kContiguous),
+                         [](const ::testing::TestParamInfo<SequenceLayout>& info) {
+                           return std::string(nn::layout_name(info.param));
+                         });
+
+TEST(RingLayout, UnevenSplitIsAClearError) {
+  EXPECT_TRUE(test::raises(
+      [] { nn::sequence_block(zeros({1, 10, 2}), 0, 4, SequenceLayout::kContiguous); },
+      {ErrorCode::kShapeMismatch}, {"sequence_block", "10", "4", "N % P = 2"}));
+  EXPECT_TRUE(test::raises(
+      [] { nn::sequence_block(zeros({1, 12, 2}), 0, 4, SequenceLayout::kZigzag); },
+      {ErrorCode::kShapeMismatch}, {"sequence_block", "zigzag", "12", "2P = 8"}));
+  dist::run_in_process(2, [&](dist::Communicator& comm) {
+    DilatedAttentionOptions o;
+    o.segment_lengths = {6};
+    o.dilation_rates = {1};
+    const Tensor x = ones({1, 3, 2, 4}, DType::kFloat32);  // N = 6: 2P = 4 does not divide it
+    EXPECT_TRUE(test::raises(
+        [&] {
+          nn::ring_dilated_attention(x, x, x, o, comm, DistStrategy::kRing, {},
+                                     SequenceLayout::kZigzag);
+        },
+        {ErrorCode::kShapeMismatch}, {"ring_dilated_attention", "zigzag", "6", "2P = 4"}));
+  });
+}
+
+// Rank r of P holds pieces r and 2P - 1 - r of 2P; sequence_from_blocks undoes the split.
+TEST(RingLayout, ZigzagPiecesAndTheirInverse) {
+  using nn::Block;
+  const std::vector<Block> r0 = nn::sequence_pieces(SequenceLayout::kZigzag, 16, 0, 2);
+  const std::vector<Block> r1 = nn::sequence_pieces(SequenceLayout::kZigzag, 16, 1, 2);
+  ASSERT_EQ(r0.size(), 2u);
+  ASSERT_EQ(r1.size(), 2u);
+  EXPECT_EQ(r0[0].begin, 0);
+  EXPECT_EQ(r0[1].begin, 12);
+  EXPECT_EQ(r1[0].begin, 4);
+  EXPECT_EQ(r1[1].begin, 8);
+  EXPECT_EQ(r1[1].end, 12);
+  Generator gen(3);
+  const Tensor x = randn({2, 24, 3}, gen, DType::kFloat64);
+  for (SequenceLayout layout : {SequenceLayout::kContiguous, SequenceLayout::kZigzag}) {
+    for (int P : {1, 2, 3, 4}) {
+      std::vector<Tensor> blocks;
+      for (int r = 0; r < P; ++r) blocks.push_back(nn::sequence_block(x, r, P, layout));
+      EXPECT_TRUE(allclose(nn::sequence_from_blocks(blocks, layout), x, 0.0, 0.0))
+          << nn::layout_name(layout) << " P = " << P;
+    }
+  }
+  // Rank 1 of 2, zigzag: positions 6..11 then 12..17 of 24.
+  const Tensor block = nn::sequence_block(x, 1, 2, SequenceLayout::kZigzag);
+  EXPECT_TRUE(allclose(block.narrow(1, 0, 6), x.narrow(1, 6, 6), 0.0, 0.0));
+  EXPECT_TRUE(allclose(block.narrow(1, 6, 6), x.narrow(1, 12, 6), 0.0, 0.0));
+}
+
+// Largest over mean of the plan's attended pairs per rank.
+double work_imbalance(const DilatedAttentionOptions& o, int64_t seq_len, int P,
+                      SequenceLayout layout) {
+  const std::vector<int64_t> work = nn::attended_pairs_per_rank(o, seq_len, 16, P, layout);
+  double total = 0, largest = 0;
+  for (int64_t w : work) {
+    total += static_cast<double>(w);
+    largest = std::max(largest, static_cast<double>(w));
+  }
+  return largest / (total / P);
+}
+
+// The reference pairs of docs/benchmarks.md, causal: with power-of-two segments and N the
+// zigzag layout gives every rank the same work within 5% for P = 2..16 (the contiguous one
+// puts up to twice the mean on the last rank), and the two layouts do the same total work.
+// Also the table of docs/distributed.md ("Causal load balance"), printed.
+TEST(RingLayout, ZigzagBalancesCausalWork) {
+  for (DilationVariant variant : {DilationVariant::kSegmentLocal, DilationVariant::kGlobal}) {
+    for (int64_t seq_len : {int64_t{1} << 20, int64_t{1} << 22}) {
+      DilatedAttentionOptions o;
+      o.segment_lengths = {2048, 16384, 262144, seq_len};
+      o.dilation_rates = {1, 4, 16, 64};
+      o.causal = true;
+      o.variant = variant;
+      for (int P : {2, 4, 8, 16}) {
+        const double zigzag = work_imbalance(o, seq_len, P, SequenceLayout::kZigzag);
+        const double contiguous = work_imbalance(o, seq_len, P, SequenceLayout::kContiguous);
+        std::printf("%s N=%lld P=%d: imbalance contiguous %.4f, zigzag %.4f\n",
+                    variant == DilationVariant::kGlobal ? "original" : "fixed",
+                    static_cast<long long>(seq_len), P, contiguous, zigzag);
+        EXPECT_LE(zigzag, 1.05) << "P = " << P << ", N = " << seq_len;
+        EXPECT_GT(contiguous, zigzag) << "P = " << P << ", N = " << seq_len;
+        int64_t total_zigzag = 0, total_contiguous = 0;
+        for (int64_t w : nn::attended_pairs_per_rank(o, seq_len, 16, P, SequenceLayout::kZigzag)) {
+          total_zigzag += w;
+        }
+        for (int64_t w :
+             nn::attended_pairs_per_rank(o, seq_len, 16, P, SequenceLayout::kContiguous)) {
+          total_contiguous += w;
+        }
+        EXPECT_EQ(total_zigzag, total_contiguous);
+      }
+    }
+  }
+}
+
+// The work count itself, on a case small enough to count by hand: one causal pair (8, 1)
+// over N = 8, one head, P = 2. Contiguous: rank 0 holds queries 0..3 (1+2+3+4 = 10 pairs),
+// rank 1 queries 4..7 (5+6+7+8 = 26). Zigzag: pieces of 2; rank 0 holds 0,1 and 6,7
+// (1+2+7+8 = 18), rank 1 holds 2..5 (3+4+5+6 = 18).
+TEST(RingLayout, AttendedPairsCountedByHand) {
+  DilatedAttentionOptions o;
+  o.segment_lengths = {8};
+  o.dilation_rates = {1};
+  o.causal = true;
+  EXPECT_EQ(nn::attended_pairs_per_rank(o, 8, 1, 2, SequenceLayout::kContiguous),
+            (std::vector<int64_t>{10, 26}));
+  EXPECT_EQ(nn::attended_pairs_per_rank(o, 8, 1, 2, SequenceLayout::kZigzag),
+            (std::vector<int64_t>{18, 18}));
+  o.causal = false;
+  EXPECT_EQ(nn::attended_pairs_per_rank(o, 8, 1, 2, SequenceLayout::kZigzag),
+            (std::vector<int64_t>{32, 32}));
+}
+
+// The zigzag layout's traffic: one causal pair over the whole sequence (P = 2, pieces of 6).
+// Rank 0 holds pieces 0 and 3, rank 1 pieces 1 and 2; every rank's queries need keys of the
+// other rank, so each sends its whole selected rows once: (C / r) rows of the pair's heads.
+TEST(RingLayout, ZigzagSendsEachRanksSelectedRowsOnce) {
+  DilatedAttentionOptions o;
+  o.segment_lengths = {2, 24};
+  o.dilation_rates = {1, 2};  // pair 1: heads 2 and 3, positions == 1 mod 2
+  o.causal = true;
+  const int P = 2;
+  const int64_t C = kN / P, rows = C / 2, heads = kH / 2;
+  const int64_t expected = rows * heads * kD * 2 * kB * 8;  // float64 K and V
+  const FullSequence f = single_device(o, DType::kFloat64, 21);
+  for (DistStrategy s : {DistStrategy::kRing, DistStrategy::kAllGather}) {
+    const std::vector<RankResult> rs = run_ranks(f, o, P, s, SequenceLayout::kZigzag);
+    for (const RankResult& r : rs) {
+      EXPECT_EQ(r.layout, SequenceLayout::kZigzag);
+      EXPECT_EQ(r.info.forward_bytes_sent, expected) << nn::strategy_name(s);
+    }
+    EXPECT_LE(relative_error(joined(rs, &RankResult::out, 1), f.out), 1e-12);
+    EXPECT_LE(relative_error(joined(rs, &RankResult::grad_k, 1), f.grad_k), 1e-12);
+  }
 }
 
 // ---------------------------------------------------------------------------------------

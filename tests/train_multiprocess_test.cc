@@ -80,6 +80,7 @@ class TrainMultiprocessTest : public ::testing::Test {
         str_cat("--batch_size=", batch), str_cat("--context_parallel=", context),
         str_cat("--out_dir=", (dir_ / run).string())};
     args.insert(args.end(), device_args_.begin(), device_args_.end());
+    args.insert(args.end(), extra_args_.begin(), extra_args_.end());
     return args;
   }
 
@@ -124,6 +125,7 @@ class TrainMultiprocessTest : public ::testing::Test {
   // CPU: one thread per process (the CI has 2 cores), sequences of 64.
   std::vector<std::string> device_args_ = {"--device=cpu", "--threads=1", "--seq_len=64",
                                            "--segments=16,64", "--dilations=1,2"};
+  std::vector<std::string> extra_args_;  // a test's own flags, for every run
 };
 
 // Each logged step's loss and gradient norm equal the one-process run's, to float32
@@ -196,6 +198,19 @@ TEST_F(TrainMultiGpuTest, CudaContextParallelOn2GpusMatchesOneGpu) {
 TEST_F(TrainMultiGpuTest, CudaBothOn4GpusMatchOneGpu) {
   if (lacks_gpus(4)) GTEST_SKIP() << "needs 4 GPUs";
   const std::vector<StepRecord> want = one_process();
+  std::vector<std::string> command = {program("RD_LAUNCH", RD_LAUNCH_PATH), "-n", "4", "--"};
+  const std::vector<std::string> args = train_args("dp2cp2", kGlobalBatch / 2, 2);
+  command.insert(command.end(), args.begin(), args.end());
+  expect_same_training(run_job("dp2cp2", command, 1, nullptr), want, kBf16StepTolerance);
+}
+
+// Recomputation with MLP chunks smaller than a rank's block (128 of 256 tokens at context
+// parallel 4), data and context parallel together: the flags long sequences need.
+TEST_F(TrainMultiGpuTest, CudaRecomputedChunksOn4GpusMatchOneGpu) {
+  if (lacks_gpus(4)) GTEST_SKIP() << "needs 4 GPUs";
+  extra_args_ = {"--recompute", "--mlp_chunk_tokens=128"};
+  const std::vector<StepRecord> want = one_process();
+  expect_same_training(through_rd_launch("cp4", 4, 4), want, kBf16StepTolerance);
   std::vector<std::string> command = {program("RD_LAUNCH", RD_LAUNCH_PATH), "-n", "4", "--"};
   const std::vector<std::string> args = train_args("dp2cp2", kGlobalBatch / 2, 2);
   command.insert(command.end(), args.begin(), args.end());

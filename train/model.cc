@@ -68,7 +68,7 @@ int64_t mlp_hidden(const ModelConfig& c) {
 TransformerBlock::TransformerBlock(const ModelConfig& config, Generator& generator,
                                    TensorOptions options,
                                    std::shared_ptr<dist::Communicator> sequence_comm,
-                                   nn::DistStrategy strategy) {
+                                   nn::DistStrategy strategy, nn::SequenceLayout layout) {
   attn_norm_ = register_module("attn_norm", std::make_shared<nn::RMSNorm>(config.dim, 1e-6, true, options));
   nn::MultiheadOptions mo;
   mo.bias = false;
@@ -77,7 +77,8 @@ TransformerBlock::TransformerBlock(const ModelConfig& config, Generator& generat
   if (sequence_comm) {
     attn_ = register_module("attn", std::make_shared<nn::RingMultiheadDilatedAttention>(
                                         config.dim, config.heads, causal_attention(config),
-                                        std::move(sequence_comm), generator, strategy, mo));
+                                        std::move(sequence_comm), generator, strategy, mo,
+                                        layout));
   } else {
     attn_ = register_module("attn", std::make_shared<nn::MultiheadDilatedAttention>(
                                         config.dim, config.heads, causal_attention(config),
@@ -126,7 +127,7 @@ Tensor TransformerBlock::chunked_mlp_residual(const Tensor& h) {
 LanguageModel::LanguageModel(const ModelConfig& config, Generator& generator,
                              TensorOptions options,
                              std::shared_ptr<dist::Communicator> sequence_comm,
-                             nn::DistStrategy strategy)
+                             nn::DistStrategy strategy, nn::SequenceLayout layout)
     : config_(config) {
   check_model_config(config);
   embed_ = register_module("embed", std::make_shared<nn::Embedding>(config.vocab_size, config.dim,
@@ -134,7 +135,8 @@ LanguageModel::LanguageModel(const ModelConfig& config, Generator& generator,
   auto blocks = register_module("blocks", std::make_shared<nn::ModuleList>());
   for (int64_t i = 0; i < config.depth; ++i) {
     blocks_.push_back(blocks->push_back(
-        std::make_shared<TransformerBlock>(config, generator, options, sequence_comm, strategy)));
+        std::make_shared<TransformerBlock>(config, generator, options, sequence_comm, strategy,
+                                           layout)));
   }
   norm_ = register_module("norm", std::make_shared<nn::RMSNorm>(config.dim, 1e-6, true, options));
   // GPT-2 initialization, drawn after construction in parameter order (one generator

@@ -54,7 +54,7 @@ class TransformerBlock : public nn::UnaryModule {
  public:
   TransformerBlock(const ModelConfig& config, Generator& generator, TensorOptions options,
                    std::shared_ptr<dist::Communicator> sequence_comm,
-                   nn::DistStrategy strategy);
+                   nn::DistStrategy strategy, nn::SequenceLayout layout);
   Tensor forward(const Tensor& x) override;
 
  private:
@@ -73,8 +73,9 @@ class TransformerBlock : public nn::UnaryModule {
 // output head: logits = norm(x) embed.weight^T), "blocks.<i>", "norm".
 //
 // With a sequence communicator of P ranks the model runs context parallel: each rank passes
-// its block of T / P tokens and gets its block's logits; attention is the sequence-parallel
-// form (rotary positions are global), everything else is per token.
+// its rows of the T tokens under `layout` (nn::SequenceLayout: kAuto is zigzag, the
+// attention being causal, when 2P divides T) and gets their logits; attention is the
+// sequence-parallel form (rotary positions are global), everything else is per token.
 //
 // Initialization (GPT-2 style, documented in docs/training.md): every Linear weight and the
 // embedding ~ N(0, init_std); the residual projections (attention "out", MLP "fc2"/"down")
@@ -83,7 +84,8 @@ class LanguageModel : public nn::Module {
  public:
   LanguageModel(const ModelConfig& config, Generator& generator, TensorOptions options = {},
                 std::shared_ptr<dist::Communicator> sequence_comm = nullptr,
-                nn::DistStrategy strategy = nn::DistStrategy::kAuto);
+                nn::DistStrategy strategy = nn::DistStrategy::kAuto,
+                nn::SequenceLayout layout = nn::SequenceLayout::kAuto);
 
   Tensor forward(const Tensor& tokens);
   const ModelConfig& config() const { return config_; }

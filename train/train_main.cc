@@ -80,6 +80,10 @@ ABSL_FLAG(int, context_parallel, 1,
           "ranks per context-parallel group (the sequence is split among them); the rest of "
           "the world is data parallel");
 ABSL_FLAG(std::string, strategy, "auto", "sequence-parallel attention: ring, all_gather or auto");
+ABSL_FLAG(std::string, cp_layout, "auto",
+          "how context-parallel ranks split a sequence: zigzag (rank r holds pieces r and "
+          "2P-1-r of 2P, balancing the causal work), contiguous, or auto (zigzag when 2P "
+          "divides --seq_len)");
 // Sampling (rd_train sample).
 ABSL_FLAG(std::string, checkpoint, "", "sample: the checkpoint folder (or a run folder: its newest)");
 ABSL_FLAG(std::string, prompt, "", "sample: the prompt text");
@@ -187,6 +191,10 @@ TrainConfig config_from_flags() {
                                           {{"ring", rd::nn::DistStrategy::kRing},
                                            {"all_gather", rd::nn::DistStrategy::kAllGather},
                                            {"auto", rd::nn::DistStrategy::kAuto}});
+  c.cp_layout = pick<rd::nn::SequenceLayout>(absl::GetFlag(FLAGS_cp_layout), "cp_layout",
+                                             {{"zigzag", rd::nn::SequenceLayout::kZigzag},
+                                              {"contiguous", rd::nn::SequenceLayout::kContiguous},
+                                              {"auto", rd::nn::SequenceLayout::kAuto}});
   return c;
 }
 

@@ -67,16 +67,21 @@ double peak_flops(Device device) {
   return 0;
 }
 
-// The rows [row0, row0 + rows) and positions [t0, t0 + len) of a batch.
-Batch slice(const Batch& b, int64_t row0, int64_t rows, int64_t t0, int64_t len) {
+// The rows [row0, row0 + rows) of a batch, and of each row the positions of `pieces`, in
+// order (a context-parallel rank's share of the sequence).
+Batch slice(const Batch& b, int64_t row0, int64_t rows, const std::vector<nn::Block>& pieces) {
   Batch s;
   s.batch_size = rows;
-  s.seq_len = len;
+  s.seq_len = 0;
+  for (const nn::Block& piece : pieces) s.seq_len += piece.size();
   for (int64_t r = row0; r < row0 + rows; ++r) {
-    const auto at = static_cast<ptrdiff_t>(r * b.seq_len + t0);
-    s.inputs.insert(s.inputs.end(), b.inputs.begin() + at, b.inputs.begin() + at + len);
-    s.targets.insert(s.targets.end(), b.targets.begin() + at, b.targets.begin() + at + len);
-    s.answer.insert(s.answer.end(), b.answer.begin() + at, b.answer.begin() + at + len);
+    for (const nn::Block& piece : pieces) {
+      const auto at = static_cast<ptrdiff_t>(r * b.seq_len + piece.begin);
+      const auto end = at + static_cast<ptrdiff_t>(piece.size());
+      s.inputs.insert(s.inputs.end(), b.inputs.begin() + at, b.inputs.begin() + end);
+      s.targets.insert(s.targets.end(), b.targets.begin() + at, b.targets.begin() + end);
+      s.answer.insert(s.answer.end(), b.answer.begin() + at, b.answer.begin() + end);
+    }
   }
   return s;
 }
@@ -111,6 +116,9 @@ void check_train_config(const TrainConfig& c, int world_size) {
   const int64_t seq_len = c.data_options.task.seq_len;
   RD_CHECK(seq_len % c.context_parallel == 0, kInvalidArgument, kOp, ": seq_len ", seq_len,
            " must be a multiple of context_parallel ", c.context_parallel);
+  RD_CHECK(c.cp_layout != nn::SequenceLayout::kZigzag || seq_len % (2 * c.context_parallel) == 0,
+           kInvalidArgument, kOp, ": cp_layout zigzag splits seq_len ", seq_len, " into 2 x "
+           "context_parallel = ", 2 * c.context_parallel, " pieces, which it is not a multiple of");
   compute_dtype(c);
 }
 
@@ -157,7 +165,8 @@ std::string config_to_json(const TrainConfig& c) {
                 {"dtype", c.dtype},
                 {"seed", c.seed},
                 {"context_parallel", c.context_parallel},
-                {"strategy", nn::strategy_name(c.strategy)}};
+                {"strategy", nn::strategy_name(c.strategy)},
+                {"cp_layout", nn::layout_name(c.cp_layout)}};
   return j.dump();
 }
 
@@ -215,6 +224,11 @@ TrainConfig config_from_json(const std::string& text) {
     c.strategy = strategy == "ring"         ? nn::DistStrategy::kRing
                  : strategy == "all_gather" ? nn::DistStrategy::kAllGather
                                             : nn::DistStrategy::kAuto;
+    // Checkpoints from before the layout existed split contiguously.
+    const std::string layout = t.value("cp_layout", "contiguous");
+    c.cp_layout = layout == "zigzag"       ? nn::SequenceLayout::kZigzag
+                  : layout == "contiguous" ? nn::SequenceLayout::kContiguous
+                                           : nn::SequenceLayout::kAuto;
   } catch (const Json::exception& e) {
     RD_FAIL(kCorruptFile, kOp, ": the saved configuration is incomplete: ", e.what());
   }
@@ -237,6 +251,9 @@ struct Trainer::State {
   std::shared_ptr<dist::Communicator> sequence;  // the context-parallel group (null: none)
   int rank = 0, world_size = 1;
   int cp_rank = 0, cp_size = 1, dp_rank = 0, dp_size = 1;
+  // The context-parallel split of a sequence (resolved) and this rank's pieces of it.
+  nn::SequenceLayout layout = nn::SequenceLayout::kContiguous;
+  std::vector<nn::Block> pieces;
   DType dtype = DType::kFloat32;
   std::unique_ptr<LanguageModel> model;
   // Lower precision: the model computes in `dtype` and these float32 copies of its
@@ -296,12 +313,15 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<dist::Communicator> world)
   if (s.cp_size > 1) s.sequence = s.world->split(s.dp_rank, s.cp_rank);
 
   s.data = make_dataset(c.data, c.data_options);
+  // The attention is causal: kAuto balances its work across the ranks with the zigzag split.
+  s.layout = nn::resolve_layout(c.cp_layout, /*causal=*/true, s.data->seq_len(), s.cp_size);
+  s.pieces = nn::sequence_pieces(s.layout, s.data->seq_len(), s.cp_rank, s.cp_size);
   ModelConfig mc = c.model;
   mc.vocab_size = s.data->vocab_size();
   s.config.model.vocab_size = mc.vocab_size;
   Generator init(c.seed);
   s.model = std::make_unique<LanguageModel>(mc, init, TensorOptions(DType::kFloat32).with_device(c.device),
-                                            s.sequence, c.strategy);
+                                            s.sequence, c.strategy, s.layout);
   if (s.lower_precision()) {
     for (auto& [name, p] : s.model->named_parameters()) s.masters.emplace_back(name, p.detach().clone());
     s.model->to(s.dtype);
@@ -413,7 +433,7 @@ EvalResult Trainer::evaluate(int64_t batches) {
   Tensor totals = zeros({6}, TensorOptions(DType::kFloat64).with_device(dev));
   for (int64_t i = 0; i < batches; ++i) {
     const Batch global = s.data->eval_batch(c.batch_size * s.dp_size, i);
-    const Batch mine = slice(global, s.dp_rank * c.batch_size, c.batch_size, s.cp_rank * local_len, local_len);
+    const Batch mine = slice(global, s.dp_rank * c.batch_size, c.batch_size, s.pieces);
     const Batch::Tensors t = mine.to_tensors();
     const Tensor logits = s.model->forward(t.inputs.to(dev));
     const int64_t vocab = logits.size(2);
@@ -423,9 +443,11 @@ EvalResult Trainer::evaluate(int64_t batches) {
     if (s.cp_size > 1) {  // every rank of the group scores the whole sequence
       Tensor all = empty({s.cp_size, c.batch_size, local_len}, TensorOptions(predictions.dtype()).with_device(predictions.device()));
       s.sequence->all_gather(all, predictions.contiguous());
-      predictions = all.permute({1, 0, 2}).reshape({c.batch_size, seq_len});
+      std::vector<Tensor> blocks;
+      for (int r = 0; r < s.cp_size; ++r) blocks.push_back(all.select(0, r));
+      predictions = nn::sequence_from_blocks(blocks, s.layout);
     }
-    const Batch rows = slice(global, s.dp_rank * c.batch_size, c.batch_size, 0, seq_len);
+    const Batch rows = slice(global, s.dp_rank * c.batch_size, c.batch_size, {{0, seq_len}});
     const AccuracyCounts acc = score_predictions(rows, predictions);
     const bool counts_here = s.cp_rank == 0;  // count each sample once
     const std::vector<double> host = {0.0, counts_here ? static_cast<double>(scored_tokens(rows)) : 0.0,
@@ -473,7 +495,6 @@ struct Accumulated {
 Accumulated accumulate_gradients(Trainer::State& s) {
   const TrainConfig& c = s.config;
   const Device dev = c.device;
-  const int64_t local_len = s.data->seq_len() / s.cp_size;
   std::vector<Batch> micro;
   Accumulated a;
   a.loss_sum = zeros({}, TensorOptions(DType::kFloat32).with_device(dev));
@@ -488,8 +509,7 @@ Accumulated accumulate_gradients(Trainer::State& s) {
   for (const Batch& global : micro) {
     // Only the last micro-batch's backward communicates; the others accumulate locally.
     if (s.buckets != nullptr) s.buckets->set_sync(&global == &micro.back());
-    const Batch mine = slice(global, s.dp_rank * c.batch_size, c.batch_size,
-                             s.cp_rank * local_len, local_len);
+    const Batch mine = slice(global, s.dp_rank * c.batch_size, c.batch_size, s.pieces);
     const Batch::Tensors t = mine.to_tensors();
     const Tensor logits = s.model->forward(t.inputs.to(dev));
     // The loss in float32 whatever the compute dtype (the logits are [tokens, vocab], small).

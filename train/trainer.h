@@ -62,6 +62,9 @@ struct TrainConfig {
   // data parallel. Must divide the world size and the sequence length.
   int context_parallel = 1;
   nn::DistStrategy strategy = nn::DistStrategy::kAuto;
+  // How the context-parallel ranks split each sequence (kAuto: zigzag, which balances the
+  // causal work, when 2 x context_parallel divides the sequence length).
+  nn::SequenceLayout cp_layout = nn::SequenceLayout::kAuto;
   bool quiet = false;  // no console output (tests)
 };
 

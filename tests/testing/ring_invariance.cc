@@ -56,38 +56,61 @@ FullSequence inputs_on(const FullSequence& f, Device device) {
   return copy;
 }
 
+Tensor rank_rows(const Tensor& t, int64_t dim, nn::SequenceLayout layout, int rank, int size) {
+  std::vector<Tensor> pieces;
+  for (const nn::Block& b : nn::sequence_pieces(layout, t.size(dim), rank, size)) {
+    pieces.push_back(t.narrow(dim, b.begin, b.size()));
+  }
+  return pieces.size() == 1 ? pieces[0] : cat(pieces, dim);
+}
+
 RankResult run_rank(const FullSequence& f, const nn::DilatedAttentionOptions& o,
-                    dist::Communicator& comm, nn::DistStrategy strategy, Device device) {
-  const int64_t C = f.q.size(1) / comm.size();
-  const int64_t start = comm.rank() * C;
+                    dist::Communicator& comm, nn::DistStrategy strategy, Device device,
+                    nn::SequenceLayout layout) {
+  const nn::SequenceLayout resolved =
+      nn::resolve_layout(layout, o.causal, f.q.size(1), comm.size());
   auto block = [&](const Tensor& t, int64_t dim) {
-    return t.detach().narrow(dim, start, C).contiguous().to(device);
+    return rank_rows(t.detach(), dim, resolved, comm.rank(), comm.size()).contiguous().to(device);
   };
   Tensor q = block(f.q, 1), k = block(f.k, 1), v = block(f.v, 1);
   for (Tensor* t : {&q, &k, &v}) t->set_requires_grad(true);
   Generator dropout_gen(kRingDropoutSeed);
   nn::RingAttentionResult info = nn::ring_dilated_attention_with_lse(
-      q, k, v, o, comm, strategy, training_context(o, &dropout_gen));
+      q, k, v, o, comm, strategy, training_context(o, &dropout_gen), layout);
   ring_loss(info.attention.out, info.attention.lse, block(f.w_out, 1), block(f.w_lse, 2))
       .backward();
   return {info.attention.out.detach(), info.attention.lse.detach(), q.grad(), k.grad(), v.grad(),
-          info};
+          info, resolved};
 }
 
 std::vector<RankResult> run_in_process_ranks(const FullSequence& f,
                                              const nn::DilatedAttentionOptions& o, int P,
-                                             nn::DistStrategy strategy) {
+                                             nn::DistStrategy strategy, nn::SequenceLayout layout) {
   std::vector<RankResult> results(static_cast<size_t>(P));
   dist::run_in_process(P, [&](dist::Communicator& comm) {
-    results[static_cast<size_t>(comm.rank())] = run_rank(f, o, comm, strategy, f.q.device());
+    results[static_cast<size_t>(comm.rank())] = run_rank(f, o, comm, strategy, f.q.device(), layout);
   }, f.q.device());
   return results;
 }
 
 Tensor joined(const std::vector<RankResult>& rs, Tensor RankResult::*field, int64_t dim) {
-  std::vector<Tensor> parts;
   const Device first = (rs.front().*field).device();
-  for (const RankResult& r : rs) parts.push_back((r.*field).to(first));
+  const auto size = static_cast<int>(rs.size());
+  const int64_t n = (rs.front().*field).size(dim) * size;
+  // Each rank's pieces, placed by their global positions.
+  std::vector<std::pair<int64_t, Tensor>> pieces;
+  for (int r = 0; r < size; ++r) {
+    const Tensor t = (rs[static_cast<size_t>(r)].*field).to(first);
+    int64_t at = 0;
+    for (const nn::Block& b : nn::sequence_pieces(rs.front().layout, n, r, size)) {
+      pieces.emplace_back(b.begin, t.narrow(dim, at, b.size()));
+      at += b.size();
+    }
+  }
+  std::sort(pieces.begin(), pieces.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<Tensor> parts;
+  for (auto& [begin, t] : pieces) parts.push_back(t);
   return cat(parts, dim);
 }
 
@@ -107,9 +130,8 @@ double relative_error(const Tensor& got, const Tensor& want) {
   return std::sqrt(num / std::max(den, 1e-300));
 }
 
-FullSequence block_of(const FullSequence& f, int rank, int P) {
-  const int64_t C = f.q.size(1) / P;
-  auto rows = [&](const Tensor& t, int64_t dim) { return t.narrow(dim, rank * C, C); };
+FullSequence block_of(const FullSequence& f, int rank, int P, nn::SequenceLayout layout) {
+  auto rows = [&](const Tensor& t, int64_t dim) { return rank_rows(t, dim, layout, rank, P); };
   FullSequence b = f;
   b.out = rows(f.out, 1);
   b.lse = rows(f.lse, 2);

@@ -47,19 +47,26 @@ FullSequence inputs_on(const FullSequence& f, Device device);
 struct RankResult {
   Tensor out, lse, grad_q, grad_k, grad_v;
   nn::RingAttentionResult info;
+  nn::SequenceLayout layout = nn::SequenceLayout::kContiguous;  // resolved
 };
 
-// Rank comm.rank() of comm.size(): its block of f's inputs (copied to `device`), the
-// sequence-parallel call, and backward through the same loss.
+// Rank `rank` of `size`'s rows of t along `dim` under a resolved layout.
+Tensor rank_rows(const Tensor& t, int64_t dim, nn::SequenceLayout layout, int rank, int size);
+
+// Rank comm.rank() of comm.size(): its rows of f's inputs under `layout` (copied to
+// `device`), the sequence-parallel call, and backward through the same loss.
 RankResult run_rank(const FullSequence& f, const nn::DilatedAttentionOptions& o,
-                    dist::Communicator& comm, nn::DistStrategy strategy, Device device);
+                    dist::Communicator& comm, nn::DistStrategy strategy, Device device,
+                    nn::SequenceLayout layout = nn::SequenceLayout::kAuto);
 
 // P in-process ranks (threads) on f's device, each run_rank.
 std::vector<RankResult> run_in_process_ranks(const FullSequence& f,
                                              const nn::DilatedAttentionOptions& o, int P,
-                                             nn::DistStrategy strategy);
+                                             nn::DistStrategy strategy,
+                                             nn::SequenceLayout layout = nn::SequenceLayout::kAuto);
 
-// The ranks' blocks of one field, concatenated along `dim` (on the first rank's device).
+// The ranks' rows of one field, put back in sequence order along `dim` (on the first rank's
+// device).
 Tensor joined(const std::vector<RankResult>& rs, Tensor RankResult::*field, int64_t dim);
 
 // ||got - want|| / ||want|| over the finite entries (and -inf exactly where want has it);
@@ -67,7 +74,7 @@ Tensor joined(const std::vector<RankResult>& rs, Tensor RankResult::*field, int6
 double relative_error(const Tensor& got, const Tensor& want);
 
 // Rank `rank` of `P`'s block of f's results (for a process that holds only its own rank's).
-FullSequence block_of(const FullSequence& f, int rank, int P);
+FullSequence block_of(const FullSequence& f, int rank, int P, nn::SequenceLayout layout);
 
 // Tolerances for comparing ranks with one device (max relative error per result).
 struct RingTolerance {
