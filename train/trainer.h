@@ -10,6 +10,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "ringdilated/dist/communicator.h"
 #include "ringdilated/nn/lr_schedule.h"
@@ -56,6 +57,11 @@ struct TrainConfig {
   // Resume from the newest checkpoint in out_dir/checkpoints ("auto": if there is one),
   // or from this checkpoint folder.
   std::string resume;
+  // Resuming refuses a configuration that changes what the run computes (the data, model and
+  // optimization fields config_to_json saves, and the world size), naming each difference;
+  // true resumes anyway, with a note. Logging, evaluation, checkpoint and memory settings,
+  // the device and the sequence-parallel strategy may always change.
+  bool allow_config_change = false;
   uint64_t seed = 0;
 
   // Ranks of a context-parallel group (the sequence is split among them); the others are
@@ -116,6 +122,10 @@ class Trainer {
   int64_t step() const;
   LanguageModel& model();
   const TrainConfig& config() const;
+  // What the constructor noticed and went on with (printed to stderr unless quiet): a lock
+  // taken over from a killed run, leftovers of interrupted saves removed, step folders
+  // skipped for lack of a manifest, configuration changes allowed on resume.
+  const std::vector<std::string>& notes() const;
 
   struct State;  // defined in trainer.cc
 
