@@ -1,12 +1,13 @@
 // rd_train's training loop on the CPU: bit-exact resume (2n steps == n, stop, n resumed),
 // resume's refusal of a changed configuration and its notes, the run folder's lock,
-// context- and data-parallel gradients equal to one rank's, the
+// evaluation of text runs, context- and data-parallel gradients equal to one rank's, the
 // model's causality, and sampling.
 #include "ringdilated/train/trainer.h"
 
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -268,6 +269,40 @@ TEST_F(TrainerTest, ResumeSaysWhichCheckpointItSkippedAndCleansLeftovers) {
   EXPECT_TRUE(any_note_has(t, "resuming from '" + (root / "step_000000002").string() + "'"));
   EXPECT_TRUE(any_note_has(t, leftover));
   EXPECT_FALSE(fs::exists(root / leftover));
+}
+
+// Text has no answers: evaluation reports the loss, perplexity and bits per byte, and the
+// metrics record no exact match (which would be 0 of every window).
+TEST_F(TrainerTest, TextRunsReportBitsPerByteNotExactMatch) {
+  const fs::path text = dir_ / "corpus.txt";
+  {
+    std::ofstream out(text);
+    for (int i = 0; i < 400; ++i) out << "the quick brown fox " << i % 7 << " jumps. ";
+  }
+  TrainConfig c = tiny("text");
+  c.data = "text:" + text.string();
+  c.steps = 2;
+  const TrainResult r = Trainer(c).run();
+  const EvalResult& e = r.final_eval;
+  EXPECT_FALSE(e.has_answers);
+  ASSERT_TRUE(e.bits_per_byte.has_value());
+  EXPECT_NEAR(*e.bits_per_byte, e.loss / std::log(2.0), 1e-12);
+  EXPECT_GT(e.tokens, 0);
+  std::ifstream in(fs::path(c.out_dir) / "metrics.jsonl");
+  int evals = 0;
+  for (std::string line; std::getline(in, line);) {
+    if (!has(line, "\"split\":\"eval\"")) continue;
+    ++evals;
+    EXPECT_TRUE(has(line, "\"bits_per_byte\":")) << line;
+    EXPECT_TRUE(has(line, "\"perplexity\":")) << line;
+    EXPECT_FALSE(has(line, "exact_match")) << line;
+  }
+  EXPECT_GT(evals, 0);
+
+  // A task keeps its exact match.
+  const TrainResult task = Trainer(tiny("task")).run();
+  EXPECT_TRUE(task.final_eval.has_answers);
+  EXPECT_FALSE(task.final_eval.bits_per_byte.has_value());
 }
 
 // bfloat16 compute with float32 masters (CPU): after the run the model's weights are its

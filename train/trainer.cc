@@ -550,6 +550,10 @@ EvalResult Trainer::evaluate(int64_t batches) {
   EvalResult r;
   r.loss = v[1] > 0 ? v[0] / v[1] : 0.0;
   r.perplexity = std::exp(r.loss);
+  r.tokens = static_cast<int64_t>(v[1]);
+  const DataKind kind = data_kind(c.data);
+  r.has_answers = kind == DataKind::kTask;
+  if (kind == DataKind::kText) r.bits_per_byte = r.loss / std::log(2.0);  // one token a byte
   r.accuracy.correct_tokens = static_cast<int64_t>(v[2]);
   r.accuracy.answer_tokens = static_cast<int64_t>(v[3]);
   r.accuracy.exact_samples = static_cast<int64_t>(v[4]);
@@ -683,11 +687,16 @@ TrainResult Trainer::run(const std::atomic<bool>* stop) {
                 {"time_s", seconds()},
                 {"split", "eval"},
                 {"loss", e.loss},
-                {"perplexity", e.perplexity},
-                {"accuracy", e.accuracy.token_accuracy()},
-                {"exact_match", e.accuracy.exact_match()}};
+                {"perplexity", e.perplexity}};
+    if (e.has_answers) {
+      rec["accuracy"] = e.accuracy.token_accuracy();
+      rec["exact_match"] = e.accuracy.exact_match();
+      progress.eval(step, e.loss, e.accuracy.token_accuracy(), e.accuracy.exact_match());
+    } else {
+      if (e.bits_per_byte) rec["bits_per_byte"] = *e.bits_per_byte;
+      progress.eval_text(step, e.loss, e.bits_per_byte);
+    }
     s.metrics->append(rec.dump());
-    progress.eval(step, e.loss, e.accuracy.token_accuracy(), e.accuracy.exact_match());
   };
 
   while (s.step() < c.steps) {

@@ -83,7 +83,13 @@ TrainConfig config_from_checkpoint(const std::string& trainer_state);
 struct EvalResult {
   double loss = 0;  // mean over scored tokens
   double perplexity = 0;
+  int64_t tokens = 0;  // the scored held-out tokens
+  // Synthetic tasks have answers: `accuracy` counts them. Text and token files have none
+  // (every token is scored; exact match of whole windows means nothing): they report the
+  // loss, and byte-level text (text:<file>) the bits per byte, loss / ln 2.
+  bool has_answers = true;
   AccuracyCounts accuracy;
+  std::optional<double> bits_per_byte;
 };
 
 struct TrainResult {
