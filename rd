@@ -615,6 +615,8 @@ cmd_train() {
   local out_dir="runs/passkey" arg
   for arg in "$@"; do
     [[ "$arg" == --out_dir=* ]] && out_dir="${arg#--out_dir=}"
+    # Help trains nothing: no plots after it.
+    [[ "$arg" =~ ^--?(h|help|helpfull|helpshort)$ ]] && exec "$binary" "$@"
   done
   log "run: $binary $*"
   "$binary" "$@" || return

@@ -28,22 +28,25 @@ fail() {
 }
 is_png() { [ "$(head -c 8 "$1" | od -An -tx1 | tr -d ' \n')" = "89504e470d0a1a0a" ]; }
 
-for run in short long; do
+# Two task runs (accuracy and exact match) and a text run (bits per byte).
+for run in short long text; do
   mkdir -p "$work/$run"
-  "$python" - "$work/$run/metrics.jsonl" <<'PY'
+  "$python" - "$work/$run/metrics.jsonl" "$run" <<'PY'
 import json, sys
 with open(sys.argv[1], "w") as f:
     for step in range(0, 40, 2):
         f.write(json.dumps({"step": step, "time_s": step * 0.1, "split": "train",
                             "loss": 4.0 / (1 + step), "lr": 1e-3}) + "\n")
         if step % 10 == 0:
+            scores = ({"bits_per_byte": 6.0 / (1 + step)} if sys.argv[2] == "text" else
+                      {"accuracy": step / 40, "exact_match": step / 80})
             f.write(json.dumps({"step": step, "time_s": step * 0.1, "split": "eval",
-                                "loss": 4.5 / (1 + step), "accuracy": step / 40}) + "\n")
+                                "loss": 4.5 / (1 + step), **scores}) + "\n")
 PY
 done
 "$python" "$rdplot" metrics "$work/short/metrics.jsonl" "$work/long/metrics.jsonl" \
-  -o "$work/plots" --smooth 3 || fail "metrics exited $?"
-for name in loss accuracy lr; do
+  "$work/text/metrics.jsonl" -o "$work/plots" --smooth 3 || fail "metrics exited $?"
+for name in loss accuracy bits_per_byte lr; do
   is_png "$work/plots/$name.png" || fail "metrics wrote no $name.png"
 done
 [ ! -e "$work/plots/tokens_per_s.png" ] || fail "tokens_per_s.png without tokens_per_s records"

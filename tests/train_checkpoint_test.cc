@@ -1,7 +1,12 @@
 // Training checkpoint folders: round trips, atomic replacement, pruning to the newest K,
-// and clear errors (that spare the other checkpoints) for truncated or corrupted files.
+// clear errors (that spare the other checkpoints) for truncated or corrupted files, loading
+// the weights alone, and the cleanup of what killed saves and deletions leave.
 #include "ringdilated/train/checkpoint.h"
 
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -125,6 +130,76 @@ TEST_F(CheckpointTest, CorruptedOrTruncatedFilesAreClearErrorsAndSpareTheOthers)
     EXPECT_NE(what.find("missing"), std::string::npos) << what;
     expect_same(contents(1), load_checkpoint(older));  // untouched
   }
+}
+
+// Sampling needs the weights only: a damaged optimizer file must not stop it.
+TEST_F(CheckpointTest, LoadingTheWeightsNeitherReadsNorChecksTheOptimizer) {
+  const std::string path = save_checkpoint(root_.string(), 4, contents(4), 3);
+  flip_byte(fs::path(path) / "optimizer.safetensors", 9);
+  const CheckpointContents weights = load_checkpoint(path, CheckpointParts::kWeights);
+  EXPECT_TRUE(weights.optimizer.empty());
+  ASSERT_EQ(weights.model.size(), contents(4).model.size());
+  for (const auto& [name, t] : contents(4).model) {
+    EXPECT_TRUE(allclose(t, weights.model.at(name), 0.0, 0.0)) << name;
+  }
+  EXPECT_NE(weights.trainer_state.find("\"step\": 4"), std::string::npos);
+  // Resuming reads everything, and still refuses the damaged file.
+  EXPECT_NE(error_of(path).find("optimizer.safetensors"), std::string::npos);
+  // The weights themselves are still verified.
+  flip_byte(fs::path(path) / "model.safetensors", 9);
+  EXPECT_THROW(load_checkpoint(path, CheckpointParts::kWeights), Error);
+}
+
+// A process id that no longer runs: a child that has exited and been reaped.
+pid_t dead_pid() {
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  ::waitpid(child, nullptr, 0);
+  return child;
+}
+
+// A folder with a file in it, as a killed save or deletion leaves.
+void make_leftover(const fs::path& folder) {
+  fs::create_directories(folder);
+  std::ofstream(folder / "model.safetensors") << "partial";
+}
+
+TEST_F(CheckpointTest, LeftoversOfDeadProcessesAreCleanedAndLiveOnesKept) {
+  save_checkpoint(root_.string(), 1, contents(1), 3);
+  const std::string dead = std::to_string(dead_pid());
+  const std::string mine = std::to_string(::getpid());
+  const std::vector<std::string> gone = {".tmp-step_000000004-" + dead + "-0",
+                                         ".tmp-step_000000001-" + dead + "-1.old",
+                                         ".trash-step_000000000-" + dead + "-2"};
+  for (const std::string& name : gone) make_leftover(root_ / name);
+  // This process's own temporaries may be a save in progress on another thread.
+  const std::string kept = ".tmp-step_000000005-" + mine + "-7";
+  make_leftover(root_ / kept);
+  const std::vector<std::string> removed = clean_checkpoint_root(root_.string());
+  EXPECT_EQ(removed, (std::vector<std::string>{gone[1], gone[0], gone[2]}));  // sorted
+  for (const std::string& name : gone) EXPECT_FALSE(fs::exists(root_ / name)) << name;
+  EXPECT_TRUE(fs::exists(root_ / kept));
+  EXPECT_EQ(list_checkpoints(root_.string()).size(), 1u);
+  EXPECT_TRUE(clean_checkpoint_root((root_ / "missing").string()).empty());
+}
+
+// Pruning also removes a dead save's temporary folder, and step folders without a manifest
+// older than the new checkpoint (a deletion killed half-way by an older version); newer
+// ones (a save that did not finish) are only listed, for the trainer's note.
+TEST_F(CheckpointTest, PruningRemovesLeftoversAndHalfDeletedFolders) {
+  make_leftover(root_ / (".tmp-step_000000003-" + std::to_string(dead_pid()) + "-0"));
+  make_leftover(root_ / "step_000000002");
+  make_leftover(root_ / "step_000000009");
+  EXPECT_EQ(incomplete_checkpoints(root_.string()),
+            (std::vector<std::string>{(root_ / "step_000000002").string(),
+                                      (root_ / "step_000000009").string()}));
+  EXPECT_EQ(incomplete_checkpoints(root_.string(), 2),
+            std::vector<std::string>{(root_ / "step_000000009").string()});
+  for (int64_t step : {4, 5, 6}) save_checkpoint(root_.string(), step, contents(step), 2);
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(root_)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"step_000000005", "step_000000006", "step_000000009"}));
 }
 
 TEST_F(CheckpointTest, BadArgumentsAreClearErrors) {

@@ -1,8 +1,13 @@
 // rd_train's training loop on the CPU: bit-exact resume (2n steps == n, stop, n resumed),
-// context- and data-parallel gradients equal to one rank's, the model's causality, and
-// sampling.
+// resume's refusal of a changed configuration and its notes, the run folder's lock,
+// evaluation of text runs, context- and data-parallel gradients equal to one rank's, the
+// model's causality, and sampling.
 #include "ringdilated/train/trainer.h"
 
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -10,8 +15,10 @@
 #include "gtest/gtest.h"
 #include "ringdilated/dist/in_process.h"
 #include "ringdilated/kernels/error.h"
+#include "ringdilated/tensor/device.h"
 #include "ringdilated/tensor/ops.h"
 #include "ringdilated/train/checkpoint.h"
+#include "ringdilated/train/run_lock.h"
 #include "testing/temp_dir.h"
 
 namespace rd::train {
@@ -108,10 +115,13 @@ TEST_F(TrainerTest, LossFallsAndMetricsAreWritten) {
   c.lr = 3e-3;
   c.eval_every = 10;
   c.log_every = 5;
-  Trainer t(c);
-  const double first = t.compute_gradients().loss;
-  const TrainResult r = t.run();
-  EXPECT_LT(r.last_loss, 0.8 * first);
+  TrainResult r;
+  {  // (a second trainer of a live one's out_dir is refused: this one ends first)
+    Trainer t(c);
+    const double first = t.compute_gradients().loss;
+    r = t.run();
+    EXPECT_LT(r.last_loss, 0.8 * first);
+  }
   const std::string metrics = (fs::path(c.out_dir) / "metrics.jsonl").string();
   EXPECT_EQ(train_lines(metrics).size(), 6u);
   EXPECT_TRUE(latest_checkpoint((fs::path(c.out_dir) / "checkpoints").string()).has_value());
@@ -124,6 +134,175 @@ TEST_F(TrainerTest, LossFallsAndMetricsAreWritten) {
   EXPECT_EQ(resumed.steps_done, c.steps);
   EXPECT_EQ(resumed.final_eval.accuracy.samples, r.final_eval.accuracy.samples);
   EXPECT_EQ(resumed.final_eval.loss, r.final_eval.loss);
+}
+
+// The message of the error `make` throws (a failure when it throws none).
+template <class F>
+std::string error_of(F&& make) {
+  try {
+    make();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "no error";
+  return "";
+}
+
+bool has(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+bool any_note_has(const Trainer& t, const std::string& part) {
+  for (const std::string& note : t.notes()) {
+    if (has(note, part)) return true;
+  }
+  return false;
+}
+
+// Resuming with settings that change what the run computes is refused, naming every
+// differing field with both values; settings of logging, evaluation, checkpoints and memory
+// may change; allow_config_change resumes anyway and notes the changes.
+TEST_F(TrainerTest, ResumingWithAnotherConfigurationIsRefusedNamingEachField) {
+  TrainConfig c = tiny("config");
+  c.steps = 2;
+  c.resume = "auto";
+  Trainer(c).run();
+  TrainConfig changed = c;
+  changed.lr = 2e-3;
+  changed.data_options.seed = 6;
+  changed.steps = 4;  // a cosine schedule over other steps: every learning rate differs
+  const std::string what = error_of([&] { Trainer t(changed); });
+  EXPECT_TRUE(has(what, "train.lr: saved 0.001, now 0.002")) << what;
+  EXPECT_TRUE(has(what, "data.seed: saved 5, now 6")) << what;
+  EXPECT_TRUE(has(what, "train.steps: saved 2, now 4")) << what;
+  EXPECT_TRUE(has(what, "allow_config_change")) << what;
+  EXPECT_FALSE(has(what, "model.")) << what;
+
+  TrainConfig harmless = c;  // logging, evaluation, checkpoints, memory
+  harmless.log_every = 1;
+  harmless.eval_every = 1;
+  harmless.eval_batches = 1;
+  harmless.checkpoint_every = 1;
+  harmless.keep_checkpoints = 5;
+  harmless.model.recompute = true;
+  {
+    Trainer t(harmless);
+    EXPECT_EQ(t.step(), 2);
+    EXPECT_TRUE(t.notes().empty());
+  }
+
+  changed.allow_config_change = true;
+  Trainer allowed(changed);
+  EXPECT_EQ(allowed.step(), 2);
+  EXPECT_TRUE(any_note_has(allowed, "train.lr: saved 0.001, now 0.002"));
+  EXPECT_EQ(allowed.run().steps_done, 4);
+}
+
+// With a constant learning rate after the same warmup, more steps change no step's rate:
+// such a run may be extended.
+TEST_F(TrainerTest, AConstantScheduleMayBeExtendedOnResume) {
+  TrainConfig c = tiny("extend");
+  c.decay = nn::LrDecay::kConstant;
+  c.warmup_steps = 1;
+  c.steps = 2;
+  c.resume = "auto";
+  Trainer(c).run();
+  c.steps = 3;
+  Trainer t(c);
+  EXPECT_EQ(t.step(), 2);
+  EXPECT_EQ(t.run().steps_done, 3);
+}
+
+// Two trainers on one out_dir: the second is refused, naming the first's process and host;
+// once the first ends, the folder is free again.
+TEST_F(TrainerTest, ASecondRunOnTheSameFolderIsRefused) {
+  const TrainConfig c = tiny("busy");
+  {
+    Trainer first(c);
+    const std::string what = error_of([&] { Trainer second(c); });
+    EXPECT_TRUE(has(what, "in use by another run")) << what;
+    EXPECT_TRUE(has(what, "pid " + std::to_string(::getpid()))) << what;
+    EXPECT_TRUE(has(what, c.out_dir)) << what;
+    EXPECT_TRUE(fs::exists(fs::path(c.out_dir) / kRunLockFile));
+  }
+  EXPECT_FALSE(fs::exists(fs::path(c.out_dir) / kRunLockFile)) << "released at the end";
+  Trainer again(c);
+  EXPECT_TRUE(again.notes().empty());
+}
+
+// A lock file left by a killed run (its process gone) is taken over, with a note.
+TEST_F(TrainerTest, AStaleLockIsTakenOverWithANote) {
+  const TrainConfig c = tiny("stale");
+  const pid_t child = ::fork();  // a process id that no longer runs
+  if (child == 0) ::_exit(0);
+  ::waitpid(child, nullptr, 0);
+  char host[256] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  fs::create_directories(c.out_dir);
+  std::ofstream(fs::path(c.out_dir) / kRunLockFile)
+      << "{\"pid\": " << child << ", \"host\": \"" << host << "\", \"started\": \"then\"}\n";
+  Trainer t(c);
+  EXPECT_TRUE(any_note_has(t, "pid " + std::to_string(child))) << t.notes().size();
+  EXPECT_TRUE(any_note_has(t, "no longer running"));
+}
+
+// The newest step folder has no manifest (a save killed before it finished, or a deletion
+// killed half-way): resuming uses the older checkpoint and says which folder it skipped.
+// Leftovers of killed saves are removed at the start, with a note.
+TEST_F(TrainerTest, ResumeSaysWhichCheckpointItSkippedAndCleansLeftovers) {
+  TrainConfig c = tiny("skip");
+  c.steps = 4;
+  c.checkpoint_every = 2;
+  c.resume = "auto";
+  Trainer(c).run();
+  const fs::path root = fs::path(c.out_dir) / "checkpoints";
+  fs::remove(root / "step_000000004" / "manifest.json");
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  ::waitpid(child, nullptr, 0);
+  const std::string leftover = ".tmp-step_000000006-" + std::to_string(child) + "-0";
+  fs::create_directories(root / leftover);
+  Trainer t(c);
+  EXPECT_EQ(t.step(), 2);
+  EXPECT_TRUE(any_note_has(t, "skipping '" + (root / "step_000000004").string() + "'"));
+  EXPECT_TRUE(any_note_has(t, "no manifest.json"));
+  EXPECT_TRUE(any_note_has(t, "resuming from '" + (root / "step_000000002").string() + "'"));
+  EXPECT_TRUE(any_note_has(t, leftover));
+  EXPECT_FALSE(fs::exists(root / leftover));
+}
+
+// Text has no answers: evaluation reports the loss, perplexity and bits per byte, and the
+// metrics record no exact match (which would be 0 of every window).
+TEST_F(TrainerTest, TextRunsReportBitsPerByteNotExactMatch) {
+  const fs::path text = dir_ / "corpus.txt";
+  {
+    std::ofstream out(text);
+    for (int i = 0; i < 400; ++i) out << "the quick brown fox " << i % 7 << " jumps. ";
+  }
+  TrainConfig c = tiny("text");
+  c.data = "text:" + text.string();
+  c.steps = 2;
+  const TrainResult r = Trainer(c).run();
+  const EvalResult& e = r.final_eval;
+  EXPECT_FALSE(e.has_answers);
+  ASSERT_TRUE(e.bits_per_byte.has_value());
+  EXPECT_NEAR(*e.bits_per_byte, e.loss / std::log(2.0), 1e-12);
+  EXPECT_GT(e.tokens, 0);
+  std::ifstream in(fs::path(c.out_dir) / "metrics.jsonl");
+  int evals = 0;
+  for (std::string line; std::getline(in, line);) {
+    if (!has(line, "\"split\":\"eval\"")) continue;
+    ++evals;
+    EXPECT_TRUE(has(line, "\"bits_per_byte\":")) << line;
+    EXPECT_TRUE(has(line, "\"perplexity\":")) << line;
+    EXPECT_FALSE(has(line, "exact_match")) << line;
+  }
+  EXPECT_GT(evals, 0);
+
+  // A task keeps its exact match.
+  const TrainResult task = Trainer(tiny("task")).run();
+  EXPECT_TRUE(task.final_eval.has_answers);
+  EXPECT_FALSE(task.final_eval.bits_per_byte.has_value());
 }
 
 // bfloat16 compute with float32 masters (CPU): after the run the model's weights are its
@@ -310,6 +489,26 @@ TEST(TrainConfigTest, JsonRoundTripsAndBadValuesAreNamed) {
     ADD_FAILURE() << "no error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("batch_size"), std::string::npos) << e.what();
+  }
+  c.batch_size = 1;
+  c.context_parallel = 0;
+  try {
+    check_train_config(c, 2);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("context_parallel (ranks per context-parallel group) "
+                                         "must be >= 1, got 0"),
+              std::string::npos) << e.what();
+  }
+  // A GPU that is not there is refused by the configuration check, before any data is read.
+  c.context_parallel = 1;
+  c.device = Device::cuda(cuda_device_count());
+  try {
+    check_train_config(c, 1);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kDeviceMismatch) << e.what();
+    EXPECT_NE(std::string(e.what()).find("not available"), std::string::npos) << e.what();
   }
 }
 

@@ -4,10 +4,13 @@ docs/benchmarks.md.
 
   rdplot.py metrics RUN/metrics.jsonl [more.jsonl ...] -o OUT_DIR [--smooth K]
       Each file holds one JSON object a line with at least "step", "time_s", "split"
-      ("train" or "eval") and "loss"; "accuracy", "lr" and "tokens_per_s" are optional.
-      Writes loss.png and, where any record has them, accuracy.png, lr.png and
-      tokens_per_s.png: each against steps (left) and wall time (right), every run one
-      colour (named after the file's folder), train solid, eval dashed with markers.
+      ("train" or "eval") and "loss"; "exact_match", "accuracy", "bits_per_byte", "lr" and
+      "tokens_per_s" are optional. Writes loss.png and, where any record has them,
+      accuracy.png (held-out exact match, the headline of tasks with answers, and
+      answer-token accuracy), bits_per_byte.png (held-out bits per byte of text runs),
+      lr.png and tokens_per_s.png: each against steps (left) and wall time (right), every
+      run one colour (named after the file's folder), train solid, eval dashed with
+      markers; where a figure holds two metrics the second is dotted with other markers.
       --smooth K draws train curves as a moving average over K records.
 
   rdplot.py bench BENCH.json [more.json ...] -o OUT_DIR
@@ -61,12 +64,40 @@ PALETTE = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#0
 # ============================================================================ metrics
 
 REQUIRED_FIELDS = ("step", "time_s", "split", "loss")
-OPTIONAL_METRICS = {
-    "accuracy": "accuracy",
-    "lr": "learning rate",
-    "tokens_per_s": "tokens per second",
-}
+
+
+@dataclass(frozen=True)
+class Series:
+    """One metric of a metrics figure: its record key and the words of its legend entry."""
+    key: str
+    label: str
+
+
+@dataclass(frozen=True)
+class MetricsFigure:
+    """One PNG of `cmd_metrics`: file stem, y-axis label, the metrics it draws."""
+    stem: str
+    y_label: str
+    series: tuple
+
+
+# Every figure rd_train's records can fill, in order; one is drawn where any record has one
+# of its keys. rd_train writes "accuracy" (answer tokens right) and "exact_match" (samples
+# with every answer token right, the headline of tasks with answers) in evaluations of
+# tasks, and "bits_per_byte" in evaluations of byte-level text.
+METRICS_FIGURES = (
+    MetricsFigure("loss", "loss", (Series("loss", "loss"),)),
+    MetricsFigure("accuracy", "held-out accuracy",
+                  (Series("exact_match", "exact match (every answer token right)"),
+                   Series("accuracy", "answer-token accuracy"))),
+    MetricsFigure("bits_per_byte", "held-out bits per byte",
+                  (Series("bits_per_byte", "bits per byte"),)),
+    MetricsFigure("lr", "learning rate", (Series("lr", "learning rate"),)),
+    MetricsFigure("tokens_per_s", "tokens per second", (Series("tokens_per_s", "tokens per second"),)),
+)
 SPLITS = {"train": dict(linestyle="-", marker=None), "eval": dict(linestyle="--", marker="o")}
+# The second metric of a figure (answer-token accuracy beside exact match).
+SECOND_SERIES = {"train": dict(linestyle=":", marker=None), "eval": dict(linestyle=":", marker="s")}
 
 
 @dataclass
@@ -123,28 +154,52 @@ def moving_average(values, window):
     return out
 
 
-def metrics_figure(runs, metric, label, smooth):
-    """One figure of `metric`: against steps on the left, against wall time on the right."""
+def metrics_figures(runs):
+    """The MetricsFigures the runs' records fill, each with only the series present."""
+    present = {key for run in runs for r in run.records for key in r}
+    figures = []
+    for figure in METRICS_FIGURES:
+        series = tuple(s for s in figure.series if s.key in present)
+        if series:
+            figures.append(MetricsFigure(figure.stem, figure.y_label, series))
+    return figures
+
+
+def series_label(run, series, split, figure):
+    """"run (eval)" where the figure draws one metric, "run: metric (eval)" where several."""
+    if len(figure.series) == 1:
+        return f"{run.name} ({split})"
+    return f"{run.name}: {series.label} ({split})"
+
+
+def metrics_figure(runs, figure, smooth):
+    """One figure: its metrics against steps on the left, against wall time on the right."""
     fig, (by_step, by_time) = plt.subplots(1, 2, figsize=METRICS_FIG_SIZE, dpi=DPI)
     for index, run in enumerate(runs):
         color = PALETTE[index % len(PALETTE)]
-        for split, style in SPLITS.items():
-            points = [r for r in run.records
-                      if r["split"] == split and isinstance(r.get(metric), (int, float))]
-            if not points:
-                continue
-            values = [r[metric] for r in points]
-            if split == "train":
-                values = moving_average(values, smooth)
-            for axes, x_key in ((by_step, "step"), (by_time, "time_s")):
-                axes.plot([r[x_key] for r in points], values, color=color,
-                          label=f"{run.name} ({split})", markersize=4, **style)
+        for number, series in enumerate(figure.series):
+            for split, style in (SPLITS if number == 0 else SECOND_SERIES).items():
+                points = [r for r in run.records
+                          if r["split"] == split and isinstance(r.get(series.key), (int, float))]
+                if not points:
+                    continue
+                values = [r[series.key] for r in points]
+                if split == "train":
+                    values = moving_average(values, smooth)
+                for axes, x_key in ((by_step, "step"), (by_time, "time_s")):
+                    axes.plot([r[x_key] for r in points], values, color=color,
+                              label=series_label(run, series, split, figure), markersize=4,
+                              **style)
     for axes, x_label in ((by_step, "step"), (by_time, "wall time (s)")):
         axes.set_xlabel(x_label)
-        axes.set_ylabel(label)
+        axes.set_ylabel(figure.y_label)
         axes.grid(True, color="#dddddd")
     by_time.legend(fontsize="small", loc="best")
-    title = label if smooth <= 1 else f"{label} (train: moving average over {smooth} records)"
+    title = figure.y_label
+    if len(figure.series) > 1:
+        title += ": " + ", ".join(s.label for s in figure.series)
+    if smooth > 1:
+        title += f" (train: moving average over {smooth} records)"
     fig.suptitle(title)
     fig.tight_layout()
     return fig
@@ -153,12 +208,9 @@ def metrics_figure(runs, metric, label, smooth):
 def cmd_metrics(args):
     runs = [Run(name, load_run(path)) for name, path in zip(run_names(args.files), args.files)]
     os.makedirs(args.out_dir, exist_ok=True)
-    metrics = {"loss": "loss"}
-    metrics.update({key: label for key, label in OPTIONAL_METRICS.items()
-                    if any(key in r for run in runs for r in run.records)})
-    for metric, label in metrics.items():
-        fig = metrics_figure(runs, metric, label, args.smooth)
-        save(fig, os.path.join(args.out_dir, f"{metric}.png"))
+    for figure in metrics_figures(runs):
+        fig = metrics_figure(runs, figure, args.smooth)
+        save(fig, os.path.join(args.out_dir, f"{figure.stem}.png"))
     return 0
 
 

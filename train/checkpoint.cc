@@ -1,10 +1,13 @@
 // Training checkpoint folders: atomic saves (temporary folder + rename), manifests with
-// CRC-32 per file, verified loads, pruning to the newest K.
+// CRC-32 per file, verified loads, pruning to the newest K (rename to .trash-, then delete),
+// and the cleanup of what killed saves and deletions leave.
 #include "ringdilated/train/checkpoint.h"
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <atomic>
 #include <cstdio>
 #include <filesystem>
@@ -30,6 +33,8 @@ constexpr const char* kTrainerFile = "trainer.json";
 constexpr const char* kFormat = "ringdilated-checkpoint";
 constexpr int kFormatVersion = 1;
 constexpr const char* kStepPrefix = "step_";
+constexpr const char* kTempPrefix = ".tmp-";     // a save being written
+constexpr const char* kTrashPrefix = ".trash-";  // a checkpoint being deleted
 
 std::span<const uint8_t> bytes_of(const std::string& text) {
   return {reinterpret_cast<const uint8_t*>(text.data()), text.size()};
@@ -117,6 +122,82 @@ void remove_quietly(const fs::path& path) {
   fs::remove_all(path, ec);  // best effort: a leftover is ignored by list_checkpoints
 }
 
+// "-<pid>-<n>": distinct names for the temporary and trash folders of concurrent savers.
+std::string unique_suffix() {
+  static std::atomic<uint64_t> counter{0};
+  return "-" + std::to_string(::getpid()) + "-" + std::to_string(counter.fetch_add(1));
+}
+
+// The process that made a leftover folder (.tmp-step_..-<pid>-<n>[.old] or
+// .trash-step_..-<pid>-<n>); nullopt for other names.
+std::optional<pid_t> leftover_pid(const std::string& name) {
+  std::string rest;
+  for (const char* prefix : {kTempPrefix, kTrashPrefix}) {
+    if (name.rfind(prefix, 0) == 0) rest = name.substr(std::string(prefix).size());
+  }
+  if (rest.empty()) return {};
+  if (rest.size() > 4 && rest.compare(rest.size() - 4, 4, ".old") == 0) rest.resize(rest.size() - 4);
+  const size_t last = rest.rfind('-');
+  if (last == std::string::npos || last == 0) return {};
+  const size_t before = rest.rfind('-', last - 1);
+  if (before == std::string::npos) return {};
+  const std::string pid = rest.substr(before + 1, last - before - 1);
+  if (pid.empty() || pid.size() > 9 || pid.find_first_not_of("0123456789") != std::string::npos) {
+    return {};
+  }
+  return static_cast<pid_t>(std::stol(pid));
+}
+
+bool process_alive(pid_t pid) { return ::kill(pid, 0) == 0 || errno == EPERM; }
+
+// Deletes a step folder so that it stops being a checkpoint before any of its files go: a
+// rename to a .trash- name (atomic), then the removal, which a kill may interrupt (the next
+// clean_checkpoint_root finishes it). Where the rename fails, the manifest goes first.
+void retire(const fs::path& folder) {
+  const fs::path trash =
+      folder.parent_path() / (kTrashPrefix + folder.filename().string() + unique_suffix());
+  std::error_code ec;
+  fs::rename(folder, trash, ec);
+  if (!ec) {
+    remove_quietly(trash);
+    return;
+  }
+  fs::remove(folder / kManifest, ec);
+  remove_quietly(folder);
+}
+
+struct StepFolder {
+  int64_t step;
+  std::string path;
+  bool complete;  // has a manifest
+};
+
+// Every step_* folder under `root`, by step.
+std::vector<StepFolder> step_folders(const std::string& root) {
+  std::vector<StepFolder> found;
+  std::error_code ec;
+  if (!fs::is_directory(root, ec)) return {};
+  for (const fs::directory_entry& entry : fs::directory_iterator(root, ec)) {
+    const std::optional<int64_t> step = step_of_name(entry.path().filename().string());
+    if (!step || !entry.is_directory(ec)) continue;
+    found.push_back({*step, entry.path().string(), fs::is_regular_file(entry.path() / kManifest, ec)});
+  }
+  std::sort(found.begin(), found.end(),
+            [](const StepFolder& a, const StepFolder& b) { return a.step < b.step; });
+  return found;
+}
+
+// After the save of `step`: keeps the newest `keep_last` checkpoints, deletes the older ones
+// and the incomplete step folders older than `step`, and the leftovers of dead processes.
+void prune(const std::string& root, int64_t step, int keep_last) {
+  const std::vector<std::string> all = list_checkpoints(root);
+  for (size_t i = 0; i + static_cast<size_t>(keep_last) < all.size(); ++i) retire(all[i]);
+  for (const StepFolder& f : step_folders(root)) {
+    if (!f.complete && f.step < step) retire(f.path);
+  }
+  clean_checkpoint_root(root);
+}
+
 }  // namespace
 
 std::string checkpoint_path(const std::string& root, int64_t step) {
@@ -139,10 +220,8 @@ std::string save_checkpoint(const std::string& root, int64_t step,
   RD_CHECK(!ec, kIo, "save_checkpoint: cannot create folder '", root, "': ", ec.message());
 
   const fs::path final_path = checkpoint_path(root, step);
-  static std::atomic<uint64_t> counter{0};  // distinct temporaries for concurrent savers
-  const fs::path temp = fs::path(root) / (".tmp-" + final_path.filename().string() + "-" +
-                                          std::to_string(::getpid()) + "-" +
-                                          std::to_string(counter.fetch_add(1)));
+  const fs::path temp =
+      fs::path(root) / (kTempPrefix + final_path.filename().string() + unique_suffix());
   remove_quietly(temp);
   fs::create_directory(temp, ec);
   RD_CHECK(!ec, kIo, "save_checkpoint: cannot create folder '", temp.string(), "': ", ec.message());
@@ -170,16 +249,15 @@ std::string save_checkpoint(const std::string& root, int64_t step,
     remove_quietly(temp);
     throw;
   }
-  const std::vector<std::string> all = list_checkpoints(root);
-  for (size_t i = 0; i + static_cast<size_t>(keep_last) < all.size(); ++i) remove_quietly(all[i]);
+  prune(root, step, keep_last);
   return final_path.string();
 }
 
-CheckpointContents load_checkpoint(const std::string& path) {
+CheckpointContents load_checkpoint(const std::string& path, CheckpointParts parts) {
   const Json manifest = read_manifest(path);
   CheckpointContents c;
   c.model = read_tensors(path, manifest, kModelFile);
-  c.optimizer = read_tensors(path, manifest, kOptimizerFile);
+  if (parts == CheckpointParts::kAll) c.optimizer = read_tensors(path, manifest, kOptimizerFile);
   const std::vector<uint8_t> trainer = read_verified(path, manifest, kTrainerFile);
   c.trainer_state.assign(trainer.begin(), trainer.end());
   if (Json::parse(c.trainer_state, nullptr, false).is_discarded()) {
@@ -193,17 +271,10 @@ int64_t checkpoint_step(const std::string& path) {
 }
 
 std::vector<std::string> list_checkpoints(const std::string& root) {
-  std::vector<std::pair<int64_t, std::string>> found;
-  std::error_code ec;
-  if (!fs::is_directory(root, ec)) return {};
-  for (const fs::directory_entry& entry : fs::directory_iterator(root, ec)) {
-    const std::optional<int64_t> step = step_of_name(entry.path().filename().string());
-    if (!step || !fs::is_regular_file(entry.path() / kManifest, ec)) continue;
-    found.emplace_back(*step, entry.path().string());
-  }
-  std::sort(found.begin(), found.end());
   std::vector<std::string> paths;
-  for (auto& [step, path] : found) paths.push_back(std::move(path));
+  for (StepFolder& f : step_folders(root)) {
+    if (f.complete) paths.push_back(std::move(f.path));
+  }
   return paths;
 }
 
@@ -211,6 +282,32 @@ std::optional<std::string> latest_checkpoint(const std::string& root) {
   std::vector<std::string> all = list_checkpoints(root);
   if (all.empty()) return std::nullopt;
   return all.back();
+}
+
+std::vector<std::string> incomplete_checkpoints(const std::string& root, int64_t after_step) {
+  std::vector<std::string> paths;
+  for (StepFolder& f : step_folders(root)) {
+    if (!f.complete && f.step > after_step) paths.push_back(std::move(f.path));
+  }
+  return paths;
+}
+
+std::vector<std::string> clean_checkpoint_root(const std::string& root) {
+  std::vector<std::string> removed;
+  std::error_code ec;
+  if (!fs::is_directory(root, ec)) return removed;
+  std::vector<fs::path> leftovers;
+  for (const fs::directory_entry& entry : fs::directory_iterator(root, ec)) {
+    const std::string name = entry.path().filename().string();
+    const std::optional<pid_t> pid = leftover_pid(name);
+    if (pid && *pid != ::getpid() && !process_alive(*pid)) leftovers.push_back(entry.path());
+  }
+  for (const fs::path& path : leftovers) {  // not while iterating the folder
+    remove_quietly(path);
+    if (!fs::exists(path, ec)) removed.push_back(path.filename().string());
+  }
+  std::sort(removed.begin(), removed.end());
+  return removed;
 }
 
 }  // namespace rd::train

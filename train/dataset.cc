@@ -258,6 +258,12 @@ void WindowDataset::set_state(const DataState& state) {
 
 // --- make_dataset ---
 
+DataKind data_kind(std::string_view spec) {
+  if (spec.starts_with(kTextPrefix)) return DataKind::kText;
+  if (spec.starts_with(kTokensPrefix)) return DataKind::kTokens;
+  return DataKind::kTask;
+}
+
 std::unique_ptr<Dataset> make_dataset(std::string_view spec, const DatasetOptions& options) {
   if (std::optional<Task> task = task_from_name(spec)) {
     return std::make_unique<SyntheticDataset>(*task, options);

@@ -147,6 +147,12 @@ class WindowDataset final : public Dataset {
   DataState state_;
 };
 
+// What the samples of a make_dataset spec are, which decides what evaluation reports:
+// synthetic tasks have answers (exact match), text files are bytes (bits per byte), token
+// files are tokens of some tokenizer (loss and perplexity per token).
+enum class DataKind { kTask, kText, kTokens };
+DataKind data_kind(std::string_view spec);
+
 // "passkey", "mqar", "copy", "text:<path>" (bytes of a file) or "tokens:<path>" (an RDTOK
 // file). Throws rd::Error(kInvalidArgument) for an unknown spec, plus the datasets' errors.
 std::unique_ptr<Dataset> make_dataset(std::string_view spec, const DatasetOptions& options);

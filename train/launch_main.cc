@@ -2,6 +2,7 @@
 // (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR=127.0.0.1, MASTER_PORT), prefixes their output
 // with "[rank i] ", and when one fails stops the others and exits non-zero naming it.
 //   rd_launch -n 4 [--master-port P] [--timeout-s S] [--settle-s T] [--grace-s G] -- prog args...
+//   rd_launch --help (or -h): the usage, exit 0
 #include <signal.h>
 
 #include <cstdio>
@@ -17,6 +18,7 @@ namespace {
 constexpr const char* kUsage =
     "usage: rd_launch -n N [--master-port P] [--timeout-s S] [--settle-s T] [--grace-s G]\n"
     "                 -- prog [args...]\n"
+    "       rd_launch --help\n"
     "  -n N            number of ranks (processes) to start on this machine\n"
     "  --master-port P the port rank 0 serves the store on (default: a free one)\n"
     "  --timeout-s S   stop every rank when the job runs longer than S seconds (default: none)\n"
@@ -27,6 +29,7 @@ constexpr const char* kUsage =
     "MASTER_PORT. Exits 0 only when every rank exited 0.\n";
 
 struct Args {
+  bool help = false;  // --help or -h: print the usage, start nothing
   int nprocs = 0;
   int master_port = 0;
   double timeout_s = 0;
@@ -55,6 +58,10 @@ Args parse(int argc, char** argv) {
     if (arg == "--") {
       ++i;
       break;
+    }
+    if (arg == "-h" || arg == "--help") {
+      args.help = true;
+      return args;
     }
     if (arg == "-n" || arg == "--nprocs") {
       args.nprocs = static_cast<int>(number_arg(i, argc, argv));
@@ -123,6 +130,10 @@ int run(const Args& args) {
 int main(int argc, char** argv) {
   try {
     const Args args = parse(argc, argv);
+    if (args.help) {
+      std::fputs(kUsage, stdout);
+      return 0;
+    }
     struct sigaction stop {};
     stop.sa_handler = on_stop_signal;
     sigemptyset(&stop.sa_mask);

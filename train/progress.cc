@@ -83,7 +83,7 @@ void Progress::update(int64_t step, double loss, double lr, double grad_norm,
   char line[256];
   int n = std::snprintf(line, sizeof(line), "step %lld/%lld | loss %.4f", static_cast<long long>(step),
                         static_cast<long long>(total_steps_), loss);
-  if (accuracy_ >= 0) n += std::snprintf(line + n, sizeof(line) - n, " | acc %.1f%%", 100 * accuracy_);
+  if (!last_eval_.empty()) n += std::snprintf(line + n, sizeof(line) - n, " | %s", last_eval_.c_str());
   n += std::snprintf(line + n, sizeof(line) - n, " | lr %.2e | gnorm %.3f | %s tok/s", lr, grad_norm,
                      format_count(tokens_per_s).c_str());
   if (mfu > 0) n += std::snprintf(line + n, sizeof(line) - n, " | MFU %.1f%%", 100 * mfu);
@@ -98,12 +98,31 @@ void Progress::update(int64_t step, double loss, double lr, double grad_norm,
 }
 
 void Progress::eval(int64_t step, double loss, double token_accuracy, double exact_match) {
-  accuracy_ = exact_match;
+  char headline[32];
+  std::snprintf(headline, sizeof(headline), "acc %.1f%%", 100 * exact_match);
+  last_eval_ = headline;
   if (silent_) return;
   finish();
   std::printf("eval @ step %lld | loss %.4f | perplexity %.3f | answer tokens %.1f%% | exact match %.1f%%\n",
               static_cast<long long>(step), loss, std::exp(loss), 100 * token_accuracy,
               100 * exact_match);
+  std::fflush(stdout);
+}
+
+void Progress::eval_text(int64_t step, double loss, std::optional<double> bits_per_byte) {
+  char headline[48];
+  if (bits_per_byte) {
+    std::snprintf(headline, sizeof(headline), "val %.3f bits/byte", *bits_per_byte);
+  } else {
+    std::snprintf(headline, sizeof(headline), "val loss %.4f", loss);
+  }
+  last_eval_ = headline;
+  if (silent_) return;
+  finish();
+  std::printf("eval @ step %lld | loss %.4f | perplexity %.3f", static_cast<long long>(step), loss,
+              std::exp(loss));
+  if (bits_per_byte) std::printf(" | %.3f bits per byte", *bits_per_byte);
+  std::printf("\n");
   std::fflush(stdout);
 }
 

@@ -1,9 +1,11 @@
 // The console of rd_train: a start-up summary (parameters, memory, batch) and a live
-// progress line (step, loss, accuracy, learning rate, gradient norm, tokens/s, MFU, ETA).
+// progress line (step, loss, the last evaluation, learning rate, gradient norm, tokens/s,
+// MFU, ETA).
 #pragma once
 
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "ringdilated/train/model.h"
@@ -21,8 +23,11 @@ class Progress {
   // A training update; `mfu` 0 leaves it out (unknown peak, e.g. the CPU).
   void update(int64_t step, double loss, double lr, double grad_norm, double tokens_per_s,
               double mfu);
-  // An evaluation; its accuracy then shows on the progress line.
+  // An evaluation of a task with answers; its exact match then shows on the progress line.
   void eval(int64_t step, double loss, double token_accuracy, double exact_match);
+  // An evaluation of text or tokens (no answers): the loss, perplexity and, for byte-level
+  // text, bits per byte, which then shows on the progress line (else the held-out loss).
+  void eval_text(int64_t step, double loss, std::optional<double> bits_per_byte);
   // Ends the in-place line.
   void finish();
 
@@ -33,7 +38,7 @@ class Progress {
   bool line_open_ = false;
   std::chrono::steady_clock::time_point last_time_ = std::chrono::steady_clock::now();
   int64_t last_step_ = -1;  // the step of the last update; -1 before the first
-  double accuracy_ = -1;     // the last eval's exact-match accuracy
+  std::string last_eval_;    // the last eval's headline for the progress line ("acc 40.6%")
 };
 
 // "1h02m", "3m05s", "42s".

@@ -23,6 +23,7 @@
 #include "ringdilated/train/checkpoint.h"
 #include "ringdilated/train/metrics_log.h"
 #include "ringdilated/train/progress.h"
+#include "ringdilated/train/run_lock.h"
 
 namespace rd::train {
 namespace {
@@ -111,14 +112,21 @@ void check_train_config(const TrainConfig& c, int world_size) {
            ", ", c.eval_batches);
   RD_CHECK(c.keep_checkpoints >= 1, kInvalidArgument, kOp, ": keep_checkpoints must be >= 1, got ",
            c.keep_checkpoints);
-  RD_CHECK(c.context_parallel >= 1 && world_size % c.context_parallel == 0, kInvalidArgument, kOp,
-           ": context_parallel ", c.context_parallel, " must divide the world size ", world_size);
+  RD_CHECK(c.context_parallel >= 1, kInvalidArgument, kOp,
+           ": context_parallel (ranks per context-parallel group) must be >= 1, got ",
+           c.context_parallel);
+  RD_CHECK(world_size % c.context_parallel == 0, kInvalidArgument, kOp, ": context_parallel ",
+           c.context_parallel, " must divide the world size ", world_size);
   const int64_t seq_len = c.data_options.task.seq_len;
   RD_CHECK(seq_len % c.context_parallel == 0, kInvalidArgument, kOp, ": seq_len ", seq_len,
            " must be a multiple of context_parallel ", c.context_parallel);
   RD_CHECK(c.cp_layout != nn::SequenceLayout::kZigzag || seq_len % (2 * c.context_parallel) == 0,
            kInvalidArgument, kOp, ": cp_layout zigzag splits seq_len ", seq_len, " into 2 x "
            "context_parallel = ", 2 * c.context_parallel, " pieces, which it is not a multiple of");
+  // Checked here, before the trainer reads or generates any data.
+  RD_CHECK(c.device.is_cpu() || c.device.index < cuda_device_count(), kDeviceMismatch, kOp,
+           ": device ", c.device.str(), " is not available (", cuda_device_count(),
+           " CUDA devices visible", cuda_device_count() == 0 ? " to this build" : "", ")");
   compute_dtype(c);
 }
 
@@ -246,6 +254,9 @@ TrainConfig config_from_checkpoint(const std::string& trainer_state) {
 // The trainer's state.
 
 struct Trainer::State {
+  // Rank 0 holds the run folder's lock while the trainer lives (destroyed last).
+  std::unique_ptr<RunLock> lock;
+  std::vector<std::string> notes;
   TrainConfig config;
   std::shared_ptr<dist::Communicator> world;  // null: one process
   std::shared_ptr<dist::Communicator> sequence;  // the context-parallel group (null: none)
@@ -277,6 +288,11 @@ struct Trainer::State {
 
   bool lower_precision() const { return dtype != DType::kFloat32 && dtype != DType::kFloat64; }
   bool is_root() const { return rank == 0; }
+  // Every rank keeps the notes; rank 0 prints them.
+  void note(const std::string& text) {
+    notes.push_back(text);
+    if (is_root() && !config.quiet) std::fprintf(stderr, "note: %s\n", text.c_str());
+  }
   std::string checkpoint_root() const { return (fs::path(config.out_dir) / "checkpoints").string(); }
   int64_t step() const { return optimizer->step_count(); }
   // Training seconds so far, over every resumed run.
@@ -296,6 +312,128 @@ struct Trainer::State {
   }
 };
 
+namespace {
+
+using State = Trainer::State;
+
+// Rank 0 owns the run folder while it trains: it takes the folder's lock (another run there
+// is an error naming it) and removes what killed saves left in checkpoints/.
+void take_run_folder(State& s) {
+  s.lock = std::make_unique<RunLock>(s.config.out_dir);
+  if (!s.lock->note().empty()) s.note(s.lock->note());
+  const std::vector<std::string> removed = clean_checkpoint_root(s.checkpoint_root());
+  if (removed.empty()) return;
+  std::string names;
+  for (const std::string& name : removed) names += (names.empty() ? "" : ", ") + name;
+  s.note(str_cat("removed what interrupted saves left in '", s.checkpoint_root(), "': ", names));
+}
+
+// The checkpoint to resume from: the newest of out_dir ("auto": if any; "latest": it must
+// exist) or the folder given. Newer step folders without a manifest (saves or deletions that
+// did not finish) are skipped with a note: resuming from an older step silently would look
+// like lost training.
+std::optional<std::string> checkpoint_to_resume(State& s) {
+  const TrainConfig& c = s.config;
+  if (c.resume.empty()) return std::nullopt;
+  if (c.resume != "auto" && c.resume != "latest") return c.resume;
+  const std::optional<std::string> from = latest_checkpoint(s.checkpoint_root());
+  for (const std::string& skipped :
+       incomplete_checkpoints(s.checkpoint_root(), from ? checkpoint_step(*from) : -1)) {
+    s.note(str_cat("skipping '", skipped,
+                   "': it has no manifest.json (its save or deletion did not finish), so it is "
+                   "not a checkpoint; ",
+                   from ? "resuming from '" + *from + "'" : std::string("no older checkpoint")));
+  }
+  RD_CHECK(from || c.resume == "auto", kInvalidArgument, kOp, ": --resume=latest but '",
+           s.checkpoint_root(), "' holds no checkpoint");
+  return from;
+}
+
+// Whether every step of both runs gets the same learning rate although `steps` differs: a
+// constant decay after the same warmup (the cosine and linear decays stretch with steps).
+bool same_schedule(const Json& a, const Json& b) {
+  if (a.value("decay", "") != "constant" || b.value("decay", "") != "constant") return false;
+  const auto warmup = [](const Json& t) {
+    return std::min(t.value("warmup_steps", int64_t{0}), t.value("steps", int64_t{1}) - 1);
+  };
+  return warmup(a) == warmup(b);
+}
+
+// "section.field: saved X, now Y" for each field of config_to_json's sections that differs,
+// except those that change how the steps are computed, not what they compute: recompute
+// (memory), strategy (communication) and cp_layout (which rank holds which tokens). Logging, evaluation and checkpoint settings, the
+// device and out_dir are not part of the saved configuration at all.
+std::vector<std::string> config_changes(const Json& saved, const Json& now) {
+  std::vector<std::string> changes;
+  for (const char* section : {"model", "data", "train"}) {
+    const Json a = saved.value(section, Json::object()), b = now.value(section, Json::object());
+    Json keys = a;
+    keys.update(b);
+    for (const auto& [key, unused] : keys.items()) {
+      const std::string field = str_cat(section, ".", key);
+      if (field == "model.recompute" || field == "train.strategy" || field == "train.cp_layout") {
+        continue;
+      }
+      if (field == "train.steps" && same_schedule(a, b)) continue;
+      const Json was = a.value(key, Json()), is = b.value(key, Json());
+      if (was != is) changes.push_back(str_cat(field, ": saved ", was.dump(), ", now ", is.dump()));
+    }
+  }
+  return changes;
+}
+
+// Refuses to resume `from` with a configuration that changes what the run computes, listing
+// every difference, unless allow_config_change (then it notes them and the new values hold).
+void check_resumed_config(State& s, const Json& trainer, const std::string& from) {
+  std::vector<std::string> changes =
+      config_changes(trainer.value("config", Json::object()), Json::parse(config_to_json(s.config)));
+  // batch_size is per data-parallel rank: other world sizes train on other global batches.
+  const int saved_world = trainer.value("world_size", s.world_size);
+  if (saved_world != s.world_size) {
+    changes.push_back(str_cat("world_size (ranks): saved ", saved_world, ", now ", s.world_size));
+  }
+  if (changes.empty()) return;
+  std::string list;
+  for (const std::string& change : changes) list += "\n  " + change;
+  if (s.config.allow_config_change) {
+    s.note(str_cat("resuming '", from, "' with a changed configuration (allow_config_change):", list));
+    return;
+  }
+  RD_FAIL(kInvalidArgument, kOp, ": cannot resume '", from, "' with a different configuration:",
+          list, "\nRun with the checkpoint's settings, start a new run (another out_dir, or "
+          "resume empty to start over), or pass allow_config_change (--allow_config_change) to "
+          "continue with the new values");
+}
+
+// Restores the state of checkpoint `from`: weights (and masters), optimizer, data position,
+// loss scale and clocks.
+void resume_from(State& s, const std::string& from) {
+  const CheckpointContents ck = load_checkpoint(from);
+  const Json trainer = Json::parse(ck.trainer_state);
+  check_resumed_config(s, trainer, from);
+  std::map<std::string, Tensor> weights = ck.model;
+  if (s.lower_precision()) {
+    autograd::NoGradGuard no_grad;
+    for (auto& [name, master] : s.masters) {
+      RD_CHECK(weights.count(name), kCorruptFile, kOp, ": checkpoint '", from,
+               "' has no weight '", name, "'");
+      Tensor m = master;
+      m.copy_(weights.at(name).to(m.device()));  // checkpoints load on the CPU
+    }
+  }
+  const nn::LoadStateDictResult r = s.model->load_state_dict(weights, /*strict=*/true);
+  (void)r;
+  s.optimizer->load_state_dict(ck.optimizer);
+  s.data->set_state({trainer.at("data_epoch").get<int64_t>(), trainer.at("data_index").get<int64_t>()});
+  s.loss_scale = trainer.value("loss_scale", s.loss_scale);
+  s.good_steps = trainer.value("good_steps", int64_t{0});
+  s.elapsed_before = trainer.value("elapsed_s", 0.0);
+  s.tokens_before = trainer.value("tokens", int64_t{0});
+  s.last_checkpoint = from;
+}
+
+}  // namespace
+
 Trainer::Trainer(TrainConfig config, std::shared_ptr<dist::Communicator> world)
     : s_(std::make_unique<State>()) {
   State& s = *s_;
@@ -305,6 +443,7 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<dist::Communicator> world)
   check_train_config(config, s.world_size);
   s.config = std::move(config);
   const TrainConfig& c = s.config;
+  if (s.is_root()) take_run_folder(s);
   s.dtype = compute_dtype(c);
   s.cp_size = c.context_parallel;
   s.dp_size = s.world_size / s.cp_size;
@@ -347,42 +486,8 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<dist::Communicator> world)
   s.flops_per_step = train_flops_per_sequence(mc, seq_len) *
                      static_cast<double>(c.batch_size * s.dp_size * s.micro_batches);
 
-  // Resume: the newest checkpoint of out_dir ("auto", or "latest"), or a given folder.
-  std::optional<std::string> from;
-  if (c.resume == "auto" || c.resume == "latest") {
-    from = latest_checkpoint(s.checkpoint_root());
-    RD_CHECK(from || c.resume == "auto", kInvalidArgument, kOp, ": --resume=latest but '",
-             s.checkpoint_root(), "' holds no checkpoint");
-  } else if (!c.resume.empty()) {
-    from = c.resume;
-  }
-  if (from) {
-    const CheckpointContents ck = load_checkpoint(*from);
-    const Json trainer = Json::parse(ck.trainer_state);
-    std::map<std::string, Tensor> weights = ck.model;
-    if (s.lower_precision()) {
-      autograd::NoGradGuard no_grad;
-      for (auto& [name, master] : s.masters) {
-        RD_CHECK(weights.count(name), kCorruptFile, kOp, ": checkpoint '", *from,
-                 "' has no weight '", name, "'");
-        Tensor m = master;
-        m.copy_(weights.at(name).to(m.device()));  // checkpoints load on the CPU
-      }
-    }
-    const nn::LoadStateDictResult r = s.model->load_state_dict(weights, /*strict=*/true);
-    (void)r;
-    s.optimizer->load_state_dict(ck.optimizer);
-    s.data->set_state({trainer.at("data_epoch").get<int64_t>(), trainer.at("data_index").get<int64_t>()});
-    s.loss_scale = trainer.value("loss_scale", s.loss_scale);
-    s.good_steps = trainer.value("good_steps", int64_t{0});
-    s.elapsed_before = trainer.value("elapsed_s", 0.0);
-    s.tokens_before = trainer.value("tokens", int64_t{0});
-    s.last_checkpoint = *from;
-  }
+  if (const std::optional<std::string> from = checkpoint_to_resume(s)) resume_from(s, *from);
   if (s.is_root()) {
-    std::error_code ec;
-    fs::create_directories(c.out_dir, ec);
-    RD_CHECK(!ec, kIo, kOp, ": cannot create '", c.out_dir, "': ", ec.message());
     s.metrics = std::make_unique<MetricsLog>((fs::path(c.out_dir) / "metrics.jsonl").string(),
                                              std::optional<int64_t>(s.step()));
   }
@@ -393,6 +498,7 @@ Trainer::~Trainer() = default;
 int64_t Trainer::step() const { return s_->step(); }
 LanguageModel& Trainer::model() { return *s_->model; }
 const TrainConfig& Trainer::config() const { return s_->config; }
+const std::vector<std::string>& Trainer::notes() const { return s_->notes; }
 
 std::string Trainer::save() {
   State& s = *s_;
@@ -410,6 +516,7 @@ std::string Trainer::save() {
               {"good_steps", s.good_steps},
               {"elapsed_s", s.elapsed()},
               {"tokens", s.tokens_before},
+              {"world_size", s.world_size},
               {"config", Json::parse(config_to_json(s.config))}};
     ck.trainer_state = t.dump();
     path = save_checkpoint(s.checkpoint_root(), s.step(), ck, s.config.keep_checkpoints);
@@ -467,6 +574,10 @@ EvalResult Trainer::evaluate(int64_t batches) {
   EvalResult r;
   r.loss = v[1] > 0 ? v[0] / v[1] : 0.0;
   r.perplexity = std::exp(r.loss);
+  r.tokens = static_cast<int64_t>(v[1]);
+  const DataKind kind = data_kind(c.data);
+  r.has_answers = kind == DataKind::kTask;
+  if (kind == DataKind::kText) r.bits_per_byte = r.loss / std::log(2.0);  // one token a byte
   r.accuracy.correct_tokens = static_cast<int64_t>(v[2]);
   r.accuracy.answer_tokens = static_cast<int64_t>(v[3]);
   r.accuracy.exact_samples = static_cast<int64_t>(v[4]);
@@ -598,11 +709,16 @@ TrainResult Trainer::run(const std::atomic<bool>* stop) {
                 {"time_s", seconds()},
                 {"split", "eval"},
                 {"loss", e.loss},
-                {"perplexity", e.perplexity},
-                {"accuracy", e.accuracy.token_accuracy()},
-                {"exact_match", e.accuracy.exact_match()}};
+                {"perplexity", e.perplexity}};
+    if (e.has_answers) {
+      rec["accuracy"] = e.accuracy.token_accuracy();
+      rec["exact_match"] = e.accuracy.exact_match();
+      progress.eval(step, e.loss, e.accuracy.token_accuracy(), e.accuracy.exact_match());
+    } else {
+      if (e.bits_per_byte) rec["bits_per_byte"] = *e.bits_per_byte;
+      progress.eval_text(step, e.loss, e.bits_per_byte);
+    }
     s.metrics->append(rec.dump());
-    progress.eval(step, e.loss, e.accuracy.token_accuracy(), e.accuracy.exact_match());
   };
 
   while (s.step() < c.steps) {

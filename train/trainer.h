@@ -10,6 +10,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "ringdilated/dist/communicator.h"
 #include "ringdilated/nn/lr_schedule.h"
@@ -56,6 +57,11 @@ struct TrainConfig {
   // Resume from the newest checkpoint in out_dir/checkpoints ("auto": if there is one),
   // or from this checkpoint folder.
   std::string resume;
+  // Resuming refuses a configuration that changes what the run computes (the data, model and
+  // optimization fields config_to_json saves, and the world size), naming each difference;
+  // true resumes anyway, with a note. Logging, evaluation, checkpoint and memory settings,
+  // the device and the sequence-parallel strategy may always change.
+  bool allow_config_change = false;
   uint64_t seed = 0;
 
   // Ranks of a context-parallel group (the sequence is split among them); the others are
@@ -80,7 +86,13 @@ TrainConfig config_from_checkpoint(const std::string& trainer_state);
 struct EvalResult {
   double loss = 0;  // mean over scored tokens
   double perplexity = 0;
+  int64_t tokens = 0;  // the scored held-out tokens
+  // Synthetic tasks have answers: `accuracy` counts them. Text and token files have none
+  // (every token is scored; exact match of whole windows means nothing): they report the
+  // loss, and byte-level text (text:<file>) the bits per byte, loss / ln 2.
+  bool has_answers = true;
   AccuracyCounts accuracy;
+  std::optional<double> bits_per_byte;
 };
 
 struct TrainResult {
@@ -119,6 +131,10 @@ class Trainer {
   int64_t step() const;
   LanguageModel& model();
   const TrainConfig& config() const;
+  // What the constructor noticed and went on with (printed to stderr unless quiet): a lock
+  // taken over from a killed run, leftovers of interrupted saves removed, step folders
+  // skipped for lack of a manifest, configuration changes allowed on resume.
+  const std::vector<std::string>& notes() const;
 
   struct State;  // defined in trainer.cc
 

@@ -1,0 +1,183 @@
+// The rd_train and rd_launch programs as a user meets them: --help, flag errors that name the
+// flag, the device checked before the data, sampling from a checkpoint whose optimizer file
+// is damaged, a text run's closing line, a busy out_dir, and a resume with changed flags.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "ringdilated/tensor/device.h"
+#include "ringdilated/train/checkpoint.h"
+#include "ringdilated/train/run_lock.h"
+#include "testing/temp_dir.h"
+
+namespace rd::train {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A program's path: the variable `name` when set (the GPU runner carries the programs
+// elsewhere), else where this build put it.
+std::string program(const char* name, const char* built) {
+  const char* value = std::getenv(name);
+  return value != nullptr && *value != '\0' ? value : built;
+}
+
+struct Outcome {
+  int code = -1;       // the exit status
+  std::string output;  // stdout and stderr
+};
+
+// Runs `args` (the program first) through the shell, each argument single-quoted.
+Outcome run(const std::vector<std::string>& args) {
+  std::string command;
+  for (const std::string& arg : args) {
+    std::string quoted = "'";
+    for (char c : arg) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+    command += quoted + "' ";
+  }
+  command += "2>&1";
+  Outcome o;
+  FILE* pipe = ::popen(command.c_str(), "r");
+  if (pipe == nullptr) return o;
+  char buffer[4096];
+  for (size_t n; (n = std::fread(buffer, 1, sizeof(buffer), pipe)) > 0;) o.output.append(buffer, n);
+  const int status = ::pclose(pipe);
+  o.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return o;
+}
+
+bool has(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+class TrainCliTest : public ::testing::Test {
+ protected:
+  // rd_train with a tiny model on the CPU, one thread (the CI has 2 cores), into `run`.
+  std::vector<std::string> train(const std::string& run, std::vector<std::string> extra = {}) const {
+    std::vector<std::string> args = {trainer_,        "--device=cpu",     "--threads=1",
+                                     "--dim=32",      "--depth=1",        "--heads=4",
+                                     "--seq_len=64",  "--segments=16,64", "--dilations=1,2",
+                                     "--batch_size=2", "--steps=1",       "--eval_batches=1",
+                                     "--final_eval_batches=1", "--data=copy",
+                                     "--out_dir=" + (dir_ / run).string()};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return args;
+  }
+
+  test::TestTempDir temp_;
+  fs::path dir_ = temp_.path();
+  std::string trainer_ = program("RD_TRAIN", RD_TRAIN_PATH);
+  std::string launcher_ = program("RD_LAUNCH", RD_LAUNCH_PATH);
+};
+
+TEST_F(TrainCliTest, HelpListsTheFlagsAndExitsZero) {
+  for (const char* flag : {"--help", "-h", "--helpshort"}) {
+    const Outcome o = run({trainer_, flag});
+    EXPECT_EQ(o.code, 0) << flag << ":\n" << o.output;
+    EXPECT_FALSE(has(o.output, "No flags matched")) << o.output;
+    for (const char* listed : {"--segments", "--seq_len", "--out_dir", "--allow_config_change"}) {
+      EXPECT_TRUE(has(o.output, listed)) << flag << " does not list " << listed;
+    }
+  }
+  const Outcome launch = run({launcher_, "--help"});
+  EXPECT_EQ(launch.code, 0) << launch.output;
+  EXPECT_TRUE(has(launch.output, "usage: rd_launch -n N")) << launch.output;
+}
+
+// Each bad flag is refused before anything runs, by a message naming the flag and value,
+// with one "rd_train: " prefix.
+TEST_F(TrainCliTest, FlagErrorsNameTheFlagAndValue) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--threads=-3", "--threads must be >= 0 (0: every core), got -3"},
+      {"--context_parallel=0", "--context_parallel must be >= 1"},
+      {"--segments=16,32,64", "--segments has 3 values and --dilations 2"},
+      {"--segments=16,x", "--segments has 'x', not an integer"},
+      {"--dilations=1,3", "--segments and --dilations: pair 2 (segment length 64, dilation 3)"},
+      {"--device=cuda:x", "--device must be auto, cpu or cuda[:N], got 'cuda:x'"},
+      {"--lr=0", "--lr must be > 0, got 0"},
+      {"--loss_on=some", "--loss_on must be one of answers, all, got 'some'"}};
+  for (const auto& [flag, message] : cases) {
+    const Outcome o = run(train("bad", {flag}));
+    EXPECT_EQ(o.code, 1) << flag << ":\n" << o.output;
+    EXPECT_TRUE(has(o.output, "rd_train: " + message)) << flag << ":\n" << o.output;
+    EXPECT_FALSE(has(o.output, "rd_train: rd_train:")) << o.output;
+    EXPECT_FALSE(has(o.output, "segment_lengths")) << o.output;
+  }
+  EXPECT_FALSE(fs::exists(dir_ / "bad")) << "a refused run wrote its folder";
+}
+
+TEST_F(TrainCliTest, AMissingGpuIsNamedBeforeTheDataIsRead) {
+  if (cuda_available()) GTEST_SKIP() << "a GPU is visible";
+  const Outcome o = run(train("gpu", {"--device=cuda", "--data=text:/nonexistent/corpus.txt"}));
+  EXPECT_EQ(o.code, 1) << o.output;
+  EXPECT_TRUE(has(o.output, "rd_train: --device=cuda: ")) << o.output;
+  EXPECT_FALSE(has(o.output, "corpus.txt")) << "the data was read first:\n" << o.output;
+}
+
+TEST_F(TrainCliTest, SamplingNeedsOnlyTheWeights) {
+  ASSERT_EQ(run(train("sample")).code, 0);
+  const std::optional<std::string> ck = latest_checkpoint((dir_ / "sample" / "checkpoints").string());
+  ASSERT_TRUE(ck.has_value());
+  {
+    std::fstream f(fs::path(*ck) / "optimizer.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(20);
+    f.put('\x7f');
+  }
+  const Outcome o = run({trainer_, "sample", "--device=cpu", "--checkpoint=" + (dir_ / "sample").string(),
+                         "--prompt=ab", "--max_new_tokens=3"});
+  EXPECT_EQ(o.code, 0) << o.output;
+  EXPECT_TRUE(has(o.output, "ab")) << o.output;
+  // Resuming needs the optimizer: it names the damaged file.
+  const Outcome resume = run(train("sample"));
+  EXPECT_EQ(resume.code, 1) << resume.output;
+  EXPECT_TRUE(has(resume.output, "optimizer.safetensors")) << resume.output;
+}
+
+TEST_F(TrainCliTest, ATextRunEndsWithItsLossPerByte) {
+  const fs::path text = dir_ / "corpus.txt";
+  {
+    std::ofstream out(text);
+    for (int i = 0; i < 400; ++i) out << "a text of bytes, line " << i % 9 << ". ";
+  }
+  const Outcome o = run(train("text", {"--data=text:" + text.string(), "--steps=2"}));
+  EXPECT_EQ(o.code, 0) << o.output;
+  EXPECT_TRUE(has(o.output, "held-out loss ")) << o.output;
+  EXPECT_TRUE(has(o.output, " bits per byte (")) << o.output;
+  EXPECT_FALSE(has(o.output, "exact match")) << o.output;
+}
+
+TEST_F(TrainCliTest, ABusyOutDirIsRefusedNamingItsHolder) {
+  RunLock held((dir_ / "busy").string());
+  const Outcome o = run(train("busy"));
+  EXPECT_EQ(o.code, 1) << o.output;
+  EXPECT_TRUE(has(o.output, "is in use by another run: pid " + std::to_string(::getpid())))
+      << o.output;
+}
+
+TEST_F(TrainCliTest, ResumingWithChangedFlagsNeedsAllowConfigChange) {
+  ASSERT_EQ(run(train("resume")).code, 0);
+  const Outcome refused = run(train("resume", {"--steps=2", "--seq_len=32", "--segments=16,32"}));
+  EXPECT_EQ(refused.code, 1) << refused.output;
+  EXPECT_TRUE(has(refused.output, "data.seq_len: saved 64, now 32")) << refused.output;
+  EXPECT_TRUE(has(refused.output, "model.segment_lengths: saved [16,64], now [16,32]"))
+      << refused.output;
+  EXPECT_TRUE(has(refused.output, "train.steps: saved 1, now 2")) << refused.output;
+  // Logging and evaluation settings may change.
+  EXPECT_EQ(run(train("resume", {"--log_every=5", "--eval_every=3"})).code, 0);
+  const Outcome allowed = run(train("resume", {"--steps=2", "--allow_config_change"}));
+  EXPECT_EQ(allowed.code, 0) << allowed.output;
+  EXPECT_TRUE(has(allowed.output, "note: resuming")) << allowed.output;
+  EXPECT_TRUE(has(allowed.output, "done: 2 steps")) << allowed.output;
+}
+
+}  // namespace
+}  // namespace rd::train
