@@ -20,6 +20,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -229,24 +230,82 @@ class PeerWatchdog {
   std::thread thread_;
 };
 
+// The shared state of one group whose ranks are threads of this process (make_nccl_group),
+// or of one color of one of its splits. Ranks that are threads share the CUDA driver, whose
+// process-wide locks (taken by lazy kernel loading, cudaMalloc, cudaHostAlloc, ...) a thread
+// may hold while it waits for its own GPU; were an NCCL kernel of its rank still waiting
+// there for a peer thread that needs the same lock, neither could go on. So these ranks
+// finish every operation before they return (NcclComm::settle), and the ledger counts the
+// operations each rank issued, so that a rank that waits too long can name the ranks that
+// never issued the operation, and abort every rank of the group (a rank alone cannot stop
+// the kernels of the others, which would spin forever).
+class ThreadLedger {
+ public:
+  explicit ThreadLedger(int size) : issued_(static_cast<size_t>(size)) {}
+
+  void add(NcclComm* comm) {
+    std::lock_guard<std::mutex> lock(mu_);
+    members_.push_back(comm);
+  }
+  void remove(NcclComm* comm) {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::erase(members_, comm);
+  }
+
+  // Rank `rank` issued its operation number `count` (counting from 1).
+  void issued(int rank, int64_t count) { issued_[static_cast<size_t>(rank)].store(count); }
+
+  // The ranks that have not issued operation number `count`, as "1, 3"; empty when all did.
+  std::string missing(int64_t count) const {
+    std::string ranks;
+    for (size_t r = 0; r < issued_.size(); ++r) {
+      if (issued_[r].load() < count) ranks += str_cat(ranks.empty() ? "" : ", ", r);
+    }
+    return ranks;
+  }
+
+  // The ledger of the sub-group of color `color` made by split number `split` (the same on
+  // every rank: splits are collective and ordered); the first rank to ask creates it.
+  std::shared_ptr<ThreadLedger> child(int64_t split, int color, int size) {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::shared_ptr<ThreadLedger>& c = children_[{split, color}];
+    if (!c) c = std::make_shared<ThreadLedger>(size);
+    return c;
+  }
+
+  // Fails every rank of the group (defined after NcclComm).
+  void abort_all(const std::string& reason);
+
+ private:
+  std::vector<std::atomic<int64_t>> issued_;
+  std::mutex mu_;  // members_, children_
+  std::vector<NcclComm*> members_;
+  std::map<std::pair<int64_t, int>, std::shared_ptr<ThreadLedger>> children_;
+};
+
 class NcclComm final : public Communicator {
  public:
+  // `ledger` is given for ranks that are threads of this process (make_nccl_group), and
+  // `watchdog` for a process of a job with a store; never both.
   NcclComm(ncclComm_t comm, int rank, int size, Device device, NcclOptions options,
-           std::shared_ptr<PeerWatchdog> watchdog)
+           std::shared_ptr<PeerWatchdog> watchdog, std::shared_ptr<ThreadLedger> ledger = nullptr)
       : comm_(comm),
         rank_(rank),
         size_(size),
         device_(device),
         options_(std::move(options)),
-        watchdog_(std::move(watchdog)) {
+        watchdog_(std::move(watchdog)),
+        ledger_(std::move(ledger)) {
     kernels::cuda::DeviceGuard guard(device_.index);
     RD_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     if (watchdog_) watchdog_->add(this);
+    if (ledger_) ledger_->add(this);
   }
 
   ~NcclComm() override {
     // Nothing here may throw: errors on the way out are reported, not raised.
     if (watchdog_) watchdog_->remove(this);
+    if (ledger_) ledger_->remove(this);
     kernels::cuda::DeviceGuard guard(device_.index);
     if (!aborted_) {
       // With a failed peer, destroy could wait for it: abort frees the same resources.
@@ -288,14 +347,14 @@ class NcclComm final : public Communicator {
     check_peer(*this, "isend", peer);
     check_comm_tensor(*this, "isend", "tensor", tensor);
     stats_.sent(nbytes_of(tensor));
-    return p2p("isend", tensor, peer, Tensor(), -1);
+    return settled(p2p("isend", tensor, peer, Tensor(), -1), "isend");
   }
 
   std::unique_ptr<Request> irecv(const Tensor& tensor, int peer) override {
     check_peer(*this, "irecv", peer);
     check_comm_tensor(*this, "irecv", "tensor", tensor);
     stats_.received(nbytes_of(tensor));
-    return p2p("irecv", Tensor(), -1, tensor, peer);
+    return settled(p2p("irecv", Tensor(), -1, tensor, peer), "irecv");
   }
 
   std::unique_ptr<Request> isendrecv(const Tensor& send, int to, const Tensor& recv,
@@ -306,7 +365,7 @@ class NcclComm final : public Communicator {
     check_comm_tensor(*this, "isendrecv", "recv", recv);
     stats_.sent(nbytes_of(send));
     stats_.received(nbytes_of(recv));
-    return p2p("isendrecv", send, to, recv, from);
+    return settled(p2p("isendrecv", send, to, recv, from), "isendrecv");
   }
 
   void all_gather(const Tensor& out, const Tensor& in) override {
@@ -316,6 +375,7 @@ class NcclComm final : public Communicator {
                               nccl_dtype(in.dtype(), "all_gather"), comm_, s);
     });
     stats_.all_gather(nbytes_of(out), size_);
+    settle("all_gather");
   }
 
   void reduce_scatter(const Tensor& out, const Tensor& in, ReduceOp op) override {
@@ -325,6 +385,7 @@ class NcclComm final : public Communicator {
                                   nccl_dtype(in.dtype(), "reduce_scatter"), nccl_op(op), comm_, s);
     });
     stats_.reduce_scatter(nbytes_of(in), size_);
+    settle("reduce_scatter");
   }
 
   void all_reduce(const Tensor& tensor, ReduceOp op) override {
@@ -335,24 +396,32 @@ class NcclComm final : public Communicator {
                               nccl_dtype(tensor.dtype(), "all_reduce"), nccl_op(op), comm_, s);
     });
     stats_.all_reduce(nbytes_of(tensor), size_);
+    settle("all_reduce");
   }
 
   // Queued like all_reduce, but the caller's stream waits only in the request's wait(), so
   // that the work the caller queues meanwhile overlaps the reduction.
   std::unique_ptr<Request> iall_reduce(const Tensor& tensor, ReduceOp op) override {
     check_comm_tensor(*this, "iall_reduce", "tensor", tensor);
-    std::lock_guard<std::timed_mutex> lock(issue_mu_);
-    check_alive("iall_reduce");
-    checked_api("iall_reduce");
-    kernels::cuda::DeviceGuard guard(device_.index);
-    follow(kernels::cuda::current_stream(device_.index));
-    check_nccl(api().all_reduce(tensor.raw_data(), tensor.raw_data(),
-                                static_cast<size_t>(tensor.numel()),
-                                nccl_dtype(tensor.dtype(), "iall_reduce"), nccl_op(op), comm_,
-                                stream_),
-               "iall_reduce", rank_);
+    std::unique_ptr<Request> request;
+    {
+      std::lock_guard<std::timed_mutex> lock(issue_mu_);
+      check_alive("iall_reduce");
+      checked_api("iall_reduce");
+      kernels::cuda::DeviceGuard guard(device_.index);
+      follow(kernels::cuda::current_stream(device_.index));
+      check_nccl(api().all_reduce(tensor.raw_data(), tensor.raw_data(),
+                                  static_cast<size_t>(tensor.numel()),
+                                  nccl_dtype(tensor.dtype(), "iall_reduce"), nccl_op(op), comm_,
+                                  stream_),
+                 "iall_reduce", rank_);
+      count_issued();
+      request = std::make_unique<StreamRequest>(device_.index, mark_done(),
+                                                std::vector<Tensor>{tensor});
+    }
     stats_.all_reduce(nbytes_of(tensor), size_);
-    return std::make_unique<StreamRequest>(device_.index, mark_done(), std::vector<Tensor>{tensor});
+    settle("iall_reduce");
+    return request;
   }
 
   void broadcast(const Tensor& tensor, int root) override {
@@ -364,6 +433,7 @@ class NcclComm final : public Communicator {
                              nccl_dtype(tensor.dtype(), "broadcast"), root, comm_, s);
     });
     stats_.broadcast(nbytes_of(tensor), size_, rank_ == root);
+    settle("broadcast");
   }
 
   // A one-element all-reduce the host waits for, polling NCCL's error state.
@@ -387,13 +457,33 @@ class NcclComm final : public Communicator {
     int child_rank = 0, child_size = 0;
     check_nccl(api().user_rank(child, &child_rank), "split", rank_);
     check_nccl(api().count(child, &child_size), "split", rank_);
-    return std::make_shared<NcclComm>(child, child_rank, child_size, device_, options_, watchdog_);
+    std::shared_ptr<ThreadLedger> child_ledger =
+        ledger_ ? ledger_->child(splits_made_++, color, child_size) : nullptr;
+    return std::make_shared<NcclComm>(child, child_rank, child_size, device_, options_, watchdog_,
+                                      std::move(child_ledger));
   }
 
   // Aborts here and, through the store, on the other ranks.
+  // Aborts here and on the other ranks: through the store (processes), or directly (threads).
   void abort(const std::string& reason) override {
     if (watchdog_ && failure().empty()) watchdog_->publish_abort(reason);
-    abort_locally(reason);
+    if (ledger_) {
+      ledger_->abort_all(str_cat("rank ", rank_, ": ", reason));
+    } else {
+      abort_locally(reason);
+    }
+  }
+
+  // Fails every later operation and frees NCCL's work. The issuing thread holds issue_mu_
+  // only while it enqueues; if it is stuck inside NCCL (waiting for a dead peer), abort
+  // anyway after peer_grace, since ncclCommAbort is what releases it.
+  void abort_locally(const std::string& reason) {
+    record_failure(reason);
+    std::unique_lock<std::timed_mutex> lock(issue_mu_, std::defer_lock);
+    (void)lock.try_lock_for(options_.peer_grace);
+    if (aborted_.exchange(true)) return;
+    kernels::cuda::DeviceGuard guard(device_.index);
+    api().abort(comm_);
   }
 
   CommStats stats() const override { return stats_.get(); }
@@ -409,18 +499,6 @@ class NcclComm final : public Communicator {
   void record_failure(const std::string& reason) {
     std::lock_guard<std::mutex> lock(failure_mu_);
     if (failure_.empty()) failure_ = reason;
-  }
-
-  // Fails every later operation and frees NCCL's work. The issuing thread holds issue_mu_
-  // only while it enqueues; if it is stuck inside NCCL (waiting for a dead peer), abort
-  // anyway after peer_grace, since ncclCommAbort is what releases it.
-  void abort_locally(const std::string& reason) {
-    record_failure(reason);
-    std::unique_lock<std::timed_mutex> lock(issue_mu_, std::defer_lock);
-    (void)lock.try_lock_for(options_.peer_grace);
-    if (aborted_.exchange(true)) return;
-    kernels::cuda::DeviceGuard guard(device_.index);
-    api().abort(comm_);
   }
 
   // NCCL's asynchronous error, as a message; empty when there is none (or another thread
@@ -458,11 +536,46 @@ class NcclComm final : public Communicator {
     const cudaStream_t caller = kernels::cuda::current_stream(device_.index);
     follow(caller);
     check_nccl(issue(stream_), op, rank_);
+    count_issued();
     const cudaEvent_t done = mark_done();
     RD_CUDA_CHECK(cudaStreamWaitEvent(caller, done, 0));
     if (keep_event) return done;
     RD_CUDA_CHECK(cudaEventDestroy(done));
     return nullptr;
+  }
+
+  // Called with issue_mu_ held after an operation was enqueued: counts it, for the ledger.
+  void count_issued() {
+    ++ops_issued_;
+    if (ledger_) ledger_->issued(rank_, ops_issued_);
+  }
+
+  // Ranks that are threads (see ThreadLedger) wait here, on the host, until the operation
+  // just issued is done, failing past the timeout; other ranks return at once (their
+  // operations are stream-ordered). Called without issue_mu_, which an abort may need.
+  void settle(const char* op) {
+    if (!ledger_) return;
+    cudaEvent_t done = nullptr;
+    {
+      kernels::cuda::DeviceGuard guard(device_.index);
+      RD_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+      RD_CUDA_CHECK(cudaEventRecord(done, stream_));
+    }
+    host_wait(done, op);
+  }
+
+  std::unique_ptr<Request> settled(std::unique_ptr<Request> request, const char* op) {
+    settle(op);
+    return request;
+  }
+
+  // For a timeout message: the ranks that never issued this rank's latest operation, when
+  // known (ranks that are threads); empty otherwise.
+  std::string waiting_for() const {
+    if (!ledger_) return "";
+    const std::string missing = ledger_->missing(ops_issued_);
+    return missing.empty() ? std::string("; every rank issued it")
+                           : str_cat("; ranks that never issued it: ", missing);
   }
 
   // Makes the communication stream wait for the work `caller` queued so far.
@@ -503,6 +616,7 @@ class NcclComm final : public Communicator {
     const ncclResult_t ended = api().group_end();
     check_nccl(result, op, rank_);
     check_nccl(ended, op, rank_);
+    count_issued();
     return std::make_unique<StreamRequest>(device_.index, mark_done(),
                                            std::vector<Tensor>{send, recv});
   }
@@ -532,9 +646,12 @@ class NcclComm final : public Communicator {
       }
       if (std::chrono::steady_clock::now() > deadline) {
         cudaEventDestroy(done);
-        abort(str_cat(op, " waited more than ", options_.timeout.count(), " ms"));
-        RD_FAIL(kTimeout, "nccl ", op, " on rank ", rank_, ": waited more than ",
-                options_.timeout.count(), " ms for the other ranks; communicator aborted");
+        const std::string why =
+            str_cat("nccl ", op, " (operation #", ops_issued_, " of a group of ", size_,
+                    ") on rank ", rank_, " waited more than ", options_.timeout.count(),
+                    " ms for the other ranks", waiting_for());
+        abort(why);
+        RD_FAIL(kTimeout, why, "; communicator aborted");
       }
       std::this_thread::sleep_for(std::chrono::microseconds(100));
     }
@@ -546,6 +663,9 @@ class NcclComm final : public Communicator {
   Device device_;
   NcclOptions options_;
   std::shared_ptr<PeerWatchdog> watchdog_;  // null without a store
+  std::shared_ptr<ThreadLedger> ledger_;    // null unless the ranks are threads
+  int64_t ops_issued_ = 0;                  // operations enqueued (under issue_mu_)
+  int64_t splits_made_ = 0;                 // split() calls (under issue_mu_)
   cudaStream_t stream_ = nullptr;
   // Held while NCCL calls are issued on comm_ (abort_locally waits for it): ncclCommAbort
   // frees comm_, so nothing may be using it then.
@@ -556,6 +676,17 @@ class NcclComm final : public Communicator {
   std::optional<Clock::time_point> trouble_since_;  // the watchdog's: when it first saw trouble
   StatsCounter stats_;
 };
+
+void ThreadLedger::abort_all(const std::string& reason) {
+  std::vector<std::shared_ptr<ThreadLedger>> children;
+  {
+    std::lock_guard<std::mutex> lock(mu_);  // members stay alive: their destructors wait here
+    for (NcclComm* comm : members_) comm->abort_locally(reason);
+    for (const auto& [key, child] : children_) children.push_back(child);
+  }
+  // The sub-groups fail too, as a process's watchdog fails every communicator it watches.
+  for (const std::shared_ptr<ThreadLedger>& child : children) child->abort_all(reason);
+}
 
 void PeerWatchdog::loop() {
   std::unique_lock<std::mutex> lock(mu_);
@@ -623,11 +754,12 @@ std::vector<std::shared_ptr<Communicator>> make_nccl_group(const std::vector<Dev
   std::vector<ncclComm_t> comms(devices.size());
   check_nccl(a.init_all(comms.data(), static_cast<int>(devices.size()), indices.data()),
              "init_all", -1);
+  auto ledger = std::make_shared<ThreadLedger>(static_cast<int>(devices.size()));
   std::vector<std::shared_ptr<Communicator>> result;
   for (size_t i = 0; i < devices.size(); ++i) {
     result.push_back(std::make_shared<NcclComm>(comms[i], static_cast<int>(i),
                                                 static_cast<int>(devices.size()), devices[i],
-                                                options, nullptr));
+                                                options, nullptr, ledger));
   }
   return result;
 }

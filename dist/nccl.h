@@ -14,8 +14,9 @@
 namespace rd::dist {
 
 struct NcclOptions {
-  // How long a host wait on NCCL work (barrier, abort checks) may take before the
-  // communicator is aborted and the wait fails with kTimeout.
+  // How long a host wait on NCCL work (barrier, abort checks, and every operation of ranks
+  // that are threads: make_nccl_group) may take before the communicator is aborted and the
+  // wait fails with kTimeout.
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
   // The job's store (init_process_group passes it; one process per GPU). With it, a watchdog
   // thread of this process fails the communicator, and its splits, when another rank is gone
@@ -47,7 +48,14 @@ std::shared_ptr<Communicator> make_nccl_communicator(const std::string& unique_i
                                                      NcclOptions options = {});
 
 // One process driving several GPUs: rank i on devices[i]. Give each communicator to its own
-// thread (NCCL calls of one group must be issued concurrently).
+// thread (NCCL calls of one group must be issued concurrently). These ranks share the CUDA
+// driver, whose process-wide locks a thread may hold while it waits for its own GPU (lazy
+// kernel loading, allocations): were an NCCL kernel of its rank still waiting there for a
+// peer thread that needs the lock, both would hang. So each operation of these ranks, and of
+// their splits, is finished on the host before it returns (no overlap of transfers with
+// compute, unlike one process per GPU); a wait past options.timeout aborts every rank of
+// the group and fails with kTimeout naming the operation and the ranks that never issued it
+// (the other ranks then fail with kAborted and the same message).
 std::vector<std::shared_ptr<Communicator>> make_nccl_group(const std::vector<Device>& devices,
                                                            NcclOptions options = {});
 

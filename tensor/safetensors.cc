@@ -123,25 +123,69 @@ uint64_t Reader::read_header_length(std::span<const uint8_t> bytes) const {
   return length;
 }
 
-Json Reader::parse_header(std::span<const uint8_t> text) const {
-  // Checked while parsing: nlohmann keeps the last of repeated keys, but a repeated tensor
-  // name is refused, as the two entries could not both be honoured; and nesting is capped,
-  // as printing or freeing a deeply nested value recurses and could overflow the stack.
-  std::set<std::string> names;
-  auto check_while_parsing = [&](int depth, Json::parse_event_t event, Json& parsed) {
-    if (depth > kMaxJsonDepth) {
-      corrupt("the header nests JSON deeper than ", kMaxJsonDepth, " levels");
-    }
-    if (event == Json::parse_event_t::key && depth == 1) {
-      std::string name = parsed.get<std::string>();
-      if (!names.insert(name).second) corrupt("the header names '", name, "' twice");
+// A first, validating pass over the header's JSON events: refuses a repeated tensor name
+// (nlohmann keeps the last of repeated keys, but the two entries could not both be honoured)
+// and nesting deeper than kMaxJsonDepth (printing or freeing a deeply nested value recurses
+// and could overflow the stack). Kept apart from building the value because nlohmann's
+// callback parser, which could do both at once, rescans the enclosing object at the end of
+// every entry (to drop discarded values): quadratic in the number of tensors.
+class HeaderChecker final : public nlohmann::json_sax<Json> {
+ public:
+  explicit HeaderChecker(const Reader& reader) : reader_(reader) {}
+
+  bool null() override { return value(); }
+  bool boolean(bool) override { return value(); }
+  bool number_integer(number_integer_t) override { return value(); }
+  bool number_unsigned(number_unsigned_t) override { return value(); }
+  bool number_float(number_float_t, const string_t&) override { return value(); }
+  bool string(string_t&) override { return value(); }
+  bool binary(binary_t&) override { return value(); }
+  bool start_object(std::size_t) override { return open(); }
+  bool end_object() override { return close(); }
+  bool start_array(std::size_t) override { return open(); }
+  bool end_array() override { return close(); }
+  bool key(string_t& name) override {
+    value();
+    if (open_ == 1 && !names_.insert(name).second) {
+      reader_.corrupt("the header names '", name, "' twice");
     }
     return true;
-  };
+  }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& e) override {
+    reader_.corrupt("the header is not valid JSON: ", e.what());
+  }
+
+ private:
+  // Depths as nlohmann's callback parser counted them: a container by the containers around
+  // it, a key or value by the containers it is in.
+  bool value() const {
+    if (open_ > kMaxJsonDepth) {
+      reader_.corrupt("the header nests JSON deeper than ", kMaxJsonDepth, " levels");
+    }
+    return true;
+  }
+  bool open() {
+    value();
+    ++open_;
+    return true;
+  }
+  bool close() {
+    --open_;
+    return true;
+  }
+
+  const Reader& reader_;
+  int open_ = 0;  // containers open around the current event
+  std::set<std::string> names_;
+};
+
+Json Reader::parse_header(std::span<const uint8_t> text) const {
+  HeaderChecker checker(*this);
+  Json::sax_parse(text.begin(), text.end(), &checker);
   Json header;
   try {
-    header = Json::parse(text.begin(), text.end(), check_while_parsing);
-  } catch (const Json::exception& e) {
+    header = Json::parse(text.begin(), text.end());
+  } catch (const Json::exception& e) {  // not expected: the checker parsed the same text
     corrupt("the header is not valid JSON: ", e.what());
   }
   if (!header.is_object()) {

@@ -4,8 +4,12 @@
 // suite).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "ringdilated/dist/nccl.h"
 #include "ringdilated/kernels/error.h"
@@ -108,6 +112,53 @@ TEST(NcclGroup, OneProcessDrivingItsGpus) {
   comms[0]->all_reduce(t);
   comms[0]->barrier();
   EXPECT_EQ(test::to_ref(t).data[7], 2.5);
+}
+
+// Ranks that are threads (make_nccl_group) finish each operation on the host, within
+// NcclOptions::timeout: when the last rank skips an all_reduce, every other rank fails within
+// the timeout with an error naming the operation and the rank that never issued it, and the
+// skipping rank's next operation fails too, since the whole group was aborted. Needs 2 GPUs
+// (up to 4 are used); run with --gtest_filter='NcclGroup.*'.
+TEST(NcclGroup, ARankThatSkipsACollectiveIsNamedWithinTheTimeout) {
+  std::string why;
+  if (!dist::nccl_available(&why)) GTEST_SKIP() << "NCCL unavailable: " << why;
+  const int P = std::min(cuda_device_count(), 4);
+  if (P < 2) GTEST_SKIP() << "needs 2 GPUs, " << P << " visible";
+  std::vector<Device> devices;
+  for (int r = 0; r < P; ++r) devices.push_back(Device::cuda(r));
+  dist::NcclOptions options;
+  options.timeout = std::chrono::seconds(3);
+  const auto comms = dist::make_nccl_group(devices, options);
+  const int skipper = P - 1;
+  std::vector<std::string> errors(static_cast<size_t>(P));
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<std::thread> threads;
+  for (int r = 0; r < skipper; ++r) {
+    threads.emplace_back([&, r] {
+      Generator gen(static_cast<uint64_t>(10 + r));
+      Tensor t = randn({1024}, gen, TensorOptions(DType::kFloat32)).to(Device::cuda(r));
+      try {
+        comms[static_cast<size_t>(r)]->all_reduce(t);
+        errors[static_cast<size_t>(r)] = "no error";
+      } catch (const Error& e) {
+        errors[static_cast<size_t>(r)] = e.what();
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_GE(seconds, 2.5);   // nobody gave up before the timeout...
+  EXPECT_LT(seconds, 20.0);  // ...and all within it, plus the aborts' grace
+  const std::string named = str_cat("never issued it: ", skipper);
+  for (int r = 0; r < skipper; ++r) {
+    EXPECT_NE(errors[static_cast<size_t>(r)].find("all_reduce"), std::string::npos)
+        << "rank " << r << ": " << errors[static_cast<size_t>(r)];
+    EXPECT_NE(errors[static_cast<size_t>(r)].find(named), std::string::npos)
+        << "rank " << r << ": " << errors[static_cast<size_t>(r)];
+  }
+  EXPECT_TRUE(test::raises([&] { comms[static_cast<size_t>(skipper)]->barrier(); },
+                           {ErrorCode::kAborted}, {"barrier", "all_reduce", named}));
 }
 
 }  // namespace

@@ -192,6 +192,26 @@ TEST(InProcess, AWaitPastTheTimeoutFailsNamingTheMissingRank) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
 }
 
+// The point-to-point twin of the test above: a receive whose sender never sends fails past
+// the timeout, naming the rank that waited and the sender.
+TEST(InProcess, AReceiveFromARankThatNeverSendsFailsNamingIt) {
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_TRUE(test::raises(
+      [] {
+        dist::run_in_process(
+            2,
+            [](Communicator& comm) {
+              if (comm.rank() == 1) {
+                Tensor got = zeros({3});
+                comm.irecv(got, 0)->wait();  // rank 0 returns without sending
+              }
+            },
+            Device::cpu(), {milliseconds(200)});
+      },
+      {ErrorCode::kTimeout}, {"rank 1", "a receive from rank 0"}));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+}
+
 TEST(InProcess, AFailingRankStopsTheOthersWithAnErrorNamingIt) {
   const auto start = std::chrono::steady_clock::now();
   std::vector<std::string> others(4);
