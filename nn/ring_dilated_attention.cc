@@ -342,10 +342,12 @@ int gathered_units(const SpPlan& p) {
 }
 
 // The communicator of this rank's gather group of `span` ranks: the whole group, or the
-// sub-group of ranks [span * (rank / span), + span), split once and kept by `comm`.
+// sub-group of ranks [span * (rank / span), + span), split once and kept by `comm`. The
+// color names the span too: ranks 0 and 1 are group 0 of spans 2 and 4 alike, and a cache
+// keyed by rank / span alone would hand the span-4 call the span-2 group.
 dist::Communicator& gather_comm(dist::Communicator& comm, int span) {
   if (span == comm.size()) return comm;
-  return *comm.cached_split(comm.rank() / span, comm.rank());
+  return *comm.cached_split(span * comm.size() + comm.rank() / span, comm.rank());
 }
 
 // Bytes this rank has sent through `comm` and the sub-groups `p` gathers in.

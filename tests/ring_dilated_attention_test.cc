@@ -203,6 +203,19 @@ TEST(RingDilatedAttention, AllGatherStaysAmongTheRanksSharingASegment) {
   }
 }
 
+// P = 8 with segments of 2 blocks and of 4: all-gather sub-groups of two spans, where ranks
+// 0 and 1 form group 0 of both. Each span must get its own sub-group (a cache keyed by
+// rank / span alone once handed the span-4 gather the span-2 group).
+TEST(RingDilatedAttention, GatherGroupsOfTwoSpansAtP8) {
+  DilatedAttentionOptions o;
+  o.segment_lengths = {6, 12};  // N = 24, blocks of 3: spans 2 and 4
+  o.dilation_rates = {1, 2};
+  const FullSequence f = single_device(o, DType::kFloat64, 31);
+  const std::vector<RankResult> rs =
+      run_ranks(f, o, 8, DistStrategy::kAllGather, SequenceLayout::kContiguous);
+  test::expect_ranks_match(rs, f, {1e-10, 1e-10, 1e-10});
+}
+
 TEST(RingDilatedAttention, CausalRingSkipsBlocksAfterTheQueries) {
   DilatedAttentionOptions o;
   o.segment_lengths = {12};
