@@ -51,7 +51,7 @@ Usage: ./rd <command> [args]
                    bench.json ... -o out/` the plots of docs/benchmarks.md (--help for more).
   gpu-pack         (machine with nvcc) build release and pack the GPU tests and benches,
                    stripped, with the libraries a bare GPU machine lacks, into
-                   .carry/gpu.tar.xz.
+                   .carry/gpu.tar.xz (RD_PACK_ONLY="name ..." packs just those).
   gpu-run [phase]  (GPU machine) unpack .carry/gpu.tar.xz, run the GPU tests (phase tests),
                    again under compute-sanitizer memcheck (memcheck), then the benches and
                    their markdown report (bench); default all. Logs to $OUT/gpu-logs.tgz.
@@ -340,6 +340,8 @@ cmd_gpu_pack() {
   have_nvcc || die "gpu-pack needs the CUDA toolkit (nvcc) on this machine"
   local targets
   mapfile -t targets < <(gpu_targets)
+  # RD_PACK_ONLY="name ...": pack just these of the suite (a smaller pack, packed sooner).
+  [[ -n "${RD_PACK_ONLY:-}" ]] && read -r -a targets <<<"$RD_PACK_ONLY"
   configure_and_build release "${targets[@]}"
   rm -rf "$GPU_PACK_DIR"
   mkdir -p "$GPU_PACK_DIR/bin" "$GPU_PACK_DIR/lib"
@@ -354,7 +356,8 @@ cmd_gpu_pack() {
   strip -o "$GPU_PACK_DIR/bin/rd_train" build/release/train/rd_train
   strip -o "$GPU_PACK_DIR/bin/rd_launch" build/release/train/rd_launch
   cp bench/report.py "$GPU_PACK_DIR/bin/" 2>/dev/null || true
-  strip -o "$GPU_PACK_DIR/bin/librd_cupti_trace.so" build/release/tools/librd_cupti_trace.so
+  [[ -f build/release/tools/librd_cupti_trace.so ]] &&
+    strip -o "$GPU_PACK_DIR/bin/librd_cupti_trace.so" build/release/tools/librd_cupti_trace.so
   # Carry what a binary links beyond the C/C++ runtime, the driver and the CUDA toolkit.
   for binary in "$GPU_PACK_DIR"/bin/*_test "$GPU_PACK_DIR"/bin/*_bench "$GPU_PACK_DIR"/bin/rd_* \
     "$GPU_PACK_DIR"/bin/*.so; do
