@@ -20,6 +20,7 @@
 //   cuda_multi_gpu_bench --benchmark_filter=strong
 #include <benchmark/benchmark.h>
 
+#include <cstdlib>
 #include <iostream>
 #include <string>
 
@@ -101,6 +102,9 @@ std::vector<std::shared_ptr<rd::dist::Communicator>>& nccl_group(int P) {
     for (int r = 0; r < P; ++r) devices.push_back(rd::Device::cuda(r));
     rd::dist::NcclOptions options;
     options.timeout = std::chrono::seconds(60);
+    // The transfers overlap compute as in a job of one process per GPU; main() loads every
+    // kernel at start, which that needs (NcclOptions::thread_ranks_overlap).
+    options.thread_ranks_overlap = std::getenv("RD_NCCL_THREAD_SYNC") == nullptr;
     comms = rd::dist::make_nccl_group(devices, options);
   }
   return comms;
@@ -394,6 +398,9 @@ void add_rows() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Before CUDA starts: every kernel loaded up front, so that no rank's thread loads one
+  // (and waits for its GPU) while its NCCL transfer waits for a peer (see above).
+  setenv("CUDA_MODULE_LOADING", "EAGER", /*overwrite=*/0);
   const std::string command = rd::bench::command_line(argc, argv);
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;

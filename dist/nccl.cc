@@ -554,7 +554,7 @@ class NcclComm final : public Communicator {
   // just issued is done, failing past the timeout; other ranks return at once (their
   // operations are stream-ordered). Called without issue_mu_, which an abort may need.
   void settle(const char* op) {
-    if (!ledger_) return;
+    if (!ledger_ || options_.thread_ranks_overlap) return;
     cudaEvent_t done = nullptr;
     {
       kernels::cuda::DeviceGuard guard(device_.index);

@@ -31,6 +31,13 @@ struct NcclOptions {
   // How long NCCL work still queued when a peer is found gone may take to finish on its own
   // (a peer that ended normally has done its part of every operation) before the abort.
   std::chrono::milliseconds peer_grace{std::chrono::seconds(2)};
+  // make_nccl_group only: operations return once queued, as with one process per GPU, so
+  // transfers overlap compute (no per-operation host wait, no per-operation timeout). Safe
+  // only while no CUDA call of a rank's thread waits for its own GPU: load every kernel at
+  // start (CUDA_MODULE_LOADING=EAGER, read by CUDA when it starts) and let no allocation or
+  // free synchronize the device during the run. For benchmarks that want the overlap a
+  // training job of one process per GPU has.
+  bool thread_ranks_overlap = false;
 };
 
 // True when this build has CUDA, libnccl.so.2 loads and a GPU is visible. *why_not (when

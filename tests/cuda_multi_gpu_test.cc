@@ -99,7 +99,11 @@ class NcclThreads : public ::testing::TestWithParam<int> {
     if (comms.empty()) {
       std::vector<Device> devices;
       for (int r = 0; r < P; ++r) devices.push_back(Device::cuda(r));
-      comms = dist::make_nccl_group(devices);
+      // RD_NCCL_THREAD_OVERLAP=1: the benches' mode (dist::NcclOptions::thread_ranks_overlap),
+      // to check it on the same cases (with CUDA_MODULE_LOADING=EAGER).
+      dist::NcclOptions options;
+      options.thread_ranks_overlap = std::getenv("RD_NCCL_THREAD_OVERLAP") != nullptr;
+      comms = dist::make_nccl_group(devices, options);
     }
     return comms;
   }
