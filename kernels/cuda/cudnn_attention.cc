@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
 #include "ringdilated/kernels/cuda/device_info.h"
 #include "ringdilated/kernels/cuda/kernels.h"
@@ -561,8 +562,20 @@ class GraphCache {
     if (!inserted) return it->second.entry;
     lru_.push_front(key);
     it->second = Slot{built, lru_.begin()};
+    devices_.insert(key[1]);  // GraphSpec::key() puts the device second
     while (entries_.size() > kGraphCacheCapacity) {
-      entries_.erase(lru_.back());
+      const auto victim = entries_.find(lru_.back());
+      // Destroying a graph unloads its runtime-compiled kernels (cuLibraryUnload), which
+      // waits for every GPU of the process while holding the driver's library lock. When
+      // one process drives several GPUs (ranks as threads), an NCCL kernel on another GPU
+      // may be waiting for a rank thread that is blocked on that lock, building a graph of
+      // its own: a deadlock (cuda_multi_gpu_test at P = 4 after P = 2). Such a process
+      // keeps its evicted graphs until it exits; one GPU per process frees them at once.
+      if (devices_.size() > 1) {
+        retired_.push_back(std::move(victim->second.entry));
+        ++stats_.retired;
+      }
+      entries_.erase(victim);
       lru_.pop_back();
       ++stats_.evictions;
     }
@@ -586,6 +599,8 @@ class GraphCache {
   absl::Mutex mu_;
   std::list<GraphKey> lru_ ABSL_GUARDED_BY(mu_);  // most recently used first
   absl::flat_hash_map<GraphKey, Slot> entries_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_set<int64_t> devices_ ABSL_GUARDED_BY(mu_);  // that built a graph
+  std::vector<std::shared_ptr<GraphEntry>> retired_ ABSL_GUARDED_BY(mu_);
   CudnnGraphCacheStats stats_ ABSL_GUARDED_BY(mu_);
 };
 

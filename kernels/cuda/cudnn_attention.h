@@ -76,6 +76,9 @@ struct CudnnGraphCacheStats {
   int64_t builds = 0;      // graphs built (successfully or not)
   int64_t failures = 0;    // builds cuDNN refused
   int64_t evictions = 0;   // entries dropped to stay within capacity
+  // Of those, graphs kept alive rather than destroyed: a process that drives several GPUs
+  // never unloads a graph's kernels while it runs (see GraphCache).
+  int64_t retired = 0;
   int64_t size = 0;        // entries held now
   int64_t capacity = 0;    // most entries held at once
 };
