@@ -67,12 +67,13 @@ train() {
   local name="$1" gpus="$2" seq="$3"
   shift 3
   local args=(--flagfile=train/configs/gpu_reference.flags --seq_len="$seq"
-    --segments="2048,16384,262144,$seq" --dilations=1,4,16,64 --recompute --steps=6
+    --segments="2048,16384,262144,$seq" --dilations=1,4,16,64 --recompute --steps="${STEPS:-6}"
     --warmup_steps=2 --log_every=1 --eval_every=0 --final_eval_batches=1
     --out_dir="$LOGS/run-$name" --resume= "$@")
   local cmd=("$RD_TRAIN" "${args[@]}")
   ((gpus > 1)) && cmd=("$RD_LAUNCH" -n "$gpus" -- "${cmd[@]}")
-  timeout 420 "${cmd[@]}" >"$LOGS/train-$name.txt" 2>&1 || echo "train $name: exit $?"
+  timeout "${TRAIN_TIMEOUT:-420}" "${cmd[@]}" >"$LOGS/train-$name.txt" 2>&1 ||
+    echo "train $name: exit $?"
   echo "== $name ($gpus GPUs, N = $seq $*)"
   tr '\r' '\n' <"$LOGS/train-$name.txt" | grep -E '^(\[0\] )?step [0-9]+/' | tail -n 6 | cut -c1-160
   tr '\r' '\n' <"$LOGS/train-$name.txt" | grep -iE 'error|out of memory' | head -n 3
@@ -93,10 +94,20 @@ part_train() {
   train tput4c 4 8388608 --context_parallel=4 --cp_layout=contiguous
 }
 
+# The thread ranks at P = 2 then 4 (the hang), strong scaling, and the trainer's throughput
+# at 2M tokens per GPU on 1 and 4 GPUs: what fits one call of a short lease.
+part_quick() {
+  bash tools/gpu_diag_hang.sh cuda_multi_gpu_test 'Ranks/NcclThreads.*' 60
+  BENCH_TIMEOUT=200 CUDA_MODULE_LOADING=LAZY bench strong 'strong'
+  STEPS=4 TRAIN_TIMEOUT=150 train tput1 1 2097152
+  STEPS=4 TRAIN_TIMEOUT=150 train tput4 4 8388608 --context_parallel=4
+}
+
 case "${1:-}" in
+  quick) part_quick ;;
   tests) part_tests ;;
   bench) part_bench ;;
   links) part_links ;;
   train) part_train ;;
-  *) echo "usage: tools/gpu_issue19.sh tests|bench|links|train" >&2; exit 2 ;;
+  *) echo "usage: tools/gpu_issue19.sh quick|tests|bench|links|train" >&2; exit 2 ;;
 esac
