@@ -31,20 +31,23 @@ const char* strategy_name(DistStrategy strategy);
 //                segment of 2^k pieces the two pieces of a rank sit at mirrored places, so
 //                every rank attends the same number of (query, key) pairs
 //                (docs/distributed.md, "Causal load balance").
-//   kAuto        kZigzag for causal attention when 2P divides N, else kContiguous.
+//   kAuto        kZigzag for causal attention when 2P divides N and no pair's segments
+//                that fit a contiguous block would be split by the zigzag pieces (that
+//                would add traffic the balance does not repay); else kContiguous.
 // The caller splits its data with the same layout (sequence_block) and gives rotary
 // embeddings the pieces' global positions (sequence_pieces).
 enum class SequenceLayout { kAuto, kContiguous, kZigzag };
 
 const char* layout_name(SequenceLayout layout);
 
-// The layout a call uses for a sequence of `seq_len` positions over `ranks` ranks (kAuto
-// resolved as above). Errors name N and P when they do not split: P must divide N, and 2P
+// The layout a call with `options` uses for a sequence of `seq_len` positions over `ranks`
+// ranks (kAuto resolved as above). Errors name N and P when they do not split: P must divide N, and 2P
 // for the zigzag layout.
-SequenceLayout resolve_layout(SequenceLayout layout, bool causal, int64_t seq_len, int ranks);
+SequenceLayout resolve_layout(SequenceLayout layout, const DilatedAttentionOptions& options,
+                              int64_t seq_len, int ranks);
 
 // The global positions of rank `rank`'s rows, in the order it holds them: one block
-// (contiguous) or two (zigzag). `layout` must be resolved (not kAuto).
+// (contiguous) or two (zigzag). `layout` must be resolved (not kAuto), here and below.
 std::vector<Block> sequence_pieces(SequenceLayout layout, int64_t seq_len, int rank, int size);
 
 // This rank's rows [B, N / P, ...] of a whole sequence [B, N, ...] (dim 1) under a resolved

@@ -36,7 +36,7 @@ RingAttentionResult RingDilatedAttention::forward_packed(const Tensor& qkv) {
 }
 
 SequenceLayout RingDilatedAttention::layout_for(int64_t seq_len) const {
-  return resolve_layout(layout_, options_.causal, seq_len, comm_->size());
+  return resolve_layout(layout_, options_, seq_len, comm_->size());
 }
 
 std::vector<Block> RingDilatedAttention::pieces_for(int64_t seq_len) const {

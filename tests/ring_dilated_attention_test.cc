@@ -291,7 +291,7 @@ TEST_P(RingModules, MultiheadOnPRanksEqualsTheSingleDeviceModule) {
       dxs[static_cast<size_t>(comm.rank())] = xb.grad();
       params[static_cast<size_t>(comm.rank())] = ring.named_parameters();
     });
-    const SequenceLayout resolved = nn::resolve_layout(layout, o.causal, kN, P);
+    const SequenceLayout resolved = nn::resolve_layout(layout, o, kN, P);
     EXPECT_LE(relative_error(nn::sequence_from_blocks(ys, resolved), y.detach()), 1e-10)
         << "P = " << P << ", " << nn::layout_name(resolved);
     EXPECT_LE(relative_error(nn::sequence_from_blocks(dxs, resolved), x.grad()), 1e-10)
@@ -333,6 +333,29 @@ TEST(RingLayout, UnevenSplitIsAClearError) {
         },
         {ErrorCode::kShapeMismatch}, {"ring_dilated_attention", "zigzag", "6", "2P = 4"}));
   });
+}
+
+// kAuto: zigzag for causal calls unless it would split segments that tile the contiguous
+// blocks (at N = 1M and P = 4 the pair (262144, 16) is local to each block of 262144 but
+// would span two zigzag pieces of 131072); contiguous without a causal mask.
+TEST(RingLayout, AutoPicksZigzagWhereItAddsNoTraffic) {
+  DilatedAttentionOptions o;
+  o.segment_lengths = {2048, 16384, 262144, int64_t{1} << 22};
+  o.dilation_rates = {1, 4, 16, 64};
+  o.causal = true;
+  EXPECT_EQ(nn::resolve_layout(SequenceLayout::kAuto, o, int64_t{1} << 22, 4), SequenceLayout::kZigzag);
+  EXPECT_EQ(nn::resolve_layout(SequenceLayout::kAuto, o, int64_t{1} << 20, 4),
+            SequenceLayout::kContiguous);
+  EXPECT_EQ(nn::resolve_layout(SequenceLayout::kAuto, o, int64_t{1} << 20, 2), SequenceLayout::kZigzag);
+  EXPECT_EQ(nn::resolve_layout(SequenceLayout::kAuto, o, int64_t{1} << 22, 1),
+            SequenceLayout::kContiguous);
+  o.variant = DilationVariant::kGlobal;  // no segments to keep local
+  EXPECT_EQ(nn::resolve_layout(SequenceLayout::kAuto, o, int64_t{1} << 20, 4), SequenceLayout::kZigzag);
+  o.causal = false;
+  EXPECT_EQ(nn::resolve_layout(SequenceLayout::kAuto, o, int64_t{1} << 22, 4),
+            SequenceLayout::kContiguous);
+  // An explicit layout is kept.
+  EXPECT_EQ(nn::resolve_layout(SequenceLayout::kZigzag, o, int64_t{1} << 20, 4), SequenceLayout::kZigzag);
 }
 
 // Rank r of P holds pieces r and 2P - 1 - r of 2P; sequence_from_blocks undoes the split.

@@ -30,13 +30,13 @@ bool is_residual_projection(const std::string& name) {
          ends_with(name, "mlp.down.weight");
 }
 
+}  // namespace
+
 nn::DilatedAttentionOptions causal_attention(const ModelConfig& config) {
   nn::DilatedAttentionOptions o = config.attention;
   o.causal = true;
   return o;
 }
-
-}  // namespace
 
 void check_model_config(const ModelConfig& c) {
   RD_CHECK(c.vocab_size >= 2, kInvalidArgument, kOp, ": vocab_size must be >= 2, got ", c.vocab_size);

@@ -47,6 +47,9 @@ void check_model_config(const ModelConfig& config);
 // The hidden width of the MLP of `config` (see ModelConfig::mlp_ratio).
 int64_t mlp_hidden(const ModelConfig& config);
 
+// The model's attention: the configured pattern, causal.
+nn::DilatedAttentionOptions causal_attention(const ModelConfig& config);
+
 // One pre-norm block: x + attn(norm1(x)), then + mlp(norm2(.)). Children "attn_norm",
 // "attn" (the multi-head dilated attention, or its sequence-parallel form), "mlp_norm",
 // "mlp".

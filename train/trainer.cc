@@ -452,8 +452,9 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<dist::Communicator> world)
   if (s.cp_size > 1) s.sequence = s.world->split(s.dp_rank, s.cp_rank);
 
   s.data = make_dataset(c.data, c.data_options);
-  // The attention is causal: kAuto balances its work across the ranks with the zigzag split.
-  s.layout = nn::resolve_layout(c.cp_layout, /*causal=*/true, s.data->seq_len(), s.cp_size);
+  // The attention is causal: kAuto balances its work across the ranks with the zigzag split
+  // where that does not split segments the contiguous one keeps local.
+  s.layout = nn::resolve_layout(c.cp_layout, causal_attention(c.model), s.data->seq_len(), s.cp_size);
   s.pieces = nn::sequence_pieces(s.layout, s.data->seq_len(), s.cp_rank, s.cp_size);
   ModelConfig mc = c.model;
   mc.vocab_size = s.data->vocab_size();

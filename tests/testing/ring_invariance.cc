@@ -68,7 +68,7 @@ RankResult run_rank(const FullSequence& f, const nn::DilatedAttentionOptions& o,
                     dist::Communicator& comm, nn::DistStrategy strategy, Device device,
                     nn::SequenceLayout layout) {
   const nn::SequenceLayout resolved =
-      nn::resolve_layout(layout, o.causal, f.q.size(1), comm.size());
+      nn::resolve_layout(layout, o, f.q.size(1), comm.size());
   auto block = [&](const Tensor& t, int64_t dim) {
     return rank_rows(t.detach(), dim, resolved, comm.rank(), comm.size()).contiguous().to(device);
   };
