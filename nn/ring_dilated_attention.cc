@@ -22,6 +22,7 @@
 #include <limits>
 #include <memory>
 #include <numeric>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -627,38 +628,84 @@ int ring_peer(int rank, int delta, int span) {
 // The first `elements` of a flat buffer.
 Tensor prefix(const Tensor& flat, int64_t elements) { return flat.narrow(0, 0, elements); }
 
-// Runs `visit(src, group, flat)` for every remote block this rank needs, with `flat`
-// holding that block's packed rows of `group`'s units: the ring first (each step's transfer
-// in flight while the previous block is attended; step 0 is `local()`, overlapping the
-// first transfer), then the all-gathered units. The backward passes a `carry` callback:
-// a float32 buffer of each ring block's dK/dV accumulator travels with its keys and, after
-// the last step, returns to its owner, who gets it through `home(buffer)`; all-gathered
-// units' gradients are reduce-scattered into `home` as well.
-struct RemoteGrads {
+// What a pass does with the exchanged rows: `local()` runs the calls on this rank's own
+// keys; `visit(src, group, flat)` the calls on block src's packed rows of `group`'s units;
+// the backward also gets, in `grads`, a float32 buffer laid out like `flat` for src's dK/dV,
+// and `home(group, mine)` with this rank's own dK/dV once every rank has added to them.
+struct ExchangeVisitor {
+  std::function<void()> local;
   std::function<void(int src, const ExchangeGroup& group, const Tensor& flat, const Tensor& grads)> visit;
   std::function<void(const ExchangeGroup& group, const Tensor& mine)> home;
+  bool backward = false;
 };
 
-void exchange(const Exec& ex, const Tensor& k, const Tensor& v, dist::Communicator& comm,
-              const std::function<void()>& local,
-              const std::function<void(int, const ExchangeGroup&, const Tensor&)>& visit,
-              const RemoteGrads* grads) {
+// The dK/dV accumulators of the ring's blocks, one step behind their K/V: step t adds this
+// rank's share of block (me - t) into a zeroed buffer while that block's accumulator, summed
+// by the ranks before, is in flight from rank me - 1; then adds it in and sends the sum on to
+// me + 1, so each transfer overlaps the next step's calls. Three buffers: the one being
+// written, the one being sent and the one being received.
+class GradientRing {
+ public:
+  GradientRing(const SpPlan& p, dist::Communicator& comm, const TensorOptions& acc_opts)
+      : p_(p), comm_(comm) {
+    for (Tensor* t : {&work_, &outgoing_, &incoming_}) *t = zeros({p.ring.max_elements}, acc_opts);
+  }
+
+  // The buffer step t's calls add into.
+  const Tensor& work() const { return work_; }
+
+  // After step t's calls on block src: adds the accumulator that arrived for it (t > 0) and,
+  // before the last step, sends the sum on and starts receiving next_src's.
+  void pass_on(int t, int src, int next_src) {
+    if (t > 0) {
+      inflight_->wait();
+      add_into(prefix(work_, length(src)), prefix(incoming_, length(src)));
+    }
+    if (t == p_.ring_steps) return;
+    std::swap(outgoing_, work_);  // the old outgoing buffer was sent by the wait above
+    inflight_ = comm_.isendrecv(prefix(outgoing_, length(src)), peer(1),
+                                prefix(incoming_, length(next_src)), peer(-1));
+    work_.zero_();
+  }
+
+  // After the last step: the last block's sums go back to its owner, and this rank's own
+  // arrive from the rank that visited it last.
+  Tensor finish() {
+    if (p_.ring_steps == 0) return work_;  // only this rank's own rows were read
+    const int owner = peer(-p_.ring_steps);
+    dist::send_recv(comm_, prefix(work_, length(owner)), owner,
+                    prefix(incoming_, length(p_.layout.rank)), peer(p_.ring_steps));
+    return incoming_;
+  }
+
+ private:
+  int peer(int delta) const { return ring_peer(p_.layout.rank, delta, p_.ring_span); }
+  int64_t length(int block) const { return p_.ring.elements[static_cast<size_t>(block)]; }
+
+  const SpPlan& p_;
+  dist::Communicator& comm_;
+  Tensor work_, outgoing_, incoming_;
+  std::unique_ptr<dist::Request> inflight_;
+};
+
+// The ring: step t attends block (me - t) while block (me - t - 1) is in flight; step 0 is
+// `local()` and this rank's own rows (the zigzag layout's calls between its pieces).
+void ring_exchange(const Exec& ex, const Tensor& k, const Tensor& v, dist::Communicator& comm,
+                   const ExchangeVisitor& visitor) {
   const SpPlan& p = *ex.plan;
   const int me = p.layout.rank;
   auto peer = [&](int delta) { return ring_peer(me, delta, p.ring_span); };
-  const TensorOptions opts = options_like(k);
-  const TensorOptions acc_opts = TensorOptions(accumulation_dtype(k.dtype())).with_device(k.device());
-  const std::vector<int64_t>& elements = p.ring.elements;
-  auto length = [&](int block) { return elements[static_cast<size_t>(block)]; };
-  Tensor cur, nxt, dcur, dnxt;
+  auto length = [&](int block) { return p.ring.elements[static_cast<size_t>(block)]; };
   const bool ring = !p.ring.empty();
+  Tensor cur, nxt;
+  std::optional<GradientRing> grads;
   if (ring) {
-    cur = empty({p.ring.max_elements}, opts);
-    nxt = empty({p.ring.max_elements}, opts);
+    cur = empty({p.ring.max_elements}, options_like(k));
+    nxt = empty({p.ring.max_elements}, options_like(k));
     pack(p, p.ring, prefix(cur, length(me)), k, v);
-    if (grads != nullptr) {
-      dcur = zeros({p.ring.max_elements}, acc_opts);
-      dnxt = empty({p.ring.max_elements}, acc_opts);
+    if (visitor.backward) {
+      grads.emplace(p, comm,
+                    TensorOptions(accumulation_dtype(k.dtype())).with_device(k.device()));
     }
   }
   for (int t = 0; t <= p.ring_steps; ++t) {
@@ -668,53 +715,51 @@ void exchange(const Exec& ex, const Tensor& k, const Tensor& v, dist::Communicat
       step = comm.isendrecv(prefix(cur, length(src)), peer(1), prefix(nxt, length(next_src)),
                             peer(-1));
     }
-    // Step 0 visits this rank's own rows too: the zigzag layout's calls between its pieces.
-    if (t == 0) local();
-    if (ring && grads != nullptr) {
-      grads->visit(src, p.ring, cur, dcur);
-    } else if (ring) {
-      visit(src, p.ring, cur);
-    }
+    if (t == 0) visitor.local();
+    if (ring) visitor.visit(src, p.ring, cur, grads ? grads->work() : Tensor());
+    if (grads) grads->pass_on(t, src, next_src);
     if (!step) continue;
     step->wait();
     std::swap(cur, nxt);
-    if (grads != nullptr) {
-      dist::send_recv(comm, prefix(dcur, length(src)), peer(1), prefix(dnxt, length(next_src)),
-                      peer(-1));
-      std::swap(dcur, dnxt);
-    }
   }
-  if (grads != nullptr && p.ring_steps > 0) {
-    // dcur holds block (me - steps)'s accumulator; ours comes from rank me + steps.
-    const int owner = peer(-p.ring_steps);
-    dist::send_recv(comm, prefix(dcur, length(owner)), owner, prefix(dnxt, length(me)),
-                    peer(p.ring_steps));
-    grads->home(p.ring, dnxt);
-  } else if (grads != nullptr && ring) {
-    grads->home(p.ring, dcur);  // only this rank's own rows were read: dcur is ours
-  }
+  if (grads) visitor.home(p.ring, grads->finish());
+}
+
+// The all-gathered units: each gather group's rows, visited block by block (this rank's
+// own too: the zigzag layout's calls between its pieces); the backward reduce-scatters
+// their dK/dV to their owners.
+void gather_exchange(const Exec& ex, const Tensor& k, const Tensor& v, dist::Communicator& comm,
+                     const ExchangeVisitor& visitor) {
+  const SpPlan& p = *ex.plan;
+  const int me = p.layout.rank;
+  const TensorOptions acc_opts =
+      TensorOptions(accumulation_dtype(k.dtype())).with_device(k.device());
   for (const ExchangeGroup& group : p.gathers) {
     dist::Communicator& gc = gather_comm(comm, group.span);
     const int first = me - gc.rank();  // the group's ranks: first, ..., first + span - 1
-    Tensor mine = empty({group.max_elements}, opts);
+    Tensor mine = empty({group.max_elements}, options_like(k));
     pack(p, group, mine, k, v);
-    Tensor all = empty({group.span, group.max_elements}, opts);
+    Tensor all = empty({group.span, group.max_elements}, options_like(k));
     gc.all_gather(all, mine);
-    Tensor all_grads =
-        grads != nullptr ? zeros({group.span, group.max_elements}, acc_opts) : Tensor();
-    for (int i = 0; i < group.span; ++i) {  // this rank's own rows too (zigzag)
-      if (grads != nullptr) {
-        grads->visit(first + i, group, all.select(0, i), all_grads.select(0, i));
-      } else {
-        visit(first + i, group, all.select(0, i));
-      }
+    const Tensor all_grads =
+        visitor.backward ? zeros({group.span, group.max_elements}, acc_opts) : Tensor();
+    for (int i = 0; i < group.span; ++i) {
+      visitor.visit(first + i, group, all.select(0, i),
+                    visitor.backward ? all_grads.select(0, i) : Tensor());
     }
-    if (grads != nullptr) {
+    if (visitor.backward) {
       Tensor summed = empty({group.max_elements}, acc_opts);
       gc.reduce_scatter(summed, all_grads);
-      grads->home(group, summed);
+      visitor.home(group, summed);
     }
   }
+}
+
+// Every block this rank needs, the ring's then the all-gathered ones.
+void exchange(const Exec& ex, const Tensor& k, const Tensor& v, dist::Communicator& comm,
+              const ExchangeVisitor& visitor) {
+  ring_exchange(ex, k, v, comm, visitor);
+  gather_exchange(ex, k, v, comm, visitor);
 }
 
 // The forward of the fixed variant on this rank. Returns out (q's dtype) and lse.
@@ -728,12 +773,12 @@ ForwardState fixed_forward(const Exec& ex, const Tensor& q, const Tensor& k, con
   st.out = zeros({l.batch, l.chunk, l.heads, l.dim}, options_like(q));
   st.lse = full({l.batch, l.heads, l.chunk}, kNegInf, acc_opts);
   if (p.merged) st.acc_out = zeros(st.out.shape(), acc_opts);
-  exchange(
-      ex, k, v, comm, [&] { local_forward(ex, q, k, v, st); },
-      [&](int src, const ExchangeGroup& group, const Tensor& flat) {
-        remote_forward(ex, src, q, group, flat, st);
-      },
-      nullptr);
+  ExchangeVisitor visitor;
+  visitor.local = [&] { local_forward(ex, q, k, v, st); };
+  visitor.visit = [&](int src, const ExchangeGroup& group, const Tensor& flat, const Tensor&) {
+    remote_forward(ex, src, q, group, flat, st);
+  };
+  exchange(ex, k, v, comm, visitor);
   if (p.merged) {
     st.out = st.acc_out.to(q.dtype());
   } else {
@@ -791,7 +836,9 @@ QkvGrads fixed_backward(const Exec& ex, const Tensor& q, const Tensor& k, const 
     unit_dq.push_back({unit, zeros({l.batch, rows.count, u.heads.hc, l.dim}, acc_opts)});
     return unit_dq.back().second;
   };
-  RemoteGrads remote;
+  ExchangeVisitor remote;
+  remote.backward = true;
+  remote.local = local;
   remote.visit = [&](int src, const ExchangeGroup& group, const Tensor& flat, const Tensor& grads) {
     const std::vector<LocalCall>& calls = p.calls[static_cast<size_t>(src)];
     for (int unit : group.units) {
@@ -808,7 +855,7 @@ QkvGrads fixed_backward(const Exec& ex, const Tensor& q, const Tensor& k, const 
   remote.home = [&](const ExchangeGroup& group, const Tensor& mine) {
     unpack_add(p, group, mine, g.k, g.v);
   };
-  exchange(ex, k, v, comm, local, nullptr, &remote);
+  exchange(ex, k, v, comm, remote);
   for (const auto& [unit, dq] : unit_dq) {
     const ExchangeUnit& u = p.units[static_cast<size_t>(unit)];
     add_into(unit_rows(g.q, u, u.run(l, me)), dq);
