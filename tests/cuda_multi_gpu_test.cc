@@ -52,6 +52,7 @@ struct Case {
   DilationVariant variant;
   HeadMixing mixing;
   bool causal;
+  nn::SequenceLayout layout = nn::SequenceLayout::kAuto;
 };
 
 DilatedAttentionOptions options_of(const Case& c) {
@@ -68,19 +69,21 @@ std::string case_name(const Case& c) {
   return str_cat(dtype_name(c.dtype), "_", nn::strategy_name(c.strategy), "_",
                  c.variant == DilationVariant::kGlobal ? "original" : "fixed", "_",
                  c.mixing == HeadMixing::kAllHeads ? "allheads" : "groups",
-                 c.causal ? "_causal" : "");
+                 c.causal ? "_causal" : "", "_", nn::layout_name(c.layout));
 }
 
-// Every combination the library supports: the original (global) variant mixes heads in
-// groups only.
+// Every combination the library supports (the original (global) variant mixes heads in
+// groups only), in both sequence layouts.
 std::vector<Case> all_cases() {
   std::vector<Case> cases;
   for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
     for (DistStrategy s : {DistStrategy::kRing, DistStrategy::kAllGather, DistStrategy::kAuto}) {
       for (bool causal : {false, true}) {
-        cases.push_back({dtype, s, DilationVariant::kSegmentLocal, HeadMixing::kHeadGroups, causal});
-        cases.push_back({dtype, s, DilationVariant::kSegmentLocal, HeadMixing::kAllHeads, causal});
-        cases.push_back({dtype, s, DilationVariant::kGlobal, HeadMixing::kHeadGroups, causal});
+        for (nn::SequenceLayout layout : {nn::SequenceLayout::kContiguous, nn::SequenceLayout::kZigzag}) {
+          cases.push_back({dtype, s, DilationVariant::kSegmentLocal, HeadMixing::kHeadGroups, causal, layout});
+          cases.push_back({dtype, s, DilationVariant::kSegmentLocal, HeadMixing::kAllHeads, causal, layout});
+          cases.push_back({dtype, s, DilationVariant::kGlobal, HeadMixing::kHeadGroups, causal, layout});
+        }
       }
     }
   }
@@ -119,7 +122,7 @@ class NcclThreads : public ::testing::TestWithParam<int> {
   // Rank r of the group on its own thread and GPU; the first error of any rank is rethrown.
   static std::vector<RankResult> run_on_gpus(const FullSequence& f,
                                              const DilatedAttentionOptions& o, int P,
-                                             DistStrategy strategy) {
+                                             DistStrategy strategy, nn::SequenceLayout layout) {
     auto& comms = group(P);
     std::vector<FullSequence> inputs;
     for (int r = 0; r < P; ++r) inputs.push_back(test::inputs_on(f, Device::cuda(r)));
@@ -131,7 +134,8 @@ class NcclThreads : public ::testing::TestWithParam<int> {
       threads.emplace_back([&, r] {
         const auto i = static_cast<size_t>(r);
         try {
-          results[i] = test::run_rank(inputs[i], o, *comms[i], strategy, Device::cuda(r));
+          results[i] =
+              test::run_rank(inputs[i], o, *comms[i], strategy, Device::cuda(r), layout);
           synchronize(Device::cuda(r));
         } catch (...) {
           errors[i] = std::current_exception();
@@ -152,7 +156,7 @@ TEST_P(NcclThreads, EveryCaseMatchesOneGpu) {
     SCOPED_TRACE(case_name(c));
     const DilatedAttentionOptions o = options_of(c);
     const FullSequence f = test::single_device(o, c.dtype, kSeed, Device::cuda(0), kDims);
-    const std::vector<RankResult> rs = run_on_gpus(f, o, P, c.strategy);
+    const std::vector<RankResult> rs = run_on_gpus(f, o, P, c.strategy, c.layout);
     test::expect_ranks_match(rs, f, test::gpu_ring_tolerance(c.dtype));
     // Every rank's traffic went through NCCL and was counted.
     if (c.strategy != DistStrategy::kAuto) {
@@ -273,7 +277,7 @@ TEST(MultiGpuWorker, EveryCaseMatchesOneGpu) {
     SCOPED_TRACE(case_name(c));
     const DilatedAttentionOptions o = options_of(c);
     const FullSequence f = test::single_device(o, c.dtype, kSeed, gpu, kDims);
-    const RankResult mine = test::run_rank(f, o, *comm, c.strategy, gpu);
+    const RankResult mine = test::run_rank(f, o, *comm, c.strategy, gpu, c.layout);
     test::expect_ranks_match({mine}, test::block_of(f, comm->rank(), comm->size(), mine.layout),
                              test::gpu_ring_tolerance(c.dtype));
   }

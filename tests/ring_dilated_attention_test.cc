@@ -477,13 +477,14 @@ TEST(RingLayout, ZigzagSendsEachRanksSelectedRowsOnce) {
 // One GPU shared by P ranks (threads with device copies): each dtype and attention path
 // against the single-GPU call with the same dtype and path. Skipped without a GPU.
 
-using CudaCase = std::tuple<DType, nn::AttentionPath, HeadMixing, bool, DistStrategy, int>;
+using CudaCase =
+    std::tuple<DType, nn::AttentionPath, HeadMixing, bool, DistStrategy, int, SequenceLayout>;
 
 class RingInvarianceCuda : public ::testing::TestWithParam<CudaCase> {};
 
 TEST_P(RingInvarianceCuda, MatchesOneGpu) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
-  const auto [dtype, path, mixing, causal, strategy, P] = GetParam();
+  const auto [dtype, path, mixing, causal, strategy, P, layout] = GetParam();
   // Blocks of N / P = 512 (P = 4): pair 0 stays inside blocks, pair 1 spans two blocks,
   // pair 2 all four.
   constexpr test::RingDims kDims{1, 2048, 8, 64};
@@ -494,7 +495,7 @@ TEST_P(RingInvarianceCuda, MatchesOneGpu) {
   o.causal = causal;
   o.path = path;
   const FullSequence f = test::single_device(o, dtype, 99, Device::cuda(), kDims);
-  const std::vector<RankResult> rs = run_ranks(f, o, P, strategy);
+  const std::vector<RankResult> rs = run_ranks(f, o, P, strategy, layout);
   test::expect_ranks_match(rs, f, test::gpu_ring_tolerance(dtype));
   // Ring steps have full or diagonal-causal masks: they run on the path one GPU runs.
   for (const RankResult& r : rs) {
@@ -505,10 +506,10 @@ TEST_P(RingInvarianceCuda, MatchesOneGpu) {
 }
 
 std::string cuda_case_name(const ::testing::TestParamInfo<CudaCase>& info) {
-  const auto [dtype, path, mixing, causal, strategy, P] = info.param;
+  const auto [dtype, path, mixing, causal, strategy, P, layout] = info.param;
   return std::string(dtype_name(dtype)) + "_" + nn::path_name(path) + "_" +
          (mixing == HeadMixing::kAllHeads ? "allheads" : "groups") + (causal ? "_causal_" : "_") +
-         nn::strategy_name(strategy) + "_P" + std::to_string(P);
+         nn::strategy_name(strategy) + "_P" + std::to_string(P) + "_" + nn::layout_name(layout);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -518,7 +519,7 @@ INSTANTIATE_TEST_SUITE_P(
                        ::testing::Values(HeadMixing::kHeadGroups, HeadMixing::kAllHeads),
                        ::testing::Bool(),
                        ::testing::Values(DistStrategy::kRing, DistStrategy::kAllGather),
-                       ::testing::Values(2, 4)),
+                       ::testing::Values(2, 4), kLayouts),
     cuda_case_name);
 
 }  // namespace
