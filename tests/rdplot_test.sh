@@ -1,7 +1,8 @@
 #!/bin/sh
-# rdplot_test.sh RDPLOT DATA_DIR: runs tools/rdplot.py on synthetic metrics files and on a
-# benchmark JSON of docs/data, and checks that PNG files appear and that a bad metrics line
-# is refused by file and line. Exits 77 (ctest: skipped) when no python3 has matplotlib.
+# rdplot_test.sh RDPLOT DATA_DIR: runs tools/rdplot.py on synthetic metrics files and on
+# benchmark JSONs of docs/data (ring, strong scaling), and checks that PNG files appear and
+# that a bad metrics line is refused by file and line. Exits 77 (ctest: skipped) when no
+# python3 has matplotlib.
 set -eu
 rdplot="$1"
 data_dir="$2"
@@ -62,4 +63,7 @@ grep -q "bad.jsonl:1: missing loss" "$work/bad.err" || fail "unclear error: $(ca
 for direction in fwd fwdbwd; do
   is_png "$work/bench/ring_tokens_${direction}_H16D128_P4.png" || fail "no ring $direction plot"
 done
+"$python" "$rdplot" bench "$data_dir/issue19/strong4m_h200x4_2026-11-26c_gradient_ring.json" \
+  -o "$work/strong" || fail "bench (strong scaling) exited $?"
+is_png "$work/strong/strong_scaling_4194304.png" || fail "no strong-scaling plot"
 echo "rdplot_test: OK"

@@ -15,16 +15,22 @@ docs/benchmarks.md.
 
   rdplot.py bench BENCH.json [more.json ...] -o OUT_DIR
       Google Benchmark JSON of bench/cuda_dilated_attention_bench (dilated/..., dense_ceiling/
-      rows, read through bench/report.py) and of bench/cuda_ring_attention_bench (ring/...
-      rows). Writes:
+      rows, read through bench/report.py), of bench/cuda_ring_attention_bench (ring/... rows)
+      and of bench/cuda_multi_gpu_bench (strong/... and strong_causal/... rows). Writes:
         dilated_tokens_<fwd|fwdbwd>_<H12D64|H16D128>.png  tokens/s against N: fixed and
             original variant (kAuto) and the dense-SDPA ceiling;
         dilated_paths_<fwd|fwdbwd>_H16D128.png  the fixed variant per path;
         dilated_memory_fwdbwd_H16D128.png  allocator peak against the issue's bound;
-        ring_tokens_<fwd|fwdbwd>_<HxDy>_P<p>.png  each strategy and the single device.
-      Both axes logarithmic; non-causal solid, causal dashed. A line ends at its last row that
-      ran; the note under the title says where and why. Dilated rows of several files merge
-      (a later row replacing an earlier one of the same name); they must come from one device.
+        ring_tokens_<fwd|fwdbwd>_<HxDy>_P<p>.png  each strategy and the single device;
+        strong_scaling_<N>.png  parallel efficiency against GPUs (1, 2, 4): non-causal,
+            causal contiguous and causal zigzag, against the ideal 100%.
+      Both axes logarithmic (strong scaling: GPUs log 2, efficiency linear); non-causal solid,
+      causal dashed. A line ends at its last row that ran; the note under the title says where
+      and why. Dilated rows of several files merge (a later row replacing an earlier one of the
+      same name); they must come from one device. Ring and strong-scaling rows are drawn per
+      file, as each file is one run on one device and date: two files holding the same
+      figure write the same PNG (the later one is left, with a warning), so plot one run per
+      output folder.
 
 Needs matplotlib (Debian: python3-matplotlib, installed by ./rd setup).
 """
@@ -34,6 +40,7 @@ import json
 import math
 import os
 import re
+import statistics
 import sys
 import textwrap
 from dataclasses import dataclass, field
@@ -251,6 +258,19 @@ BOUND_STYLE = Style("memory bound", "#222222", dash=":")
 DIRECTION_NAMES = {"fwd": "forward", "fwdbwd": "forward + backward"}
 HEAD_CONFIGS = ("H12D64", "H16D128")
 RING_ROW = re.compile(r"ring/(fwd|fwdbwd)/(\w+)/P(\d+)/(H\d+D\d+)/N(\d+)")
+# strong/P<p>/N<n> (non-causal) and strong_causal/<layout>/P<p>/N<n>, without Google
+# Benchmark's suffixes (report.base_name strips /iterations:1/manual_time).
+STRONG_ROW = re.compile(r"strong(?:_causal/(contiguous|zigzag))?/P(\d+)/N(\d+)$")
+STRONG_STYLES = {  # keyed by layout; "none" is the non-causal strong/ row
+    "none": Style("non-causal", "#0072B2", "o"),
+    "contiguous": Style("causal contiguous", "#D55E00", "s", dash="--"),
+    "zigzag": Style("causal zigzag", "#009E73", "D", dash="--"),
+}
+IDEAL_STYLE = Style("ideal (100%)", "#222222", dash=":", width=1.5)
+# What bench/cuda_multi_gpu_bench runs in its strong rows (its header comment): the JSON
+# holds none of it, so the subtitle states it here.
+STRONG_CONFIG = ("bf16, B = 1, H = 16, D = 128, pairs (2048,1), (16384,4), (262144,16), (N,64), "
+                 "forward + backward")
 
 
 @dataclass
@@ -274,6 +294,7 @@ class Figure:
     x_values: list  # every N of the shape, the x ticks
     series: list
     legend_masks: bool = True  # add the solid / dashed key
+    x_axis: str = "n"  # "n": N on log axes (render_log_axes); "gpus": see render_gpu_axes
 
 
 @dataclass
@@ -283,6 +304,7 @@ class Source:
     date: str = "unknown date"
     rows: dict = field(default_factory=dict)
     ring: list = field(default_factory=list)  # (context, benchmark entries) per file
+    strong: list = field(default_factory=list)  # the same, files with strong-scaling rows
 
 
 def load_bench(paths):
@@ -295,6 +317,8 @@ def load_bench(paths):
         entries = data.get("benchmarks", [])
         if any(RING_ROW.match(e.get("name", "")) for e in entries):
             source.ring.append((context, entries))
+        if any(STRONG_ROW.match(report.base_name(e)) for e in entries):
+            source.strong.append((context, entries))
         dilated = {}
         for row in report.collect_rows(entries):
             key = report.dilated_key(row.name)
@@ -331,6 +355,11 @@ def format_rate(value):
         if value >= scale:
             return f"{value / scale:g}{unit}/s"
     return f"{value:g}/s"
+
+
+def format_percent(value):
+    """0.935 -> 93.5%, 1.0 -> 100%."""
+    return f"{round(value * 100, 1):g}%"
 
 
 def format_bytes(value):
@@ -488,6 +517,104 @@ def ring_figures(context, entries):
     return figures
 
 
+# ---------------------------------------------------------------------------- strong scaling
+
+
+def median_counters(entries):
+    """Each numeric counter of a row's repetitions, their median."""
+    keys = {k for e in entries for k, v in e.items() if isinstance(v, (int, float))}
+    return {k: statistics.median(e[k] for e in entries if isinstance(e.get(k), (int, float)))
+            for k in keys}
+
+
+def strong_rows(entries):
+    """(layout, P, N) -> the row's counters ("none" the non-causal layout), or the error
+    message (a str) of a row that did not run (out of memory, too few GPUs visible)."""
+    groups = {}
+    for entry in entries:
+        match = STRONG_ROW.match(report.base_name(entry))
+        # Iterations only: the mean / median / stddev aggregates of --benchmark_repetitions
+        # would count as more repetitions, and a stddev is no efficiency.
+        if match and entry.get("run_type") != "aggregate":
+            layout, p, n = match.groups()
+            groups.setdefault((layout or "none", int(p), int(n)), []).append(entry)
+    rows = {}
+    for key, group in groups.items():
+        failed = [e for e in group if e.get("error_occurred")]
+        rows[key] = failed[0].get("error_message", "error") if failed else median_counters(group)
+    return rows
+
+
+def strong_series(rows, n):
+    """The lines of one N: (P, efficiency) per layout, then the ideal 100% over every P."""
+    series = []
+    for layout, style in STRONG_STYLES.items():
+        points = sorted((p, row["efficiency"]) for (lay, p, n_), row in rows.items()
+                        if (lay, n_) == (layout, n) and isinstance(row, dict)
+                        and "efficiency" in row)
+        series.append(Series(style.label, "dense" if layout == "none" else "causal", style,
+                             points))
+    ps = sorted({p for (_, p, n_) in rows if n_ == n})
+    series.append(Series(IDEAL_STYLE.label, "dense", IDEAL_STYLE, [(p, 1.0) for p in ps]))
+    return series
+
+
+def baseline_note(ran):
+    """How efficiency is measured, and the time per call it is measured against."""
+    # Each line's baseline P0 is its fewest GPUs that ran (more than 1 where N runs out of
+    # memory on one): the benchmark's efficiency counter is against it.
+    base = {lay: min(p for l_, p in ran if l_ == lay) for lay in STRONG_STYLES
+            if any(l_ == lay for l_, _ in ran)}
+    same = len(set(base.values())) == 1
+    times = [f"{STRONG_STYLES[lay].label} {ran[lay, p0]['seconds'] * 1e3:.1f} ms"
+             + ("" if same else f" (P0 = {p0})")
+             for lay, p0 in base.items() if "seconds" in ran[lay, p0]]
+    where = f" (P0 = {next(iter(base.values()))})" if same and base else ""
+    return (f"Efficiency = T(P0) x P0 / (T(P) x P), P0 the fewest GPUs that hold N; "
+            f"T(P0) per call{where}: {', '.join(times)}.")
+
+
+def largest_p_note(ran):
+    """Per-rank memory and the plan's work imbalance at the most GPUs, where measured."""
+    p_max = max((p for _, p in ran), default=0)
+    at_max = {lay: ran[lay, p_max] for lay in STRONG_STYLES if (lay, p_max) in ran}
+    peaks = [f"{STRONG_STYLES[lay].label} {row['peak_over_baseline']:.3f}"
+             for lay, row in at_max.items() if "peak_over_baseline" in row]
+    imbalance = [f"{lay} {row['work_imbalance']:.3f}"
+                 for lay, row in at_max.items() if "work_imbalance" in row]
+    parts = ([f"per-rank peak memory / P0's: {', '.join(peaks)}"] if peaks else []) + (
+        [f"work imbalance (largest / mean attended pairs per rank): {', '.join(imbalance)}"]
+        if imbalance else [])
+    return [f"At P = {p_max}, {'; '.join(parts)}."] if parts else []
+
+
+def strong_notes(rows, n):
+    """The notes of one N: baseline, the largest P's memory and imbalance, rows that failed."""
+    ran = {(lay, p): row for (lay, p, n_), row in rows.items()
+           if n_ == n and isinstance(row, dict)}
+    notes = ([baseline_note(ran)] if ran else []) + largest_p_note(ran)
+    failed = [f"{STRONG_STYLES[lay].label} at P = {p} ({row})"
+              for (lay, p, n_), row in sorted(rows.items()) if n_ == n and isinstance(row, str)]
+    if failed:
+        notes.append("Did not run: " + "; ".join(failed) + ".")
+    return notes
+
+
+def strong_figures(context, entries):
+    """One figure per N of one file's strong rows: efficiency against GPUs per layout."""
+    rows = strong_rows(entries)
+    subtitle = (f"{context.get('cuda_device', 'unknown device')}, "
+                f"{context.get('date', 'unknown date')[:10]}; {STRONG_CONFIG}")
+    figures = []
+    for n in sorted({n for (_, _, n) in rows}):
+        series = strong_series(rows, n)
+        figures.append(Figure(
+            f"strong_scaling_{n}.png", f"Strong scaling of one call, N = {format_n(n)}",
+            subtitle, strong_notes(rows, n), "parallel efficiency", format_percent,
+            [p for p, _ in series[-1].points], series, legend_masks=False, x_axis="gpus"))
+    return figures
+
+
 def all_figures(source):
     figures = []
     if source.rows:
@@ -496,6 +623,8 @@ def all_figures(source):
         figures.append(memory_figure(source, "fwdbwd", "H16D128"))
     for context, entries in source.ring:
         figures += ring_figures(context, entries)
+    for context, entries in source.strong:
+        figures += strong_figures(context, entries)
     return figures
 
 
@@ -528,16 +657,18 @@ def y_ticks(figure, lo, hi):
     return ticks
 
 
-def render(figure):
-    """The matplotlib figure of one Figure."""
-    fig, axes = plt.subplots(figsize=FIG_SIZE, dpi=DPI)
-    for s in figure.series:
+def draw_lines(axes, series):
+    for s in series:
         if not s.points:
             continue
         xs, ys = zip(*s.points)
         axes.plot(xs, ys, color=s.style.color, linestyle=s.style.dash, linewidth=s.style.width,
                   marker=s.style.marker or None, markersize=6, markerfacecolor="white",
                   markeredgewidth=1.5, label=s.style.label)
+
+
+def render_log_axes(axes, figure):
+    """N against the value, both logarithmic, ticks at every N and at round values."""
     axes.set_xscale("log")
     axes.set_yscale("log")
     axes.set_xticks(figure.x_values, [format_n(n) for n in figure.x_values])
@@ -549,8 +680,51 @@ def render(figure):
     axes.yaxis.set_minor_locator(ticker.NullLocator())
     axes.set_xlabel("sequence length N (tokens, log scale)")
     axes.set_ylabel(f"{figure.y_label} (log scale)")
-    axes.grid(True, color="#dddddd")
-    # One legend entry per label (a label has a solid and a dashed line), then the mask key.
+
+
+def render_gpu_axes(axes, figure):
+    """GPUs (1, 2, 4) evenly spaced (log 2) against a fraction drawn from 0 to 105%, or a
+    little past the highest point (run-to-run noise can put one over 100%)."""
+    axes.set_xscale("log", base=2)
+    axes.set_xticks(figure.x_values, [str(p) for p in figure.x_values])
+    axes.xaxis.set_minor_locator(ticker.NullLocator())
+    # Room on the right for the value labels of the last column.
+    axes.set_xlim(figure.x_values[0] / 1.25, figure.x_values[-1] * 1.45)
+    top = max([1.05] + [v + 0.03 for s in figure.series for _, v in s.points])
+    axes.set_ylim(0.0, top)
+    ticks = [i / 10 for i in range(11)]
+    axes.set_yticks(ticks, [figure.y_format(v) for v in ticks])
+    axes.set_xlabel("GPUs P (log scale)")
+    axes.set_ylabel(figure.y_label)
+
+
+def spread_labels(values, gap):
+    """Label heights for values at one x: each value's own height, pushed apart (upwards,
+    from the lowest) until neighbours are at least gap apart, so that no two overlap."""
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    heights = list(values)
+    for before, index in zip(order, order[1:]):
+        heights[index] = max(heights[index], heights[before] + gap)
+    return heights
+
+
+def label_points(axes, figure):
+    """Each measured efficiency beside its point, in its line's colour (the ideal line and
+    each line's baseline, 100% by definition, stay unlabelled)."""
+    measured = [s for s in figure.series if s.style is not IDEAL_STYLE]
+    gap = 0.045 * axes.get_ylim()[1]  # about one line of small text on FIG_SIZE
+    for x in figure.x_values:
+        column = [(s, v) for s in measured for p, v in s.points[1:] if p == x]
+        heights = spread_labels([v for _, v in column], gap)
+        for (s, v), height in zip(column, heights):
+            # On white: a label beside a middle column lies over its line's next segment.
+            axes.annotate(f"{v * 100:.1f}%", (x, v), xytext=(x * 1.07, height),
+                          textcoords="data", va="center", fontsize="small", color=s.style.color,
+                          bbox=dict(facecolor="white", edgecolor="none", alpha=0.85, pad=1.0))
+
+
+def render_legend(axes, figure):
+    """One legend entry per label (a label has a solid and a dashed line), then the mask key."""
     handles, labels = {}, []
     for handle, label in zip(*axes.get_legend_handles_labels()):
         if label not in handles:
@@ -564,9 +738,24 @@ def render(figure):
             labels.append(MASK_NAMES[mask])
     axes.legend(entries, labels, loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize="small",
                 frameon=False)
-    notes = "\n".join(line for note in figure.notes for line in textwrap.wrap(note, NOTE_WIDTH))
-    axes.set_title(f"{figure.subtitle}\n{notes}" if notes else figure.subtitle, fontsize="small",
-                   loc="left", color="#444444")
+
+
+def render(figure):
+    """The matplotlib figure of one Figure."""
+    fig, axes = plt.subplots(figsize=FIG_SIZE, dpi=DPI)
+    draw_lines(axes, figure.series)
+    if figure.x_axis == "gpus":
+        render_gpu_axes(axes, figure)
+        label_points(axes, figure)
+    else:
+        render_log_axes(axes, figure)
+    axes.grid(True, color="#dddddd")
+    render_legend(axes, figure)
+    # Subtitle and notes wrapped alike: a long subtitle (strong scaling's configuration) would
+    # run past the figure's right edge.
+    lines = [line for text in [figure.subtitle, *figure.notes]
+             for line in textwrap.wrap(text, NOTE_WIDTH)]
+    axes.set_title("\n".join(lines), fontsize="small", loc="left", color="#444444")
     fig.suptitle(figure.title, x=0.02, ha="left", fontweight="bold")
     fig.tight_layout()
     return fig
@@ -581,15 +770,19 @@ def save(fig, path):
 def cmd_bench(args):
     source = load_bench(args.files)
     os.makedirs(args.out_dir, exist_ok=True)
-    written = 0
+    written = set()
     for figure in all_figures(source):
         if not any(s.points for s in figure.series):
             print(f"rdplot: no rows for {figure.file_name}; skipped", file=sys.stderr)
             continue
+        if figure.file_name in written:  # ring or strong rows of two files: the later one wins
+            print(f"rdplot: {figure.file_name} drawn again from a later file, replacing the "
+                  "earlier one (plot one run per folder to keep both)", file=sys.stderr)
         save(render(figure), os.path.join(args.out_dir, figure.file_name))
-        written += 1
+        written.add(figure.file_name)
     if not written:
-        print("rdplot: no dilated/, dense_ceiling/ or ring/ rows in the input", file=sys.stderr)
+        print("rdplot: no dilated/, dense_ceiling/, ring/ or strong rows in the input",
+              file=sys.stderr)
     return 0 if written else 1
 
 
