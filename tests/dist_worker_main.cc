@@ -334,10 +334,21 @@ Grads attention_and_grads(
   return {out.detach(), q.grad(), k.grad(), v.grad()};
 }
 
+// Both sequence layouts, each with every strategy.
+std::vector<std::pair<rd::nn::SequenceLayout, rd::nn::DistStrategy>> layouts_and_strategies() {
+  std::vector<std::pair<rd::nn::SequenceLayout, rd::nn::DistStrategy>> all;
+  for (auto layout : {rd::nn::SequenceLayout::kContiguous, rd::nn::SequenceLayout::kZigzag}) {
+    for (auto strategy : {rd::nn::DistStrategy::kRing, rd::nn::DistStrategy::kAllGather,
+                          rd::nn::DistStrategy::kAuto}) {
+      all.emplace_back(layout, strategy);
+    }
+  }
+  return all;
+}
+
 void run_ring(Communicator& comm, Checks& checks) {
   constexpr int64_t B = 1, N = 24, H = 4, D = 8;
   const int P = comm.size(), r = comm.rank();
-  const int64_t C = N / P;
   std::vector<rd::nn::DilatedAttentionOptions> configs(2);
   configs[0].segment_lengths = {4, 12, 24};
   configs[0].dilation_rates = {1, 2, 4};
@@ -357,16 +368,18 @@ void run_ring(Communicator& comm, Checks& checks) {
         attention_and_grads(q, k, v, w, [&](const Tensor& a, const Tensor& b, const Tensor& cc) {
           return rd::nn::dilated_attention_with_lse(a, b, cc, o).out;
         });
-    auto mine = [&](const Tensor& t) { return t.narrow(1, r * C, C).contiguous(); };
-    for (auto strategy : {rd::nn::DistStrategy::kRing, rd::nn::DistStrategy::kAllGather,
-                          rd::nn::DistStrategy::kAuto}) {
+    for (auto [layout, strategy] : layouts_and_strategies()) {
+      auto mine = [&](const Tensor& t) {
+        return rd::nn::sequence_block(t, r, P, layout).contiguous();
+      };
       const Grads got = attention_and_grads(
           mine(q), mine(k), mine(v), mine(w),
           [&](const Tensor& a, const Tensor& b, const Tensor& cc) {
-            return rd::nn::ring_dilated_attention_with_lse(a, b, cc, o, comm, strategy)
+            return rd::nn::ring_dilated_attention_with_lse(a, b, cc, o, comm, strategy, {}, layout)
                 .attention.out;
           });
-      const std::string what = rd::str_cat("config ", c, " ", rd::nn::strategy_name(strategy));
+      const std::string what = rd::str_cat("config ", c, " ", rd::nn::strategy_name(strategy),
+                                           " ", rd::nn::layout_name(layout));
       for (auto [name, g, want] :
            {std::tuple{"out", got.out, full.out}, std::tuple{"grad q", got.q, full.q},
             std::tuple{"grad k", got.k, full.k}, std::tuple{"grad v", got.v, full.v}}) {
