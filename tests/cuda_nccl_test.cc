@@ -119,8 +119,13 @@ TEST(NcclGroup, OneProcessDrivingItsGpus) {
 // the timeout with an error naming the operation and the rank that never issued it, and the
 // skipping rank's next operation fails too, since the whole group was aborted. Needs 2 GPUs
 // (up to 4 are used); run with --gtest_filter='NcclGroup.*'.
-// Disabled: on 4 H200s (2026-11-26) this test itself hung past 50 s (the ranks' timeouts did
-// not end it); issue 19 keeps the thread-mode timeout open until it passes there.
+// Disabled: on 4 H200s (2026-11-26) this test itself hung past 50 s. Likely cause: ranks that
+// are threads of one process share NCCL's intra-process launch, so ncclAllReduce blocks on
+// the host until every local rank has called it (NCCL's "Group Calls" guide: each call "may
+// have to block, waiting for other threads/ranks to arrive"); the ranks never reach the
+// host wait that times out. The fix is non-blocking communicators (ncclConfig_t blocking =
+// 0, ncclCommInitRankConfig per rank inside a group) polled with ncclCommGetAsyncError under
+// the timeout. Issue 19 keeps the thread-mode timeout open until this passes on GPUs.
 TEST(NcclGroup, DISABLED_ARankThatSkipsACollectiveIsNamedWithinTheTimeout) {
   std::string why;
   if (!dist::nccl_available(&why)) GTEST_SKIP() << "NCCL unavailable: " << why;
