@@ -39,7 +39,7 @@ ABSL_FLAG(int64_t, mqar_queries, 8, "queries of the mqar task");
 ABSL_FLAG(std::string, loss_on, "answers", "synthetic tasks: train on 'answers' or 'all' tokens");
 ABSL_FLAG(uint64_t, data_seed, 1234, "seed of the synthetic data and of text window shuffling");
 // Model.
-ABSL_FLAG(int64_t, dim, 128, "model width");
+ABSL_FLAG(int64_t, dim, 64, "model width");
 ABSL_FLAG(int64_t, depth, 2, "transformer blocks");
 ABSL_FLAG(int64_t, heads, 4, "attention heads");
 ABSL_FLAG(double, mlp_ratio, 4.0, "MLP hidden width / model width (SwiGLU uses 2/3 of it)");
@@ -56,8 +56,8 @@ ABSL_FLAG(int64_t, mlp_chunk_tokens, 131072,
           "with --recompute: run the MLP over sequence chunks of at most this many tokens, "
           "each recomputed on its own (0: the whole sequence at once)");
 // Optimization.
-ABSL_FLAG(int64_t, steps, 3000, "optimizer steps");
-ABSL_FLAG(int64_t, batch_size, 8, "sequences per micro-batch on each data-parallel rank");
+ABSL_FLAG(int64_t, steps, 6000, "optimizer steps (at most: see --stop_at_exact_match)");
+ABSL_FLAG(int64_t, batch_size, 4, "sequences per micro-batch on each data-parallel rank");
 ABSL_FLAG(int64_t, tokens_per_step, 0,
           "target batch in tokens over every rank (gradient accumulation); 0: one micro-batch");
 ABSL_FLAG(double, lr, 2e-3, "peak learning rate");
@@ -71,13 +71,13 @@ ABSL_FLAG(std::string, device, "auto", "auto (a GPU when there is one), cpu or c
 ABSL_FLAG(int, threads, 0, "CPU threads; 0: every core");
 ABSL_FLAG(uint64_t, seed, 0, "seed of the model's initialization and dropout");
 // Evaluation, logging, checkpoints.
-ABSL_FLAG(int64_t, eval_every, 250, "evaluate every N steps (and at the end)");
-ABSL_FLAG(int64_t, eval_batches, 8, "held-out batches per evaluation");
-ABSL_FLAG(double, stop_at_exact_match, 0,
+ABSL_FLAG(int64_t, eval_every, 100, "evaluate every N steps (and at the end)");
+ABSL_FLAG(int64_t, eval_batches, 16, "held-out batches (of --batch_size sequences) per evaluation");
+ABSL_FLAG(double, stop_at_exact_match, 0.98,
           "stop training at the first evaluation (every --eval_every steps) whose held-out "
           "exact match is at least this, then run the final evaluation; tasks only (text has "
           "no exact match); 0: train all --steps");
-ABSL_FLAG(int64_t, final_eval_batches, 32, "held-out batches of the final evaluation");
+ABSL_FLAG(int64_t, final_eval_batches, 64, "held-out batches of the final evaluation");
 ABSL_FLAG(int64_t, log_every, 10, "progress line and metrics record every N steps");
 ABSL_FLAG(int64_t, checkpoint_every, 500, "checkpoint every N steps (and at the end); 0: end only");
 ABSL_FLAG(int, keep_checkpoints, 3, "checkpoints to keep");
