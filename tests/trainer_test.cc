@@ -218,7 +218,8 @@ TEST_F(TrainerTest, AConstantScheduleMayBeExtendedOnResume) {
 }
 
 // (step, exact match) of each periodic evaluation in a run's metrics, before its last step.
-std::vector<std::pair<int64_t, double>> periodic_exact_matches(const std::string& metrics, int64_t last) {
+std::vector<std::pair<int64_t, double>> periodic_exact_matches(const std::string& metrics,
+                                                               int64_t last) {
   std::ifstream in(metrics);
   std::vector<std::pair<int64_t, double>> evals;
   for (std::string line; std::getline(in, line);) {
@@ -264,9 +265,12 @@ TEST_F(TrainerTest, AReachedExactMatchTargetStopsTrainingAndTheFinalEvaluationRe
   EXPECT_EQ(r.final_eval.accuracy.samples, c.final_eval_batches * c.batch_size);
   EXPECT_EQ(checkpoint_step(r.checkpoint), target_step);
   const std::vector<std::string> full_losses = train_lines(full_metrics);
-  const std::vector<std::string> stop_losses = train_lines((fs::path(c.out_dir) / "metrics.jsonl").string());
+  const std::vector<std::string> stop_losses =
+      train_lines((fs::path(c.out_dir) / "metrics.jsonl").string());
   ASSERT_LT(stop_losses.size(), full_losses.size());
-  EXPECT_EQ(stop_losses, std::vector<std::string>(full_losses.begin(), full_losses.begin() + stop_losses.size()));
+  const std::vector<std::string> full_prefix(full_losses.begin(),
+                                             full_losses.begin() + stop_losses.size());
+  EXPECT_EQ(stop_losses, full_prefix);  // the same steps, up to the stop
 
   const TrainResult again = Trainer(c).run();  // resumed: the target stands
   EXPECT_EQ(again.steps_done, target_step);
