@@ -104,7 +104,8 @@ TEST_F(TrainCliTest, FlagErrorsNameTheFlagAndValue) {
       {"--dilations=1,3", "--segments and --dilations: pair 2 (segment length 64, dilation 3)"},
       {"--device=cuda:x", "--device must be auto, cpu or cuda[:N], got 'cuda:x'"},
       {"--lr=0", "--lr must be > 0, got 0"},
-      {"--loss_on=some", "--loss_on must be one of answers, all, got 'some'"}};
+      {"--loss_on=some", "--loss_on must be one of answers, all, got 'some'"},
+      {"--stop_at_exact_match=1.5", "--stop_at_exact_match must be >= 0 and <= 1, got 1.5"}};
   for (const auto& [flag, message] : cases) {
     const Outcome o = run(train("bad", {flag}));
     EXPECT_EQ(o.code, 1) << flag << ":\n" << o.output;

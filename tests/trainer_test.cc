@@ -10,7 +10,11 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <string>
+#include <utility>
+
+#include <nlohmann/json.hpp>
 
 #include "gtest/gtest.h"
 #include "ringdilated/dist/in_process.h"
@@ -211,6 +215,87 @@ TEST_F(TrainerTest, AConstantScheduleMayBeExtendedOnResume) {
   Trainer t(c);
   EXPECT_EQ(t.step(), 2);
   EXPECT_EQ(t.run().steps_done, 3);
+}
+
+// (step, exact match) of each periodic evaluation in a run's metrics, before its last step.
+std::vector<std::pair<int64_t, double>> periodic_exact_matches(const std::string& metrics,
+                                                               int64_t last) {
+  std::ifstream in(metrics);
+  std::vector<std::pair<int64_t, double>> evals;
+  for (std::string line; std::getline(in, line);) {
+    if (line.find("\"split\":\"eval\"") == std::string::npos) continue;
+    const nlohmann::json r = nlohmann::json::parse(line);
+    if (r["step"] < last) evals.emplace_back(r["step"], r["exact_match"]);
+  }
+  return evals;
+}
+
+// stop_at_exact_match: a run stops at the first periodic evaluation that reaches the target,
+// after the same steps as a run without it, then runs the final evaluation on
+// final_eval_batches and saves; resumed, it trains nothing more, unless the target is off.
+// The target is taken from a full run's first evaluation with a right answer (one-digit keys:
+// an untrained guess is right one time in ten), so the test needs no learning.
+TEST_F(TrainerTest, AReachedExactMatchTargetStopsTrainingAndTheFinalEvaluationReports) {
+  TrainConfig c = tiny("full");
+  c.data = "passkey";
+  c.data_options.task.passkey_digits = 1;
+  c.data_options.task.seq_len = 128;  // the key sentence and the question need 72 tokens
+  c.steps = 30;
+  c.eval_every = 5;
+  c.eval_batches = 8;         // 32 samples per evaluation
+  c.final_eval_batches = 16;  // 64
+  const TrainResult full = Trainer(c).run();
+  EXPECT_FALSE(full.target_step.has_value());
+  const std::string full_metrics = (fs::path(c.out_dir) / "metrics.jsonl").string();
+  std::optional<std::pair<int64_t, double>> first_right;
+  for (const auto& e : periodic_exact_matches(full_metrics, c.steps)) {
+    if (e.second > 0 && !first_right) first_right = e;
+  }
+  ASSERT_TRUE(first_right.has_value()) << "no periodic evaluation got a sample right";
+  const auto [target_step, target] = *first_right;
+
+  c.out_dir = (dir_ / "stop").string();
+  c.stop_at_exact_match = target;
+  c.resume = "auto";
+  const TrainResult r = Trainer(c).run();
+  ASSERT_TRUE(r.target_step.has_value());
+  EXPECT_EQ(*r.target_step, target_step);
+  EXPECT_EQ(r.target_exact_match, target);
+  EXPECT_EQ(r.steps_done, target_step);
+  EXPECT_EQ(r.final_eval.accuracy.samples, c.final_eval_batches * c.batch_size);
+  EXPECT_EQ(checkpoint_step(r.checkpoint), target_step);
+  const std::vector<std::string> full_losses = train_lines(full_metrics);
+  const std::vector<std::string> stop_losses =
+      train_lines((fs::path(c.out_dir) / "metrics.jsonl").string());
+  ASSERT_LT(stop_losses.size(), full_losses.size());
+  const std::vector<std::string> full_prefix(full_losses.begin(),
+                                             full_losses.begin() + stop_losses.size());
+  EXPECT_EQ(stop_losses, full_prefix);  // the same steps, up to the stop
+
+  const TrainResult again = Trainer(c).run();  // resumed: the target stands
+  EXPECT_EQ(again.steps_done, target_step);
+  EXPECT_EQ(again.target_step, r.target_step);
+
+  c.stop_at_exact_match = 0;  // off: the run trains on to its last step
+  const TrainResult on = Trainer(c).run();
+  EXPECT_EQ(on.steps_done, c.steps);
+  EXPECT_FALSE(on.target_step.has_value());
+}
+
+// Text has no exact match: a target never stops it.
+TEST_F(TrainerTest, AnExactMatchTargetDoesNotStopTextRuns) {
+  const fs::path text = dir_ / "corpus.txt";
+  {
+    std::ofstream out(text);
+    for (int i = 0; i < 400; ++i) out << "the quick brown fox " << i % 7 << " jumps. ";
+  }
+  TrainConfig c = tiny("text_target");
+  c.data = "text:" + text.string();
+  c.eval_every = 1;
+  c.stop_at_exact_match = 1e-9;
+  const TrainResult r = Trainer(c).run();
+  EXPECT_EQ(r.steps_done, c.steps);
+  EXPECT_FALSE(r.target_step.has_value());
 }
 
 // Two trainers on one out_dir: the second is refused, naming the first's process and host;

@@ -126,6 +126,15 @@ void Progress::eval_text(int64_t step, double loss, std::optional<double> bits_p
   std::fflush(stdout);
 }
 
+void Progress::target_reached(int64_t step, double exact_match, double target) {
+  if (silent_) return;
+  finish();
+  std::printf("target reached at step %lld: held-out exact match %.1f%% >= %.1f%% "
+              "(stop_at_exact_match); stopping early, the final evaluation follows\n",
+              static_cast<long long>(step), 100 * exact_match, 100 * target);
+  std::fflush(stdout);
+}
+
 void Progress::finish() {
   if (line_open_) std::printf("\n");
   line_open_ = false;

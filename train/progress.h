@@ -28,6 +28,8 @@ class Progress {
   // An evaluation of text or tokens (no answers): the loss, perplexity and, for byte-level
   // text, bits per byte, which then shows on the progress line (else the held-out loss).
   void eval_text(int64_t step, double loss, std::optional<double> bits_per_byte);
+  // The evaluation at `step` reached the exact-match target: training stops there.
+  void target_reached(int64_t step, double exact_match, double target);
   // Ends the in-place line.
   void finish();
 

@@ -39,7 +39,7 @@ ABSL_FLAG(int64_t, mqar_queries, 8, "queries of the mqar task");
 ABSL_FLAG(std::string, loss_on, "answers", "synthetic tasks: train on 'answers' or 'all' tokens");
 ABSL_FLAG(uint64_t, data_seed, 1234, "seed of the synthetic data and of text window shuffling");
 // Model.
-ABSL_FLAG(int64_t, dim, 128, "model width");
+ABSL_FLAG(int64_t, dim, 64, "model width");
 ABSL_FLAG(int64_t, depth, 2, "transformer blocks");
 ABSL_FLAG(int64_t, heads, 4, "attention heads");
 ABSL_FLAG(double, mlp_ratio, 4.0, "MLP hidden width / model width (SwiGLU uses 2/3 of it)");
@@ -56,8 +56,8 @@ ABSL_FLAG(int64_t, mlp_chunk_tokens, 131072,
           "with --recompute: run the MLP over sequence chunks of at most this many tokens, "
           "each recomputed on its own (0: the whole sequence at once)");
 // Optimization.
-ABSL_FLAG(int64_t, steps, 3000, "optimizer steps");
-ABSL_FLAG(int64_t, batch_size, 8, "sequences per micro-batch on each data-parallel rank");
+ABSL_FLAG(int64_t, steps, 6000, "optimizer steps (at most: see --stop_at_exact_match)");
+ABSL_FLAG(int64_t, batch_size, 4, "sequences per micro-batch on each data-parallel rank");
 ABSL_FLAG(int64_t, tokens_per_step, 0,
           "target batch in tokens over every rank (gradient accumulation); 0: one micro-batch");
 ABSL_FLAG(double, lr, 2e-3, "peak learning rate");
@@ -71,9 +71,13 @@ ABSL_FLAG(std::string, device, "auto", "auto (a GPU when there is one), cpu or c
 ABSL_FLAG(int, threads, 0, "CPU threads; 0: every core");
 ABSL_FLAG(uint64_t, seed, 0, "seed of the model's initialization and dropout");
 // Evaluation, logging, checkpoints.
-ABSL_FLAG(int64_t, eval_every, 250, "evaluate every N steps (and at the end)");
-ABSL_FLAG(int64_t, eval_batches, 8, "held-out batches per evaluation");
-ABSL_FLAG(int64_t, final_eval_batches, 32, "held-out batches of the final evaluation");
+ABSL_FLAG(int64_t, eval_every, 100, "evaluate every N steps (and at the end)");
+ABSL_FLAG(int64_t, eval_batches, 16, "held-out batches (of --batch_size sequences) per evaluation");
+ABSL_FLAG(double, stop_at_exact_match, 0.98,
+          "stop training at the first evaluation (every --eval_every steps) whose held-out "
+          "exact match is at least this, then run the final evaluation; tasks only (text has "
+          "no exact match); 0: train all --steps");
+ABSL_FLAG(int64_t, final_eval_batches, 64, "held-out batches of the final evaluation");
 ABSL_FLAG(int64_t, log_every, 10, "progress line and metrics record every N steps");
 ABSL_FLAG(int64_t, checkpoint_every, 500, "checkpoint every N steps (and at the end); 0: end only");
 ABSL_FLAG(int, keep_checkpoints, 3, "checkpoints to keep");
@@ -185,7 +189,8 @@ void check_flag_ranges() {
                           {"grad_clip", absl::GetFlag(FLAGS_grad_clip), 0, inf, false},
                           {"mlp_ratio", absl::GetFlag(FLAGS_mlp_ratio), 0, inf, true},
                           {"rope_base", absl::GetFlag(FLAGS_rope_base), 1, inf, true},
-                          {"temperature", absl::GetFlag(FLAGS_temperature), 0, inf, false}};
+                          {"temperature", absl::GetFlag(FLAGS_temperature), 0, inf, false},
+                          {"stop_at_exact_match", absl::GetFlag(FLAGS_stop_at_exact_match), 0, 1, false}};
   for (const Within& f : reals) {
     const bool above = f.low_open ? f.value > f.low : f.value >= f.low;
     RD_CHECK(std::isfinite(f.value) && above && f.value <= f.high, kInvalidArgument, "--", f.flag,
@@ -275,6 +280,7 @@ TrainConfig config_from_flags() {
   c.seed = absl::GetFlag(FLAGS_seed);
   c.eval_every = absl::GetFlag(FLAGS_eval_every);
   c.eval_batches = absl::GetFlag(FLAGS_eval_batches);
+  c.stop_at_exact_match = absl::GetFlag(FLAGS_stop_at_exact_match);
   c.final_eval_batches = absl::GetFlag(FLAGS_final_eval_batches);
   c.log_every = absl::GetFlag(FLAGS_log_every);
   c.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
@@ -319,7 +325,12 @@ void print_result(const rd::train::TrainResult& r, const TrainConfig& c) {
     return;
   }
   const rd::train::EvalResult& e = r.final_eval;
-  std::printf("done: %lld steps in %.0f s; ", static_cast<long long>(r.steps_done), r.seconds);
+  std::printf("done: %lld steps in %.0f s", static_cast<long long>(r.steps_done), r.seconds);
+  if (r.target_step) {
+    std::printf(" (stopped at the target: %.1f%% exact match at step %lld)", 100 * r.target_exact_match,
+                static_cast<long long>(*r.target_step));
+  }
+  std::printf("; ");
   if (e.has_answers) {
     std::printf("held-out exact match %.1f%% (%lld of %lld samples), answer tokens %.1f%%, loss %.4f\n",
                 100 * e.accuracy.exact_match(), static_cast<long long>(e.accuracy.exact_samples),

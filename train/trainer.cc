@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <utility>
 #include <unistd.h>
 
 #include "ringdilated/kernels/error.h"
@@ -110,6 +111,8 @@ void check_train_config(const TrainConfig& c, int world_size) {
            kInvalidArgument, kOp, ": eval_every and checkpoint_every must be >= 0, log_every and "
            "eval_batches >= 1, got ", c.eval_every, ", ", c.checkpoint_every, ", ", c.log_every,
            ", ", c.eval_batches);
+  RD_CHECK(c.stop_at_exact_match >= 0 && c.stop_at_exact_match <= 1, kInvalidArgument, kOp,
+           ": stop_at_exact_match must be in [0, 1] (0: off), got ", c.stop_at_exact_match);
   RD_CHECK(c.keep_checkpoints >= 1, kInvalidArgument, kOp, ": keep_checkpoints must be >= 1, got ",
            c.keep_checkpoints);
   RD_CHECK(c.context_parallel >= 1, kInvalidArgument, kOp,
@@ -282,6 +285,9 @@ struct Trainer::State {
   std::optional<Clock::time_point> run_start;  // set while run() is training
   int64_t tokens_before = 0;
   std::string last_checkpoint;
+  // The step and exact match of the evaluation that reached config.stop_at_exact_match, once
+  // one has (also restored on resume, so a finished run is not trained further).
+  std::optional<std::pair<int64_t, double>> target;
   // Sums the gradients over every rank during the last micro-batch's backward (world_size
   // > 1); made by the first accumulate_gradients.
   std::unique_ptr<nn::GradientBuckets> buckets;
@@ -430,6 +436,14 @@ void resume_from(State& s, const std::string& from) {
   s.elapsed_before = trainer.value("elapsed_s", 0.0);
   s.tokens_before = trainer.value("tokens", int64_t{0});
   s.last_checkpoint = from;
+  // A run that stopped at its target stays stopped while the target is no higher (0 or a
+  // higher one trains on).
+  if (const auto it = trainer.find("target_reached"); it != trainer.end() && it->is_object()) {
+    const double reached = it->value("exact_match", 0.0);
+    if (s.config.stop_at_exact_match > 0 && reached >= s.config.stop_at_exact_match) {
+      s.target = std::make_pair(it->value("step", s.step()), reached);
+    }
+  }
 }
 
 }  // namespace
@@ -519,6 +533,7 @@ std::string Trainer::save() {
               {"tokens", s.tokens_before},
               {"world_size", s.world_size},
               {"config", Json::parse(config_to_json(s.config))}};
+    if (s.target) t["target_reached"] = {{"step", s.target->first}, {"exact_match", s.target->second}};
     ck.trainer_state = t.dump();
     path = save_checkpoint(s.checkpoint_root(), s.step(), ck, s.config.keep_checkpoints);
   }
@@ -676,6 +691,13 @@ void set_master_gradients(Trainer::State& s,
   }
 }
 
+// Whether a periodic evaluation reached the configured held-out target (tasks only: text
+// has no exact match).
+bool reaches_target(const TrainConfig& c, const EvalResult& e) {
+  return c.stop_at_exact_match > 0 && e.has_answers && e.accuracy.samples > 0 &&
+         e.accuracy.exact_match() >= c.stop_at_exact_match;
+}
+
 }  // namespace
 
 TrainResult Trainer::run(const std::atomic<bool>* stop) {
@@ -705,7 +727,7 @@ TrainResult Trainer::run(const std::atomic<bool>* stop) {
   auto run_eval = [&](int64_t step, int64_t batches) {
     const EvalResult e = evaluate(batches);
     result.final_eval = e;
-    if (!s.is_root()) return;
+    if (!s.is_root()) return e;
     Json rec = {{"step", step},
                 {"time_s", seconds()},
                 {"split", "eval"},
@@ -720,9 +742,10 @@ TrainResult Trainer::run(const std::atomic<bool>* stop) {
       progress.eval_text(step, e.loss, e.bits_per_byte);
     }
     s.metrics->append(rec.dump());
+    return e;
   };
 
-  while (s.step() < c.steps) {
+  while (s.step() < c.steps && !s.target) {
     const Accumulated a = accumulate_gradients(s);
     window_loss = add(window_loss, a.loss_sum);
     window_tokens += static_cast<double>(a.scored_tokens) / s.cp_size / s.dp_size;  // this rank's share
@@ -798,8 +821,14 @@ TrainResult Trainer::run(const std::atomic<bool>* stop) {
       }
     }
     if ((c.eval_every > 0 && step % c.eval_every == 0) || last) {
-      run_eval(step, last ? c.final_eval_batches : c.eval_batches);
+      const EvalResult e = run_eval(step, last ? c.final_eval_batches : c.eval_batches);
       final_evaluated = last;
+      // Every rank sees the same all-reduced result, so all of them stop together.
+      if (!last && reaches_target(c, e)) {
+        s.target = std::make_pair(step, e.accuracy.exact_match());
+        if (s.is_root()) progress.target_reached(step, e.accuracy.exact_match(), c.stop_at_exact_match);
+        break;  // the final evaluation and checkpoint follow
+      }
     }
     if (c.checkpoint_every > 0 && step % c.checkpoint_every == 0 && !last) save();
   }
@@ -810,6 +839,10 @@ TrainResult Trainer::run(const std::atomic<bool>* stop) {
   s.run_start.reset();
   result.steps_done = s.step();
   result.seconds = s.elapsed_before;
+  if (s.target) {
+    result.target_step = s.target->first;
+    result.target_exact_match = s.target->second;
+  }
   progress.finish();
   return result;
 }

@@ -48,6 +48,12 @@ struct TrainConfig {
   Device device = Device::cpu();
 
   int64_t eval_every = 100;  // 0: only at the end
+  // Stop training at the first periodic evaluation whose held-out exact match is at least
+  // this (tasks with answers; 0: off): the run then ends as if its last step were reached
+  // (final evaluation on final_eval_batches, checkpoint). How long the passkey task takes
+  // depends on a sudden, run-dependent learning transition; stopping once it has happened
+  // saves the steps after it. Not part of the saved configuration: it may change on resume.
+  double stop_at_exact_match = 0;
   int64_t eval_batches = 8;  // of batch_size held-out sequences
   int64_t final_eval_batches = 32;  // the evaluation at the end (the reported accuracy)
   int64_t log_every = 10;
@@ -98,6 +104,10 @@ struct EvalResult {
 struct TrainResult {
   int64_t steps_done = 0;   // the step count reached (a resumed run counts from 0)
   bool stopped = false;     // ended early on a stop request
+  // Ended early because an evaluation reached config.stop_at_exact_match: at this step,
+  // with that evaluation's exact match (the final evaluation is in final_eval).
+  std::optional<int64_t> target_step;
+  double target_exact_match = 0;
   double last_loss = 0;     // the mean training loss of the last logged steps
   EvalResult final_eval;
   std::string checkpoint;   // the last checkpoint written
