@@ -5,13 +5,13 @@ layout (non-causal, causal contiguous, causal zigzag) holding the rows' efficien
 against P, the ideal 100% line, a row that failed left out and named in the notes. The
 synthetic JSON holds random efficiencies, so a value taken from the wrong row shows. Where
 matplotlib is installed it also draws them and reads the legend and point labels back."""
-import importlib.util
 import json
 import os
 import random
-import subprocess
 import sys
 import tempfile
+
+import rdplot_testing  # tests/rdplot_testing.py, beside this file
 
 LAYOUTS = {"none": "strong", "contiguous": "strong_causal/contiguous",
            "zigzag": "strong_causal/zigzag"}
@@ -20,11 +20,6 @@ NS = (1048576, 4194304)
 FAILED = ("zigzag", 4, 1048576)  # this row reports an error instead of counters
 
 
-def load(path):
-    spec = importlib.util.spec_from_file_location("rdplot", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def entry(layout, p, n, efficiency, seconds):
@@ -112,14 +107,8 @@ def check_drawing(rdplot, figure, expected, n):
 
 
 def main():
-    # Debian's python3-matplotlib serves /usr/bin/python3; a python3 earlier on PATH (pyenv,
-    # a virtual environment) may lack it: then the test runs there, to draw as well.
-    system = "/usr/bin/python3"
-    if (importlib.util.find_spec("matplotlib") is None and os.path.exists(system)
-            and os.path.realpath(sys.executable) != os.path.realpath(system)
-            and subprocess.run([system, "-c", "import matplotlib"], capture_output=True).returncode == 0):
-        os.execv(system, [system, *sys.argv])
-    rdplot = load(sys.argv[1])
+    rdplot_testing.run_where_matplotlib_is()
+    rdplot = rdplot_testing.load_rdplot(sys.argv[1])
     data, expected = synthetic(random.Random(19))
     figures = check_figures(rdplot, data, expected)
 

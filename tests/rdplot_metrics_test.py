@@ -3,19 +3,14 @@
 how their lines are labelled: the accuracy figure holds held-out exact match (the headline of
 tasks with answers) and answer-token accuracy, each named; text runs get bits per byte.
 Where matplotlib is installed it also draws them and reads the legends back."""
-import importlib.util
 import json
 import os
-import subprocess
 import sys
 import tempfile
 
+import rdplot_testing  # tests/rdplot_testing.py, beside this file
 
-def load(path):
-    spec = importlib.util.spec_from_file_location("rdplot", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+
 
 
 def task_records():
@@ -43,14 +38,8 @@ def check(condition, message):
 
 
 def main():
-    # Debian's python3-matplotlib serves /usr/bin/python3; a python3 earlier on PATH (pyenv,
-    # a virtual environment) may lack it: then the test runs there, to draw as well.
-    system = "/usr/bin/python3"
-    if (importlib.util.find_spec("matplotlib") is None and os.path.exists(system)
-            and os.path.realpath(sys.executable) != os.path.realpath(system)
-            and subprocess.run([system, "-c", "import matplotlib"], capture_output=True).returncode == 0):
-        os.execv(system, [system, *sys.argv])
-    rdplot = load(sys.argv[1])
+    rdplot_testing.run_where_matplotlib_is()
+    rdplot = rdplot_testing.load_rdplot(sys.argv[1])
     task, text = rdplot.Run("task", task_records()), rdplot.Run("text", text_records())
 
     figures = {f.stem: f for f in rdplot.metrics_figures([task, text])}
