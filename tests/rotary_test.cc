@@ -207,6 +207,40 @@ TEST(RotaryEmbedding, PackedQkvBackwardLeavesSharedGradientsAlone) {
   }
 }
 
+// Position runs (a zigzag rank's two pieces, nn::sequence_pieces): each run of rows is
+// rotated from its own first position, in both packed forms, values and gradients, the
+// same as rotating each run's rows alone with that offset; runs that do not cover the rows
+// exactly are refused, naming the op and the counts.
+TEST(RotaryEmbedding, PositionRunsRotateEachRunFromItsOwnPosition) {
+  std::mt19937_64 rng(17);
+  const Shape shape = {2, 12, 3, 2, 8};
+  const std::vector<PositionRun> runs = {{5, 40}, {7, 3000}};
+  for (Device device : devices()) {
+    SCOPED_TRACE(device.str());
+    const Tensor base = from_ref(random_x(shape, rng), DType::kFloat64, device);
+    const Tensor w = from_ref(random_x(shape, rng), DType::kFloat64, device);
+    Tensor x = base.clone();
+    x.set_requires_grad(true);
+    const Tensor got = rotary_embedding_qkv(x, runs);
+    sum(mul(got, w)).backward();
+    Tensor y = base.clone();
+    y.set_requires_grad(true);
+    const Tensor want = cat({rotary_embedding_qkv(y.narrow(1, 0, 5), 40),
+                             rotary_embedding_qkv(y.narrow(1, 5, 7), 3000)}, 1);
+    sum(mul(want, w)).backward();
+    EXPECT_TRUE(values_close(to_ref(got), to_ref(want), tolerance_for(DType::kFloat64, 2)));
+    EXPECT_TRUE(values_close(to_ref(x.grad()), to_ref(y.grad()), tolerance_for(DType::kFloat64, 2)));
+    // One run from position 40 would differ after the first run's rows.
+    EXPECT_FALSE(values_close(to_ref(got), to_ref(rotary_embedding_qkv(base, 40)),
+                              tolerance_for(DType::kFloat64, 2)));
+    // The overwriting form, on a fresh non-leaf buffer, gives the same values.
+    const Tensor over = rotary_embedding_qkv_overwrite(mul(base, 1.0), runs);
+    EXPECT_TRUE(values_close(to_ref(over), to_ref(want), tolerance_for(DType::kFloat64, 2)));
+    EXPECT_TRUE(raises([&] { rotary_embedding_qkv(base, {{5, 40}, {6, 3000}}); },
+                       {ErrorCode::kShapeMismatch}, {"rotary_embedding_qkv", "11", "12"}));
+  }
+}
+
 TEST(RotaryEmbedding, RejectsBadArguments) {
   const Tensor x = zeros({1, 2, 2, 4});
   EXPECT_TRUE(raises([&] { rotary_embedding(zeros({1, 2, 2, 3})); }, {ErrorCode::kShapeMismatch},
