@@ -223,35 +223,45 @@ TOTAL_PASSED=0
 TOTAL_FAILED=0
 SUMMARY_LINES=()
 
-# run_ctest NAME ARGS...: runs ctest, then adds the counts from its
-# "X% tests passed, F tests failed out of N" line to the totals.
+# run_ctest NAME ARGS...: runs ctest, then adds the counts of the JUnit report it writes
+# (tests, and failures + errors; skipped tests count as passed, as ctest's summary does).
 run_ctest() {
   local name="$1"
   shift
-  local log_file rc line failed total
-  log_file="$(mktemp)"
+  local junit rc counts failed total
+  junit="$(mktemp --suffix=.xml)"
   log "ctest $*"
   set +e
-  ctest "$@" 2>&1 | tee "$log_file"
-  rc=${PIPESTATUS[0]}
+  ctest "$@" --output-junit "$junit"
+  rc=$?
   set -e
-  line="$(grep -E '^[0-9]+% tests passed, [0-9]+ tests? failed out of [0-9]+' "$log_file" | tail -n 1 || true)"
-  if [[ -n "$line" ]]; then
-    failed="$(sed -E 's/.* ([0-9]+) tests? failed out of ([0-9]+).*/\1/' <<<"$line")"
-    total="$(sed -E 's/.* failed out of ([0-9]+).*/\1/' <<<"$line")"
-  elif grep -q 'No tests were found' "$log_file" && ((rc == 0)); then
-    failed=0
-    total=0
+  counts="$(junit_counts "$junit")"
+  rm -f "$junit"
+  if [[ -n "$counts" ]]; then
+    read -r total failed <<<"$counts"
   else
     # ctest itself failed before reporting: count that as one failure.
     failed=1
     total=1
   fi
-  rm -f "$log_file"
   ((rc != 0 && failed == 0)) && failed=1 && total=$((total + 1))
   TOTAL_PASSED=$((TOTAL_PASSED + total - failed))
   TOTAL_FAILED=$((TOTAL_FAILED + failed))
   SUMMARY_LINES+=("$name: $((total - failed)) passed, $failed failed")
+}
+
+# junit_counts FILE: "TESTS FAILED" from a ctest JUnit report; nothing when it is unreadable.
+junit_counts() {
+  python3 - "$1" <<'PY' 2>/dev/null || true
+import sys
+import xml.etree.ElementTree as ET
+
+root = ET.parse(sys.argv[1]).getroot()
+suite = root if root.tag == "testsuite" else root.find("testsuite")
+tests = int(suite.get("tests", "0"))
+failed = int(suite.get("failures", "0")) + int(suite.get("errors", "0") or "0")
+print(tests, failed)
+PY
 }
 
 # Builds a preset and runs its CPU tests (everything not labelled gpu).
