@@ -56,6 +56,14 @@ class TrainerTest : public ::testing::Test {
     return c;
   }
 
+  // A small text file (a few repeated sentences) for text runs.
+  fs::path write_corpus() const {
+    const fs::path text = dir_ / "corpus.txt";
+    std::ofstream out(text);
+    for (int i = 0; i < 400; ++i) out << "the quick brown fox " << i % 7 << " jumps. ";
+    return text;
+  }
+
   test::TestTempDir temp_;
   fs::path dir_ = temp_.path();
 };
@@ -284,11 +292,7 @@ TEST_F(TrainerTest, AReachedExactMatchTargetStopsTrainingAndTheFinalEvaluationRe
 
 // Text has no exact match: a target never stops it.
 TEST_F(TrainerTest, AnExactMatchTargetDoesNotStopTextRuns) {
-  const fs::path text = dir_ / "corpus.txt";
-  {
-    std::ofstream out(text);
-    for (int i = 0; i < 400; ++i) out << "the quick brown fox " << i % 7 << " jumps. ";
-  }
+  const fs::path text = write_corpus();
   TrainConfig c = tiny("text_target");
   c.data = "text:" + text.string();
   c.eval_every = 1;
@@ -359,11 +363,7 @@ TEST_F(TrainerTest, ResumeSaysWhichCheckpointItSkippedAndCleansLeftovers) {
 // Text has no answers: evaluation reports the loss, perplexity and bits per byte, and the
 // metrics record no exact match (which would be 0 of every window).
 TEST_F(TrainerTest, TextRunsReportBitsPerByteNotExactMatch) {
-  const fs::path text = dir_ / "corpus.txt";
-  {
-    std::ofstream out(text);
-    for (int i = 0; i < 400; ++i) out << "the quick brown fox " << i % 7 << " jumps. ";
-  }
+  const fs::path text = write_corpus();
   TrainConfig c = tiny("text");
   c.data = "text:" + text.string();
   c.steps = 2;
