@@ -14,25 +14,30 @@ namespace rd::nn {
 namespace {
 
 constexpr const char* kOp = "clip_grad_norm_";
+constexpr const char* kNormOp = "grad_norm";
 // Keeps the factor finite for a zero norm (torch uses the same constant).
 constexpr double kNormEpsilon = 1e-6;
+
+void check_norm_type(double norm_type, const char* op) {
+  RD_CHECK(norm_type > 0 && !std::isnan(norm_type), kInvalidArgument, op,
+           ": argument 'norm_type' must be > 0 (or kInfNorm), got ", norm_type);
+}
 
 void check_arguments(double max_norm, double norm_type) {
   RD_CHECK(std::isfinite(max_norm) && max_norm > 0, kInvalidArgument, kOp,
            ": argument 'max_norm' must be finite and > 0, got ", max_norm);
-  RD_CHECK(norm_type > 0 && !std::isnan(norm_type), kInvalidArgument, kOp,
-           ": argument 'norm_type' must be > 0 (or kInfNorm), got ", norm_type);
+  check_norm_type(norm_type, kOp);
 }
 
 // The defined gradients, checked to share one device (named by parameter index in errors).
-std::vector<Tensor> defined_gradients(const std::vector<Tensor>& parameters) {
+std::vector<Tensor> defined_gradients(const std::vector<Tensor>& parameters, const char* op) {
   std::vector<Tensor> grads;
   for (size_t i = 0; i < parameters.size(); ++i) {
-    RD_CHECK(parameters[i].defined(), kInvalidArgument, kOp, ": parameters[", i,
+    RD_CHECK(parameters[i].defined(), kInvalidArgument, op, ": parameters[", i,
              "] is undefined");
     Tensor grad = parameters[i].grad();
     if (!grad.defined()) continue;
-    RD_CHECK(grads.empty() || grad.device() == grads[0].device(), kDeviceMismatch, kOp,
+    RD_CHECK(grads.empty() || grad.device() == grads[0].device(), kDeviceMismatch, op,
              ": the gradient of parameters[", i, "] is on ", grad.device().str(),
              " but an earlier one is on ", grads[0].device().str());
     grads.push_back(std::move(grad));
@@ -74,26 +79,34 @@ Tensor total_norm(const std::vector<Tensor>& grads, DType dtype, double norm_typ
   return pow(combined, 1.0 / norm_type);
 }
 
+// The 2-norm of gradients none of which is float64, with the multi-tensor ops: one pass over
+// all gradients of a dtype (contiguous copies of strided ones), float32.
+Tensor l2_norm_multi_tensor(const std::vector<Tensor>& grads) {
+  std::map<DType, std::vector<Tensor>> readable;
+  for (const Tensor& g : grads) {
+    if (g.numel() > 0) readable[g.dtype()].push_back(g.contiguous());
+  }
+  Tensor squares = scalar_tensor(0.0, TensorOptions(DType::kFloat64).with_device(grads[0].device()));
+  for (const auto& [dtype, group] : readable) squares = add(squares, foreach_sum_squares(group));
+  return sqrt(squares).to(DType::kFloat32);
+}
+
 // The common case (2-norm, no float64 gradient) with the multi-tensor ops: two passes over
 // all gradients of a dtype (the squares, then the scaling in float32), a few launches in
 // all rather than four per gradient.
 Tensor clip_l2_multi_tensor(const std::vector<Tensor>& grads, double max_norm) {
-  // The squares read contiguous copies of any strided gradient; the scaling writes those in
-  // place one by one.
-  std::map<DType, std::vector<Tensor>> readable, scalable;
+  // The scaling writes contiguous gradients in one launch per dtype, strided ones one by one.
+  std::map<DType, std::vector<Tensor>> scalable;
   std::vector<Tensor> strided;
   for (const Tensor& g : grads) {
     if (g.numel() == 0) continue;
-    readable[g.dtype()].push_back(g.contiguous());
     if (g.is_contiguous()) {
       scalable[g.dtype()].push_back(g);
     } else {
       strided.push_back(g);
     }
   }
-  Tensor squares = scalar_tensor(0.0, TensorOptions(DType::kFloat64).with_device(grads[0].device()));
-  for (const auto& [dtype, group] : readable) squares = add(squares, foreach_sum_squares(group));
-  const Tensor norm = sqrt(squares).to(DType::kFloat32);
+  const Tensor norm = l2_norm_multi_tensor(grads);
   const Tensor factor = clamp(max_norm / (norm + kNormEpsilon), std::nullopt, 1.0);
   for (const auto& [dtype, group] : scalable) foreach_scaled_copy_(group, group, 1.0, factor);
   for (Tensor& g : strided) g.copy_(mul(g, factor));
@@ -105,7 +118,7 @@ Tensor clip_l2_multi_tensor(const std::vector<Tensor>& grads, double max_norm) {
 Tensor clip_grad_norm_(const std::vector<Tensor>& parameters, double max_norm, double norm_type) {
   check_arguments(max_norm, norm_type);
   autograd::NoGradGuard no_grad;
-  std::vector<Tensor> grads = defined_gradients(parameters);
+  std::vector<Tensor> grads = defined_gradients(parameters, kOp);
   if (grads.empty()) {
     const Device device = parameters.empty() ? Device::cpu() : parameters[0].device();
     return scalar_tensor(0.0, TensorOptions(DType::kFloat32).with_device(device));
@@ -118,6 +131,19 @@ Tensor clip_grad_norm_(const std::vector<Tensor>& parameters, double max_norm, d
   // Each gradient is scaled in the norm's type and rounded to its own dtype once.
   for (Tensor& g : grads) g.copy_(mul(g, factor));
   return norm;
+}
+
+Tensor grad_norm(const std::vector<Tensor>& parameters, double norm_type) {
+  check_norm_type(norm_type, kNormOp);
+  autograd::NoGradGuard no_grad;
+  const std::vector<Tensor> grads = defined_gradients(parameters, kNormOp);
+  if (grads.empty()) {
+    const Device device = parameters.empty() ? Device::cpu() : parameters[0].device();
+    return scalar_tensor(0.0, TensorOptions(DType::kFloat32).with_device(device));
+  }
+  const DType dtype = norm_dtype(grads);
+  if (norm_type == 2.0 && dtype == DType::kFloat32) return l2_norm_multi_tensor(grads);
+  return total_norm(grads, dtype, norm_type);
 }
 
 Tensor clip_grad_norm_(const std::vector<std::pair<std::string, Tensor>>& named_parameters,

@@ -31,6 +31,9 @@ inline constexpr double kInfNorm = std::numeric_limits<double>::infinity();
 // gradients are on different devices.
 Tensor clip_grad_norm_(const std::vector<Tensor>& parameters, double max_norm,
                        double norm_type = 2.0);
+// The global norm clip_grad_norm_ measures, without clipping: the gradients are left as they
+// are. Same dtype, device, skipping of undefined gradients and errors (named grad_norm).
+Tensor grad_norm(const std::vector<Tensor>& parameters, double norm_type = 2.0);
 // The same over named parameters (Module::named_parameters(), AdamW's input).
 Tensor clip_grad_norm_(const std::vector<std::pair<std::string, Tensor>>& named_parameters,
                        double max_norm, double norm_type = 2.0);

@@ -103,6 +103,29 @@ TEST(ClipGradNorm, ScalesEveryGradientToMaxNormForEachNormType) {
   }
 }
 
+// grad_norm measures what clip_grad_norm_ measures (float64 reference, every norm type, with
+// and without float64 gradients) and leaves every gradient as it was.
+TEST(GradNorm, MeasuresTheGlobalNormWithoutClipping) {
+  for (double norm_type : {2.0, 1.0, 3.0, nn::kInfNorm}) {
+    for (bool with_float64 : {false, true}) {
+      SCOPED_TRACE(testing::Message() << "norm_type " << norm_type << ", float64 " << with_float64);
+      Params ps(13, with_float64);
+      const Tensor norm = nn::grad_norm(ps.params, norm_type);
+      const DType norm_dtype = with_float64 ? DType::kFloat64 : DType::kFloat32;
+      ASSERT_EQ(norm.dtype(), norm_dtype);
+      const double want = ps.reference_norm(norm_type);
+      EXPECT_NEAR(norm.item<double>(), want, 256 * test::unit_roundoff(norm_dtype) * want);
+      for (size_t i = 0; i < ps.params.size(); ++i) {
+        if (i == Params::kWithoutGradient) continue;
+        EXPECT_EQ(ps.params[i].grad().to_vector<double>(), ps.grads_before[i]) << "parameter " << i;
+      }
+    }
+  }
+  EXPECT_TRUE(test::raises([] { nn::grad_norm({}, -1.0); }, {ErrorCode::kInvalidArgument},
+                           {"grad_norm", "norm_type", "-1"}));
+  EXPECT_EQ(nn::grad_norm({}).item<double>(), 0.0);
+}
+
 // A strided gradient (a transposed view) is measured and scaled like a packed one.
 TEST(ClipGradNorm, ScalesStridedGradients) {
   std::mt19937_64 rng(21);

@@ -756,7 +756,7 @@ TrainResult Trainer::run(const std::atomic<bool>* stop) {
     grad_norm = c.grad_clip > 0 ? nn::clip_grad_norm_(stepped, c.grad_clip) : Tensor();
     bool skip = false;
     if (s.dtype == DType::kFloat16) {  // dynamic loss scaling reads the norm: one sync
-      const Tensor norm = grad_norm.defined() ? grad_norm : nn::clip_grad_norm_(stepped, 1e30);
+      const Tensor norm = grad_norm.defined() ? grad_norm : nn::grad_norm(stepped);
       skip = !std::isfinite(norm.item<double>());
       s.loss_scale = skip ? std::max(1.0, s.loss_scale / 2) : s.loss_scale;
       s.good_steps = skip ? 0 : s.good_steps + 1;
