@@ -105,7 +105,6 @@ SequenceLayout resolve_layout_for(const char* op, SequenceLayout layout,
   return layout;
 }
 
-
 // The sequence, its split among the ranks and the tensor dims every rank shares. A rank's
 // rows are one piece of the sequence (contiguous layout) or two (zigzag: pieces r and
 // 2P - 1 - r of 2P, in that order).
@@ -646,10 +645,14 @@ struct ExchangeVisitor {
 // written, the one being sent and the one being received.
 class GradientRing {
  public:
+  // Only the buffer written first starts at zero: the others are sent or received into
+  // before they are read, and zeroed when they become the one written.
   GradientRing(const SpPlan& p, dist::Communicator& comm, const TensorOptions& acc_opts)
-      : p_(p), comm_(comm) {
-    for (Tensor* t : {&work_, &outgoing_, &incoming_}) *t = zeros({p.ring.max_elements}, acc_opts);
-  }
+      : p_(p),
+        comm_(comm),
+        work_(zeros({p.ring.max_elements}, acc_opts)),
+        outgoing_(empty({p.ring.max_elements}, acc_opts)),
+        incoming_(empty({p.ring.max_elements}, acc_opts)) {}
 
   // The buffer step t's calls add into.
   const Tensor& work() const { return work_; }
@@ -875,10 +878,10 @@ Tensor cycled_rows(int64_t seq_len, int64_t r, int64_t o, int64_t begin, int64_t
   return from_vector<int64_t>(rows, {end - begin}).to(device);
 }
 
-// One head group's share of the global variant on this rank: its heads of q, k and v for
-// the whole sequence (all-gathered), the cycled rows of this rank's queries and of the keys
-// they may see, and the attention call between them.
-// One head group's share for one piece of this rank's rows (two under the zigzag layout).
+// One head group's share of the global variant for one piece of this rank's rows (two under
+// the zigzag layout): its heads of q, k and v for the whole sequence (all-gathered), the
+// cycled rows of the piece's queries and of the keys they may see, and the attention call
+// between them.
 struct GlobalGroup {
   int pair = 0;
   Heads heads;
@@ -1270,23 +1273,26 @@ std::vector<int64_t> attended_pairs_per_rank(const DilatedAttentionOptions& opti
   return work;
 }
 
-Tensor sequence_block(const Tensor& sequence, int rank, int size, SequenceLayout layout) {
-  RD_CHECK(sequence.defined() && sequence.dim() >= 2, kShapeMismatch,
-           "sequence_block: argument 'sequence' must be [B, N, ...], got ",
+Tensor sequence_block(const Tensor& sequence, int rank, int size, SequenceLayout layout,
+                      int64_t dim) {
+  RD_CHECK(sequence.defined() && dim >= 0 && sequence.dim() > dim, kShapeMismatch,
+           "sequence_block: argument 'sequence' must have the sequence in dim ", dim, ", got ",
            sequence.defined() ? shape_str(sequence.shape()) : std::string("undefined"));
-  resolve_layout_for("sequence_block", layout, nullptr, sequence.size(1), size);
-  std::vector<Tensor> pieces;
-  for (const Block& b : sequence_pieces(layout, sequence.size(1), rank, size)) {
-    pieces.push_back(sequence.narrow(1, b.begin, b.size()));
-  }
-  return pieces.size() == 1 ? pieces[0] : cat(pieces, 1);
+  RD_CHECK(size >= 1 && rank >= 0 && rank < size, kInvalidArgument, "sequence_block: rank ",
+           rank, " is not in a group of ", size);
+  const int64_t n = sequence.size(dim);
+  const bool zigzag =
+      resolve_layout_for("sequence_block", layout, nullptr, n, size) == SequenceLayout::kZigzag;
+  return rank_rows(sequence, Layout{0, n / size, 0, 0, rank, size, zigzag}, rank, dim);
 }
 
-Tensor sequence_from_blocks(const std::vector<Tensor>& blocks, SequenceLayout layout) {
-  RD_CHECK(!blocks.empty() && blocks[0].defined() && blocks[0].dim() >= 2, kShapeMismatch,
-           "sequence_from_blocks: needs every rank's block [B, N / P, ...]");
+Tensor sequence_from_blocks(const std::vector<Tensor>& blocks, SequenceLayout layout,
+                            int64_t dim) {
+  RD_CHECK(!blocks.empty() && blocks[0].defined() && dim >= 0 && blocks[0].dim() > dim,
+           kShapeMismatch, "sequence_from_blocks: needs every rank's block, the sequence in dim ",
+           dim);
   const auto size = static_cast<int>(blocks.size());
-  const int64_t chunk = blocks[0].size(1);
+  const int64_t chunk = blocks[0].size(dim);
   for (const Tensor& b : blocks) {
     RD_CHECK(b.defined() && b.shape() == blocks[0].shape(), kShapeMismatch,
              "sequence_from_blocks: every block must have the shape ", shape_str(blocks[0].shape()),
@@ -1294,7 +1300,7 @@ Tensor sequence_from_blocks(const std::vector<Tensor>& blocks, SequenceLayout la
   }
   const bool zigzag = resolve_layout_for("sequence_from_blocks", layout, nullptr, chunk * size,
                                          size) == SequenceLayout::kZigzag;
-  return join_blocks(blocks, Layout{0, chunk, 0, 0, 0, size, zigzag}, 1);
+  return join_blocks(blocks, Layout{0, chunk, 0, 0, 0, size, zigzag}, dim);
 }
 
 Tensor ring_dilated_attention(const Tensor& q, const Tensor& k, const Tensor& v,

@@ -50,10 +50,13 @@ SequenceLayout resolve_layout(SequenceLayout layout, const DilatedAttentionOptio
 // (contiguous) or two (zigzag). `layout` must be resolved (not kAuto), here and below.
 std::vector<Block> sequence_pieces(SequenceLayout layout, int64_t seq_len, int rank, int size);
 
-// This rank's rows [B, N / P, ...] of a whole sequence [B, N, ...] (dim 1) under a resolved
-// layout, and back: the whole sequence from every rank's rows (blocks[r] is rank r's).
-Tensor sequence_block(const Tensor& sequence, int rank, int size, SequenceLayout layout);
-Tensor sequence_from_blocks(const std::vector<Tensor>& blocks, SequenceLayout layout);
+// This rank's rows [B, N / P, ...] of a whole sequence [B, N, ...] under a resolved layout,
+// and back: the whole sequence from every rank's rows (blocks[r] is rank r's). `dim` is the
+// sequence's dimension (2 for a [B, H, N] row statistic such as an LSE).
+Tensor sequence_block(const Tensor& sequence, int rank, int size, SequenceLayout layout,
+                      int64_t dim = 1);
+Tensor sequence_from_blocks(const std::vector<Tensor>& blocks, SequenceLayout layout,
+                            int64_t dim = 1);
 
 // The (query, key) pairs the queries of each rank attend under a layout, summed over heads
 // (per batch row): the work the plan gives each rank. Its largest over its mean is the work

@@ -56,21 +56,15 @@ FullSequence inputs_on(const FullSequence& f, Device device) {
   return copy;
 }
 
-Tensor rank_rows(const Tensor& t, int64_t dim, nn::SequenceLayout layout, int rank, int size) {
-  std::vector<Tensor> pieces;
-  for (const nn::Block& b : nn::sequence_pieces(layout, t.size(dim), rank, size)) {
-    pieces.push_back(t.narrow(dim, b.begin, b.size()));
-  }
-  return pieces.size() == 1 ? pieces[0] : cat(pieces, dim);
-}
-
 RankResult run_rank(const FullSequence& f, const nn::DilatedAttentionOptions& o,
                     dist::Communicator& comm, nn::DistStrategy strategy, Device device,
                     nn::SequenceLayout layout) {
   const nn::SequenceLayout resolved =
       nn::resolve_layout(layout, o, f.q.size(1), comm.size());
   auto block = [&](const Tensor& t, int64_t dim) {
-    return rank_rows(t.detach(), dim, resolved, comm.rank(), comm.size()).contiguous().to(device);
+    return nn::sequence_block(t.detach(), comm.rank(), comm.size(), resolved, dim)
+        .contiguous()
+        .to(device);
   };
   Tensor q = block(f.q, 1), k = block(f.k, 1), v = block(f.v, 1);
   for (Tensor* t : {&q, &k, &v}) t->set_requires_grad(true);
@@ -95,23 +89,9 @@ std::vector<RankResult> run_in_process_ranks(const FullSequence& f,
 
 Tensor joined(const std::vector<RankResult>& rs, Tensor RankResult::*field, int64_t dim) {
   const Device first = (rs.front().*field).device();
-  const auto size = static_cast<int>(rs.size());
-  const int64_t n = (rs.front().*field).size(dim) * size;
-  // Each rank's pieces, placed by their global positions.
-  std::vector<std::pair<int64_t, Tensor>> pieces;
-  for (int r = 0; r < size; ++r) {
-    const Tensor t = (rs[static_cast<size_t>(r)].*field).to(first);
-    int64_t at = 0;
-    for (const nn::Block& b : nn::sequence_pieces(rs.front().layout, n, r, size)) {
-      pieces.emplace_back(b.begin, t.narrow(dim, at, b.size()));
-      at += b.size();
-    }
-  }
-  std::sort(pieces.begin(), pieces.end(),
-            [](const auto& a, const auto& b) { return a.first < b.first; });
-  std::vector<Tensor> parts;
-  for (auto& [begin, t] : pieces) parts.push_back(t);
-  return cat(parts, dim);
+  std::vector<Tensor> blocks;
+  for (const RankResult& r : rs) blocks.push_back((r.*field).to(first));
+  return nn::sequence_from_blocks(blocks, rs.front().layout, dim);
 }
 
 double relative_error(const Tensor& got, const Tensor& want) {
@@ -131,7 +111,7 @@ double relative_error(const Tensor& got, const Tensor& want) {
 }
 
 FullSequence block_of(const FullSequence& f, int rank, int P, nn::SequenceLayout layout) {
-  auto rows = [&](const Tensor& t, int64_t dim) { return rank_rows(t, dim, layout, rank, P); };
+  auto rows = [&](const Tensor& t, int64_t dim) { return nn::sequence_block(t, rank, P, layout, dim); };
   FullSequence b = f;
   b.out = rows(f.out, 1);
   b.lse = rows(f.lse, 2);

@@ -50,9 +50,6 @@ struct RankResult {
   nn::SequenceLayout layout = nn::SequenceLayout::kContiguous;  // resolved
 };
 
-// Rank `rank` of `size`'s rows of t along `dim` under a resolved layout.
-Tensor rank_rows(const Tensor& t, int64_t dim, nn::SequenceLayout layout, int rank, int size);
-
 // Rank comm.rank() of comm.size(): its rows of f's inputs under `layout` (copied to
 // `device`), the sequence-parallel call, and backward through the same loss.
 RankResult run_rank(const FullSequence& f, const nn::DilatedAttentionOptions& o,
