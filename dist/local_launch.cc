@@ -18,9 +18,11 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <limits>
 #include <map>
 #include <optional>
+#include <random>
 #include <thread>
 
 #include "ringdilated/kernels/error.h"
@@ -315,21 +317,57 @@ LocalLaunchResult launch_local(const LocalLaunchOptions& options) {
   return Job(options).run();
 }
 
-int pick_free_port(const std::string& host) {
+namespace {
+
+// The first port of the kernel's ephemeral range (ports it hands to bind(:0) and to the source
+// side of outgoing connections); 32768, Linux's default, where it cannot be read.
+int ephemeral_port_floor() {
+  std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range");
+  int low = 0;
+  return range >> low && low > 0 ? low : 32768;
+}
+
+// Binds `port` (0: the kernel's pick) on `addr` as the store will (SO_REUSEADDR) and returns
+// the bound port, or 0 and errno set when it cannot.
+int try_bind(sockaddr_in addr, int port) {
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  RD_CHECK(fd >= 0, kIo, "pick_free_port: socket failed: ", std::strerror(errno));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = 0;
-  const bool parsed = ::inet_pton(AF_INET, host.c_str(), &addr.sin_addr) == 1;
+  if (fd < 0) return 0;
+  const int on = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on));
+  addr.sin_port = htons(static_cast<uint16_t>(port));
   socklen_t len = sizeof(addr);
-  const bool ok = parsed && ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
                   ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
   const int err = errno;
   ::close(fd);
-  RD_CHECK(parsed, kInvalidArgument, "pick_free_port: '", host, "' is not an IPv4 address");
-  RD_CHECK(ok, kIo, "pick_free_port: cannot bind ", host, ":0: ", std::strerror(err));
-  return ntohs(addr.sin_port);
+  errno = err;
+  return ok ? ntohs(addr.sin_port) : 0;
+}
+
+}  // namespace
+
+int pick_free_port(const std::string& host) {
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  RD_CHECK(::inet_pton(AF_INET, host.c_str(), &addr.sin_addr) == 1, kInvalidArgument,
+           "pick_free_port: '", host, "' is not an IPv4 address");
+  // The port is free only until someone binds it, and the store binds it later, in another
+  // process. A port the kernel picked (bind :0) comes from the ephemeral range, where any
+  // outgoing connection (Gloo's pairs, another test) may take it as its source port in
+  // between: CI saw exactly that. So pick at random below that range, where only explicit
+  // binds land, and let the kernel pick only if every try there is taken.
+  const int floor = ephemeral_port_floor();
+  const int low = std::max(1024, floor - 12000);
+  if (floor - low >= 1000) {
+    std::mt19937 random(std::random_device{}());
+    std::uniform_int_distribution<int> candidate(low, floor - 1);
+    for (int attempt = 0; attempt < 64; ++attempt) {
+      if (const int port = try_bind(addr, candidate(random)); port > 0) return port;
+    }
+  }
+  const int port = try_bind(addr, 0);
+  RD_CHECK(port > 0, kIo, "pick_free_port: cannot bind ", host, ":0: ", std::strerror(errno));
+  return port;
 }
 
 std::vector<std::pair<std::string, std::string>> local_rank_env(int rank, int nprocs,

@@ -48,7 +48,8 @@ struct LocalLaunchResult {
 // with this process. Throws rd::Error (kInvalidArgument, kIo) only when it cannot start them.
 LocalLaunchResult launch_local(const LocalLaunchOptions& options);
 
-// A TCP port on `host` that is free now (the kernel's pick; free until someone binds it).
+// A TCP port on `host` that is free now (free until someone binds it), chosen at random below
+// the kernel's ephemeral range so that outgoing connections cannot take it in the meantime.
 int pick_free_port(const std::string& host = "127.0.0.1");
 
 // The torchrun-style variables of rank `rank` of a job of `nprocs` ranks on this machine:

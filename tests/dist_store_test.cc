@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <fstream>
 #include <map>
 #include <string>
 #include <thread>
@@ -132,6 +133,27 @@ TEST(TcpStore, ClientRetriesUntilTheServerStarts) {
   TcpStore client(o);
   EXPECT_EQ(client.get("up"), "yes");
   starter.join();
+}
+
+// A picked port lies below the kernel's ephemeral range, where no outgoing connection can take
+// it before the store binds it, and the store can bind it.
+TEST(PickFreePort, BelowTheEphemeralRangeAndBindable) {
+  std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range");
+  int ephemeral_low = 0;
+  if (!(range >> ephemeral_low) || ephemeral_low < 2024) {
+    GTEST_SKIP() << "the ephemeral port range leaves no room below it";
+  }
+  for (int i = 0; i < 20; ++i) {
+    const int port = dist::pick_free_port();
+    EXPECT_GE(port, 1024);
+    EXPECT_LT(port, ephemeral_low);
+    TcpStoreOptions o = server_options();
+    o.port = port;
+    TcpStore server(o);
+    EXPECT_EQ(server.port(), port);
+  }
+  EXPECT_TRUE(test::raises([] { dist::pick_free_port("not-an-address"); },
+                           {ErrorCode::kInvalidArgument}, {"pick_free_port", "not-an-address"}));
 }
 
 TEST(TcpStore, ConnectTimeoutNamesTheAddress) {
