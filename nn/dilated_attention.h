@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "ringdilated/kernels/attention.h"
 #include "ringdilated/nn/pattern_cache.h"
 #include "ringdilated/tensor/generator.h"
 #include "ringdilated/tensor/tensor.h"
@@ -25,11 +26,26 @@ enum class HeadMixing { kHeadGroups, kAllHeads };
 // the segment index.
 enum class OffsetRule { kConstant, kRotating };
 
-// Which implementation computes attention. kAuto chooses per call (device and compute
-// capability, dtype, head dim, shapes, cuDNN at run time); the others force one and fall back
-// to the next (cuDNN -> flash -> math) when it cannot run, logging the reason once. The
+// Which implementation computes attention: one of the kernels of kernels/attention.h (the
+// values ARE kernels::AttentionKernel's, so a path other than kAuto converts to its kernel
+// and back without a table), or kAuto, which chooses per call (device and compute
+// capability, dtype, head dim, shapes, cuDNN at run time). A forced kernel falls back to the
+// next slower one (cuDNN -> flash -> math) when it cannot run, logging the reason once. The
 // environment variable RD_ATTENTION_PATH (auto|cudnn|flash|math) overrides kAuto.
-enum class AttentionPath { kAuto, kCudnn, kFlash, kMath };
+enum class AttentionPath : uint8_t {
+  kMath = static_cast<uint8_t>(kernels::AttentionKernel::kMath),
+  kFlash = static_cast<uint8_t>(kernels::AttentionKernel::kFlash),
+  kCudnn = static_cast<uint8_t>(kernels::AttentionKernel::kCudnn),
+  kAuto = 0xff,
+};
+
+// The path that is `kernel`, and the kernel a path other than kAuto is.
+constexpr AttentionPath path_of(kernels::AttentionKernel kernel) {
+  return static_cast<AttentionPath>(kernel);
+}
+constexpr kernels::AttentionKernel kernel_of(AttentionPath path) {
+  return static_cast<kernels::AttentionKernel>(path);
+}
 
 const char* path_name(AttentionPath path);
 

@@ -11,22 +11,22 @@ namespace rd::nn {
 
 Tensor select_bnhd(const Tensor& t, const Selection& s) {
   const Shape& st = t.strides();
-  return t.as_strided({t.size(0), s.segments, s.hc, s.n, t.size(3)},
-                      {st[0], s.ss * st[1], s.hs * st[2], s.r * st[1], st[3]},
-                      t.offset() + s.h0 * st[2] + s.p0 * st[1]);
+  return t.as_strided(
+      {t.size(0), s.segments, s.head_count, s.count, t.size(3)},
+      {st[0], s.segment_stride * st[1], s.head_stride * st[2], s.rate * st[1], st[3]},
+      t.offset() + s.first_head * st[2] + s.first_position * st[1]);
 }
 
 Tensor select_bhn(const Tensor& t, const Selection& s) {
   const Shape& st = t.strides();
-  return t.as_strided({t.size(0), s.segments, s.hc, s.n},
-                      {st[0], s.ss * st[2], s.hs * st[1], s.r * st[2]},
-                      t.offset() + s.h0 * st[1] + s.p0 * st[2]);
+  return t.as_strided({t.size(0), s.segments, s.head_count, s.count},
+                      {st[0], s.segment_stride * st[2], s.head_stride * st[1], s.rate * st[2]},
+                      t.offset() + s.first_head * st[1] + s.first_position * st[2]);
 }
 
 Tensor hilbert_indices(PatternCache& cache, int64_t n, Device device) {
-  return cache.get(str_cat("hilbert/n=", n, "/", device.str()), [&] {
-    return from_vector<int64_t>(hilbert_order(n), {n}).to(device);
-  });
+  return cache.get(str_cat("hilbert/n=", n, "/", device.str()),
+                   [&] { return from_vector<int64_t>(hilbert_order(n), {n}).to(device); });
 }
 
 std::vector<Heads> head_groups(int64_t num_heads, int64_t groups, bool extra_to_first) {
@@ -50,16 +50,17 @@ std::vector<Heads> heads_by_offset(int64_t num_heads, int64_t r) {
   return result;
 }
 
-std::vector<PairHeads> fixed_pair_heads(const DilatedAttentionOptions& options,
-                                        int64_t num_heads, int pair) {
+std::vector<PairHeads> fixed_pair_heads(const DilatedAttentionOptions& options, int64_t num_heads,
+                                        int pair) {
   const int64_t pairs = static_cast<int64_t>(options.segment_lengths.size());
   const int64_t r = options.dilation_rates[static_cast<size_t>(pair)];
   std::vector<PairHeads> result;
   if (options.mixing == HeadMixing::kAllHeads) {
-    for (const Heads& h : heads_by_offset(num_heads, r)) result.push_back({h, h.h0});
+    for (const Heads& h : heads_by_offset(num_heads, r)) result.push_back({h, h.first});
   } else {
-    result.push_back({head_groups(num_heads, pairs, /*extra_to_first=*/true)[static_cast<size_t>(pair)],
-                      pair % r});
+    result.push_back(
+        {head_groups(num_heads, pairs, /*extra_to_first=*/true)[static_cast<size_t>(pair)],
+         pair % r});
   }
   return result;
 }
@@ -73,7 +74,7 @@ std::vector<Selection> fixed_selections(int64_t seq_len, int64_t w, int64_t r, c
   std::vector<Selection> out;
   const int64_t full = seq_len / w;
   auto add = [&](int64_t p0, int64_t ss, int64_t segments, int64_t n) {
-    Selection s{h.h0, h.hs, h.hc, p0, ss, segments, r, n};
+    Selection s{h.first, h.stride, h.count, p0, ss, segments, r, n};
     if (!s.empty()) out.push_back(s);
   };
   if (rule == OffsetRule::kConstant) {
@@ -119,15 +120,17 @@ class CallBatcher {
   void add(const BlockCall& call, int64_t offset_class) {
     for (Open& open : open_) {
       BlockCall& b = (*calls_)[open.index];
-      if (open.offset_class != offset_class || b.pair != call.pair || b.q.h0 != call.q.h0 ||
-          b.q.n != call.q.n || b.k.n != call.k.n) {
+      if (open.offset_class != offset_class || b.pair != call.pair ||
+          b.q.first_head != call.q.first_head || b.q.count != call.q.count ||
+          b.k.count != call.k.count) {
         continue;
       }
-      const int64_t dq = call.q.p0 - b.q.p0, dk = call.k.p0 - b.k.p0;
+      const int64_t dq = call.q.first_position - b.q.first_position,
+                    dk = call.k.first_position - b.k.first_position;
       const bool extends = b.q.segments == 1 ? dq == dk && dq > 0
-                                             : dq == dk && dq == b.q.ss * b.q.segments;
+                                             : dq == dk && dq == b.q.segment_stride * b.q.segments;
       if (extends) {
-        if (b.q.segments == 1) b.q.ss = b.k.ss = dq;
+        if (b.q.segments == 1) b.q.segment_stride = b.k.segment_stride = dq;
         ++b.q.segments;
         ++b.k.segments;
         return;
@@ -155,8 +158,8 @@ std::vector<BlockCall> plan_block_calls(const DilatedAttentionOptions& options, 
                                         int64_t num_heads, Block qb, Block kb) {
   const bool diagonal = qb.begin == kb.begin && qb.end == kb.end;
   RD_CHECK(diagonal || qb.end <= kb.begin || kb.end <= qb.begin, kInvalidArgument,
-           "plan_block_calls: blocks [", qb.begin, ", ", qb.end, ") and [", kb.begin, ", ",
-           kb.end, ") must be equal or disjoint");
+           "plan_block_calls: blocks [", qb.begin, ", ", qb.end, ") and [", kb.begin, ", ", kb.end,
+           ") must be equal or disjoint");
   std::vector<BlockCall> calls;
   if (qb.size() <= 0 || kb.size() <= 0) return calls;
   if (options.causal && kb.begin > qb.begin) return calls;  // keys all after the queries
@@ -176,8 +179,8 @@ std::vector<BlockCall> plan_block_calls(const DilatedAttentionOptions& options, 
         if (qr.count == 0 || kr.count == 0) continue;
         const Heads& h = ph.heads;
         BlockCall call;
-        call.q = {h.h0, h.hs, h.hc, qr.first - qb.begin, 0, 1, r, qr.count};
-        call.k = {h.h0, h.hs, h.hc, kr.first - kb.begin, 0, 1, r, kr.count};
+        call.q = {h.first, h.stride, h.count, qr.first - qb.begin, 0, 1, r, qr.count};
+        call.k = {h.first, h.stride, h.count, kr.first - kb.begin, 0, 1, r, kr.count};
         call.pair = pair;
         call.causal = options.causal && diagonal;
         batcher.add(call, o_s);
@@ -192,9 +195,9 @@ uint64_t dropout_counters_per_pair(int64_t batch, int64_t num_heads, int64_t seq
   for (int64_t factor : {batch, num_heads, seq_len, seq_len}) {
     RD_CHECK(factor >= 0, kInvalidArgument, "dilated_attention: dropout numbering of B = ", batch,
              ", H = ", num_heads, ", N = ", seq_len, " needs non-negative sizes");
-    RD_CHECK(!__builtin_mul_overflow(count, static_cast<uint64_t>(factor), &count),
-             kUnimplemented, "dilated_attention: dropout numbers B * H * N * N of B = ", batch,
-             ", H = ", num_heads, ", N = ", seq_len, " pass 2^64 (one Philox counter each)");
+    RD_CHECK(!__builtin_mul_overflow(count, static_cast<uint64_t>(factor), &count), kUnimplemented,
+             "dilated_attention: dropout numbers B * H * N * N of B = ", batch, ", H = ", num_heads,
+             ", N = ", seq_len, " pass 2^64 (one Philox counter each)");
   }
   return count;
 }
@@ -209,45 +212,48 @@ std::vector<uint64_t> draw_dropout_pair_offsets(Generator& generator, int num_pa
 
 kernels::DropoutIndexing dropout_indexing(const Selection& q, const Selection& k, int64_t seq_len,
                                           int64_t num_heads) {
-  RD_CHECK(q.h0 == k.h0 && q.hs == k.hs && q.hc == k.hc && q.segments == k.segments,
-           kInvalidArgument, "dropout_indexing: q and k must select the same heads and segments, "
-           "got heads (", q.h0, ", ", q.hs, ", ", q.hc, ") x ", q.segments, " and (", k.h0, ", ",
-           k.hs, ", ", k.hc, ") x ", k.segments);
+  RD_CHECK(q.first_head == k.first_head && q.head_stride == k.head_stride &&
+               q.head_count == k.head_count && q.segments == k.segments,
+           kInvalidArgument,
+           "dropout_indexing: q and k must select the same heads and segments, "
+           "got heads (",
+           q.first_head, ", ", q.head_stride, ", ", q.head_count, ") x ", q.segments, " and (",
+           k.first_head, ", ", k.head_stride, ", ", k.head_count, ") x ", k.segments);
   // uint64 arithmetic wraps around, as the kernels' does.
   const auto n = static_cast<uint64_t>(seq_len);
   const uint64_t head_stride = n * n;
   kernels::DropoutIndexing ix;
   ix.custom = true;
-  ix.base = static_cast<uint64_t>(q.h0) * head_stride + static_cast<uint64_t>(q.p0) * n +
-            static_cast<uint64_t>(k.p0);
+  ix.base = static_cast<uint64_t>(q.first_head) * head_stride +
+            static_cast<uint64_t>(q.first_position) * n + static_cast<uint64_t>(k.first_position);
   ix.batch_strides[0] = static_cast<int64_t>(static_cast<uint64_t>(num_heads) * head_stride);
-  ix.batch_strides[1] = static_cast<int64_t>(static_cast<uint64_t>(q.ss) * n +
-                                             static_cast<uint64_t>(k.ss));
-  ix.batch_strides[2] = static_cast<int64_t>(static_cast<uint64_t>(q.hs) * head_stride);
-  ix.row_stride = static_cast<int64_t>(static_cast<uint64_t>(q.r) * n);
-  ix.col_stride = k.r;
+  ix.batch_strides[1] = static_cast<int64_t>(static_cast<uint64_t>(q.segment_stride) * n +
+                                             static_cast<uint64_t>(k.segment_stride));
+  ix.batch_strides[2] = static_cast<int64_t>(static_cast<uint64_t>(q.head_stride) * head_stride);
+  ix.row_stride = static_cast<int64_t>(static_cast<uint64_t>(q.rate) * n);
+  ix.col_stride = k.rate;
   return ix;
 }
 
 kernels::DropoutIndexing block_dropout_indexing(const BlockCall& call, Block qb, Block kb,
                                                 int64_t seq_len, int64_t num_heads) {
   Selection q = call.q, k = call.k;
-  q.p0 += qb.begin;
-  k.p0 += kb.begin;
+  q.first_position += qb.begin;
+  k.first_position += kb.begin;
   return dropout_indexing(q, k, seq_len, num_heads);
 }
 
-bool blocks_interact(const DilatedAttentionOptions& options, int64_t seq_len,
-                     int64_t num_heads, Block qb, Block kb) {
+bool blocks_interact(const DilatedAttentionOptions& options, int64_t seq_len, int64_t num_heads,
+                     Block qb, Block kb) {
   return !plan_block_calls(options, seq_len, num_heads, qb, kb).empty();
 }
 
-kernels::DropoutIndexing global_dropout_indexing(int64_t h0, int64_t first_row, int64_t seq_len,
-                                                 int64_t num_heads) {
+kernels::DropoutIndexing global_dropout_indexing(int64_t first_head, int64_t first_row,
+                                                 int64_t seq_len, int64_t num_heads) {
   const auto n = static_cast<uint64_t>(seq_len), heads = static_cast<uint64_t>(num_heads);
   kernels::DropoutIndexing ix;
   ix.custom = true;
-  ix.base = static_cast<uint64_t>(h0) * n * n + static_cast<uint64_t>(first_row) * n;
+  ix.base = static_cast<uint64_t>(first_head) * n * n + static_cast<uint64_t>(first_row) * n;
   ix.batch_strides[0] = static_cast<int64_t>(heads * n * n);
   ix.batch_strides[1] = static_cast<int64_t>(n * n);
   ix.row_stride = static_cast<int64_t>(n);

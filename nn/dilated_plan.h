@@ -14,18 +14,19 @@
 
 namespace rd::nn {
 
-// A set of heads: h0, h0 + hs, ... (hc of them).
+// A set of heads: first, first + stride, ... (count of them).
 struct Heads {
-  int64_t h0 = 0, hs = 1, hc = 0;
+  int64_t first = 0, stride = 1, count = 0;
 };
 
-// One attention call's share of a [B, N, H, D] tensor: heads h0 + hs * t (t < hc) and, in
-// each of `segments` segments, positions p0 + s * ss + r * u (u < n). On one device queries
-// and keys use the same selection, so the causal mask is the kernel's plain j <= i.
+// One attention call's share of a [B, N, H, D] tensor: heads first_head + head_stride * t
+// (t < head_count) and, in each of `segments` segments, positions
+// first_position + s * segment_stride + rate * u (u < count). On one device queries and keys
+// use the same selection, so the causal mask is the kernel's plain j <= i.
 struct Selection {
-  int64_t h0 = 0, hs = 1, hc = 0;
-  int64_t p0 = 0, ss = 0, segments = 0, r = 1, n = 0;
-  bool empty() const { return hc == 0 || segments == 0 || n == 0; }
+  int64_t first_head = 0, head_stride = 1, head_count = 0;
+  int64_t first_position = 0, segment_stride = 0, segments = 0, rate = 1, count = 0;
+  bool empty() const { return head_count == 0 || segments == 0 || count == 0; }
 };
 
 // The [B, S, hc, n, D] view of a selection of a [B, N, H, D] tensor, and the [B, S, hc, n]
@@ -52,8 +53,8 @@ struct PairHeads {
 
 // The head sets of pair i of the fixed variant: its head group with offset i mod r_i, or
 // (all-heads mixing) every head, grouped by offset h mod r_i.
-std::vector<PairHeads> fixed_pair_heads(const DilatedAttentionOptions& options,
-                                        int64_t num_heads, int pair);
+std::vector<PairHeads> fixed_pair_heads(const DilatedAttentionOptions& options, int64_t num_heads,
+                                        int pair);
 
 // Number of positions o, o + r, ... below `length`.
 int64_t selected_count(int64_t length, int64_t o, int64_t r);
@@ -92,8 +93,8 @@ std::vector<BlockCall> plan_block_calls(const DilatedAttentionOptions& options, 
                                         int64_t num_heads, Block qb, Block kb);
 
 // Whether query block qb needs anything from key block kb: plan_block_calls is not empty.
-bool blocks_interact(const DilatedAttentionOptions& options, int64_t seq_len,
-                     int64_t num_heads, Block qb, Block kb);
+bool blocks_interact(const DilatedAttentionOptions& options, int64_t seq_len, int64_t num_heads,
+                     Block qb, Block kb);
 
 // ---------------------------------------------------------------------------------------
 // Dropout numbering (docs/dilated-attention.md): pair i draws from its own Philox offset, the
@@ -115,8 +116,9 @@ std::vector<uint64_t> draw_dropout_pair_offsets(Generator& generator, int num_pa
 
 // The numbering of the call whose queries are `q` and whose keys are `k`, both in GLOBAL
 // positions of a sequence of seq_len positions with num_heads heads (same heads and
-// segments): its q view is [B, segments, hc, q.n, D], so element (b, s, t, i, j) is query
-// p = q.p0 + s q.ss + i q.r, key m = k.p0 + s k.ss + j k.r, head h = q.h0 + t q.hs.
+// segments): its q view is [B, segments, head_count, q.count, D], so element (b, s, t, i, j)
+// is query p = q.first_position + s q.segment_stride + i q.rate, key
+// m = k.first_position + s k.segment_stride + j k.rate, head h = q.first_head + t q.head_stride.
 kernels::DropoutIndexing dropout_indexing(const Selection& q, const Selection& k, int64_t seq_len,
                                           int64_t num_heads);
 
@@ -127,9 +129,9 @@ kernels::DropoutIndexing block_dropout_indexing(const BlockCall& call, Block qb,
                                                 int64_t seq_len, int64_t num_heads);
 
 // The global variant's numbering for the rows [first_row, first_row + Lq) of the head group
-// starting at head h0 (its call's scores are [B, hc, Lq, Lk] in list positions): query row
+// starting at head first_head (its call's scores are [B, hc, Lq, Lk] in list positions): query row
 // j and key list index m of head h are number ((b * H + h) * N + j) * N + m.
-kernels::DropoutIndexing global_dropout_indexing(int64_t h0, int64_t first_row, int64_t seq_len,
-                                                 int64_t num_heads);
+kernels::DropoutIndexing global_dropout_indexing(int64_t first_head, int64_t first_row,
+                                                 int64_t seq_len, int64_t num_heads);
 
 }  // namespace rd::nn

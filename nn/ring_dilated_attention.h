@@ -1,7 +1,7 @@
 // Sequence-parallel dilated attention: the sequence is split into equal blocks, one per rank
-// of a communicator; each rank holds its block of q, k and v, computes only its own output
-// rows, and gets the keys it needs from other ranks around a ring or by all-gather.
-// docs/distributed.md describes the algorithms, the exchange and the cost model.
+// of a communicator (sequence_layout.h); each rank holds its block of q, k and v, computes
+// only its own output rows, and gets the keys it needs from other ranks around a ring or by
+// all-gather. docs/distributed.md describes the algorithms, the exchange and the cost model.
 #pragma once
 
 #include <vector>
@@ -9,6 +9,7 @@
 #include "ringdilated/dist/communicator.h"
 #include "ringdilated/nn/dilated_attention.h"
 #include "ringdilated/nn/dilated_plan.h"
+#include "ringdilated/nn/sequence_layout.h"
 
 namespace rd::nn {
 
@@ -23,47 +24,6 @@ namespace rd::nn {
 enum class DistStrategy { kRing, kAllGather, kAuto };
 
 const char* strategy_name(DistStrategy strategy);
-
-// How a sequence is split among the P ranks of a context-parallel group:
-//   kContiguous  rank r holds positions [r N / P, (r + 1) N / P).
-//   kZigzag      the sequence is cut into 2P pieces of N / (2P); rank r holds pieces r and
-//                2P - 1 - r, in that order. Under a causal mask this balances the work: in a
-//                segment of 2^k pieces the two pieces of a rank sit at mirrored places, so
-//                every rank attends the same number of (query, key) pairs
-//                (docs/distributed.md, "Causal load balance").
-//   kAuto        kZigzag for causal attention when 2P divides N and no pair's segments
-//                that fit a contiguous block would be split by the zigzag pieces (that
-//                would add traffic the balance does not repay); else kContiguous.
-// The caller splits its data with the same layout (sequence_block) and gives rotary
-// embeddings the pieces' global positions (sequence_pieces).
-enum class SequenceLayout { kAuto, kContiguous, kZigzag };
-
-const char* layout_name(SequenceLayout layout);
-
-// The layout a call with `options` uses for a sequence of `seq_len` positions over `ranks`
-// ranks (kAuto resolved as above). Errors name N and P when they do not split: P must divide N, and 2P
-// for the zigzag layout.
-SequenceLayout resolve_layout(SequenceLayout layout, const DilatedAttentionOptions& options,
-                              int64_t seq_len, int ranks);
-
-// The global positions of rank `rank`'s rows, in the order it holds them: one block
-// (contiguous) or two (zigzag). `layout` must be resolved (not kAuto), here and below.
-std::vector<Block> sequence_pieces(SequenceLayout layout, int64_t seq_len, int rank, int size);
-
-// This rank's rows [B, N / P, ...] of a whole sequence [B, N, ...] under a resolved layout,
-// and back: the whole sequence from every rank's rows (blocks[r] is rank r's). `dim` is the
-// sequence's dimension (2 for a [B, H, N] row statistic such as an LSE).
-Tensor sequence_block(const Tensor& sequence, int rank, int size, SequenceLayout layout,
-                      int64_t dim = 1);
-Tensor sequence_from_blocks(const std::vector<Tensor>& blocks, SequenceLayout layout,
-                            int64_t dim = 1);
-
-// The (query, key) pairs the queries of each rank attend under a layout, summed over heads
-// (per batch row): the work the plan gives each rank. Its largest over its mean is the work
-// imbalance of docs/distributed.md ("Causal load balance").
-std::vector<int64_t> attended_pairs_per_rank(const DilatedAttentionOptions& options,
-                                             int64_t seq_len, int64_t num_heads, int ranks,
-                                             SequenceLayout layout);
 
 // What a call did: its result, the strategy each crossing pair used, and its traffic.
 struct RingAttentionResult {

@@ -1,0 +1,182 @@
+// The attention calls of one dilated-attention call (see attention_runner.h).
+#include "ringdilated/nn/attention_runner.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <string>
+
+#include "ringdilated/kernels/error.h"
+#include "ringdilated/nn/dilated_plan.h"
+#include "ringdilated/tensor/dispatch.h"
+#include "ringdilated/tensor/ops.h"
+
+namespace rd::nn {
+
+using kernels::AttentionKernel;
+
+const char* path_name(AttentionPath path) {
+  return path == AttentionPath::kAuto ? "auto" : kernels::kernel_name(kernel_of(path));
+}
+
+namespace {
+
+// Kernels from the fastest to the slowest: the fallback order, and the order `slower` ranks.
+constexpr AttentionKernel kFastestFirst[] = {AttentionKernel::kCudnn, AttentionKernel::kFlash,
+                                             AttentionKernel::kMath};
+
+int speed_rank(AttentionKernel kernel) {
+  for (int i = 0; i < 3; ++i) {
+    if (kFastestFirst[i] == kernel) return i;
+  }
+  return 3;
+}
+
+}  // namespace
+
+AttentionKernel slower(AttentionKernel a, AttentionKernel b) {
+  return speed_rank(a) >= speed_rank(b) ? a : b;
+}
+
+AttentionPath requested_path(AttentionPath option, const char* op) {
+  if (option != AttentionPath::kAuto) return option;
+  const char* env = std::getenv("RD_ATTENTION_PATH");
+  if (env == nullptr) return option;
+  const std::string value(env);
+  if (value == "cudnn") return AttentionPath::kCudnn;
+  if (value == "flash") return AttentionPath::kFlash;
+  if (value == "math") return AttentionPath::kMath;
+  RD_CHECK(value == "auto" || value.empty(), kInvalidArgument, op,
+           ": environment variable RD_ATTENTION_PATH is '", value,
+           "', expected auto, cudnn, flash or math");
+  return option;
+}
+
+std::vector<AttentionKernel> candidate_kernels(AttentionPath requested, Device device) {
+  if (device.is_cpu()) return {AttentionKernel::kMath};
+  std::vector<AttentionKernel> kernels;
+  bool reached = requested == AttentionPath::kAuto;
+  for (AttentionKernel kernel : kFastestFirst) {
+    reached = reached || path_of(kernel) == requested;
+    if (reached) kernels.push_back(kernel);
+  }
+  return kernels;
+}
+
+AttentionRunner::AttentionRunner(const char* op, const DilatedAttentionOptions& options,
+                                 const AttentionCallContext& context, const Tensor& q,
+                                 int64_t seq_len)
+    : op_(op), device_(q.device()) {
+  params_.scale = options.scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(3))));
+  params_.causal = options.causal;
+  const AttentionPath requested = requested_path(options.path, op);
+  kernels_ = candidate_kernels(requested, q.device());
+  forced_ = requested != AttentionPath::kAuto;
+  hilbert_ = options.use_hilbert;
+  patterns_ = context.patterns != nullptr ? context.patterns : &global_pattern_cache();
+  backward_piece_elements_ = context.backward_piece_elements;
+  if (context.training && options.dropout > 0) {
+    params_.dropout = options.dropout;
+    params_.seed = context.generator->seed();
+    pair_offsets_ = draw_dropout_pair_offsets(*context.generator,
+                                              static_cast<int>(options.segment_lengths.size()),
+                                              q.size(0), q.size(2), seq_len);
+  }
+}
+
+kernels::AttentionParams AttentionRunner::call_params(
+    int pair, bool causal, const kernels::DropoutIndexing& indexing) const {
+  kernels::AttentionParams params = params_;
+  params.causal = causal;
+  if (dropout()) {
+    params.offset = pair_offsets_[static_cast<size_t>(pair)];
+    params.dropout_indexing = indexing;
+  }
+  return params;
+}
+
+Tensor AttentionRunner::key_order(int64_t n, Device device) const {
+  return hilbert_ ? hilbert_indices(*patterns_, n, device) : Tensor();
+}
+
+void AttentionRunner::forward(const kernels::AttentionForwardArgs& args) {
+  slowest_ = slower(slowest_, run(args, nullptr));
+}
+
+void AttentionRunner::backward(const kernels::AttentionForwardArgs& fwd,
+                               const kernels::AttentionBackwardArgs& args) {
+  run(fwd, &args);
+}
+
+AttentionKernel AttentionRunner::run(const kernels::AttentionForwardArgs& fwd,
+                                     const kernels::AttentionBackwardArgs* backward) {
+  kernels::KernelBackend& backend = backend_for(device_);
+  std::string reasons;
+  for (AttentionKernel kernel : kernels_) {
+    std::string why;
+    if (!backend.attention_supports(kernel, fwd, backward, &why)) {
+      reasons += str_cat(kernels::kernel_name(kernel), ": ", why, "; ");
+      continue;
+    }
+    try {
+      if (backward != nullptr) {
+        backend.attention_backward(kernel, *backward);
+      } else {
+        backend.attention_forward(kernel, fwd);
+      }
+    } catch (const Error& e) {
+      // Only "this kernel cannot serve this call", which kernels raise before queueing
+      // work, is safe to retry elsewhere.
+      if (e.code() != ErrorCode::kUnimplemented || kernel == AttentionKernel::kMath) throw;
+      log_once(str_cat(op_, ": the ", kernels::kernel_name(kernel), " path cannot run this call (",
+                       e.what(), "); falling back"));
+      reasons += str_cat(kernels::kernel_name(kernel), ": ", e.what(), "; ");
+      continue;
+    }
+    if (forced_ && kernel != kernels_.front()) {
+      log_once(str_cat(op_, ": the ", kernels::kernel_name(kernels_.front()),
+                       " path cannot run this call (", reasons, "); using ",
+                       kernels::kernel_name(kernel)));
+    }
+    return kernel;
+  }
+  RD_FAIL(kUnimplemented, op_, ": no attention path can run this call: ", reasons);
+}
+
+kernels::AttentionBackwardArgs backward_args(const char* op,
+                                             const kernels::AttentionForwardArgs& fwd,
+                                             const Tensor& grad_out, const Tensor& grad_lse,
+                                             const Tensor& grad_q, const Tensor& grad_k,
+                                             const Tensor& grad_v) {
+  kernels::AttentionBackwardArgs b;
+  b.q = fwd.q;
+  b.k = fwd.k;
+  b.v = fwd.v;
+  b.out = fwd.out;
+  b.lse = fwd.lse;
+  b.grad_out = kernel_view(grad_out, op);
+  b.grad_lse = grad_lse.defined() ? kernel_view(grad_lse, op) : kernels::StridedView{};
+  b.grad_q = kernel_view(grad_q, op);
+  b.grad_k = kernel_view(grad_k, op);
+  b.grad_v = kernel_view(grad_v, op);
+  b.params = fwd.params;
+  return b;
+}
+
+GradBuffers GradBuffers::zeroed(const Shape& bnhd, DType dtype, Device device, bool packed) {
+  const TensorOptions opts = TensorOptions(dtype).with_device(device);
+  GradBuffers g;
+  if (packed) {
+    g.packed = rd::zeros({bnhd[0], bnhd[1], 3, bnhd[2], bnhd[3]}, opts);
+    for (int64_t i = 0; i < 3; ++i) g.qkv.push_back(g.packed.select(2, i));
+  } else {
+    for (int i = 0; i < 3; ++i) g.qkv.push_back(rd::zeros(bnhd, opts));
+  }
+  return g;
+}
+
+std::vector<Tensor> GradBuffers::input_grads(DType dtype) const {
+  if (packed.defined()) return {packed.to(dtype)};
+  return {qkv[0].to(dtype), qkv[1].to(dtype), qkv[2].to(dtype)};
+}
+
+}  // namespace rd::nn

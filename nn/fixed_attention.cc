@@ -1,0 +1,326 @@
+// The fixed variant on one rank (see fixed_attention.h, docs/distributed.md). Each call is
+// a strided selection of q, k, v, out and lse, so nothing is gathered. The calls on this
+// rank's own rows write its out and lse in place (head groups) or merge per pair through the
+// LSE (all heads), exactly as on one device. Each remote block's partials (q's dtype) merge
+// into a float32 accumulator of the unit's rows. The backward reruns every call against the
+// final (merged) out and lse, so each yields exactly its share of the gradient; dK/dV of
+// remote keys go back to their owners in float32 through the exchange.
+#include "ringdilated/nn/fixed_attention.h"
+
+#include <algorithm>
+#include <limits>
+#include <utility>
+#include <vector>
+
+#include "ringdilated/nn/key_exchange.h"
+#include "ringdilated/tensor/dispatch.h"
+#include "ringdilated/tensor/op_util.h"
+#include "ringdilated/tensor/ops.h"
+
+namespace rd::nn {
+namespace {
+
+using kernels::AttentionBackwardArgs;
+using kernels::AttentionForwardArgs;
+using op_util::options_like;
+
+constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+
+// The keys of one call: this rank's k and v, or a unit's packed rows in a block's buffer.
+struct Keys {
+  Tensor k, v;
+  Selection sel;
+  Tensor key_order;  // Hilbert order (use_hilbert) or undefined
+};
+
+Keys local_keys(const AttentionRunner& runner, const LocalCall& call, const Tensor& k,
+                const Tensor& v) {
+  return {k, v, call.k, runner.key_order(call.k.count, k.device())};
+}
+
+// The keys of `call` in block src's packed rows of `group`'s units, held in `flat`.
+Keys exchanged_keys(const AttentionRunner& runner, const RankPlan& plan, const LocalCall& call,
+                    int src, const ExchangeGroup& group, const Tensor& flat) {
+  const int unit = plan.unit_of(call);
+  const ExchangeUnit& u = plan.units[static_cast<size_t>(unit)];
+  auto [k, v] = packed_rows(plan, group, group.index_of(unit), flat, src);
+  const Selection sel = in_unit(call.k, u, u.rows(plan.layout, src));
+  return {k, v, sel, runner.key_order(sel.count, k.device())};
+}
+
+// Where a call's results go: out [B, C, H, D] and lse [B, H, C] tensors and the selection
+// of the call's rows in them.
+struct Target {
+  Tensor out, lse;
+  Selection sel;
+};
+
+AttentionForwardArgs forward_args(const AttentionRunner& runner, const RankLayout& layout,
+                                  const Tensor& q, const LocalCall& call, const Keys& keys,
+                                  const Target& to) {
+  const char* op = runner.op();
+  AttentionForwardArgs args;
+  args.q = kernel_view(select_bnhd(q, call.q), op);
+  args.k = kernel_view(select_bnhd(keys.k, keys.sel), op);
+  args.v = kernel_view(select_bnhd(keys.v, keys.sel), op);
+  args.out = kernel_view(select_bnhd(to.out, to.sel), op);
+  args.lse = kernel_view(select_bhn(to.lse, to.sel), op);
+  // Numbered by global position: a piece of the call, or another split, draws its mask.
+  const kernels::DropoutIndexing indexing =
+      runner.dropout()
+          ? block_dropout_indexing(call, {call.q_origin, call.q_origin},
+                                   {call.k_origin, call.k_origin}, layout.seq_len(), layout.heads)
+          : kernels::DropoutIndexing{};
+  args.params = runner.call_params(call.pair, call.causal, indexing);
+  if (keys.key_order.defined()) {
+    args.params.key_order = static_cast<const int64_t*>(kernel_view(keys.key_order, op).data);
+  }
+  return args;
+}
+
+// A call's backward in pieces of whole segments of at most `piece_elements` q elements
+// (AttentionCallContext::backward_piece_elements): cuDNN's backward takes a float32 dQ
+// workspace twice the size of its q, which for one large call would sit on top of the
+// memory peak. A piece numbers its dropout mask by global position, as the call does.
+std::vector<LocalCall> backward_pieces(const LocalCall& call, const RankLayout& layout,
+                                       int64_t piece_elements) {
+  const int64_t per_segment = layout.batch * call.q.head_count * call.q.count * layout.head_dim;
+  if (per_segment * call.q.segments <= piece_elements) return {call};
+  const int64_t segments_per_piece = std::max<int64_t>(1, piece_elements / per_segment);
+  std::vector<LocalCall> pieces;
+  for (int64_t first = 0; first < call.q.segments; first += segments_per_piece) {
+    LocalCall piece = call;
+    piece.q.first_position += first * call.q.segment_stride;
+    piece.k.first_position += first * call.k.segment_stride;
+    piece.q.segments = piece.k.segments = std::min(segments_per_piece, call.q.segments - first);
+    pieces.push_back(piece);
+  }
+  return pieces;
+}
+
+// A unit's rows of this rank's result while other ranks' partials merge in: a float32
+// (float64) accumulator and a view of the LSE, and scratch for one step's partial. Sized by
+// the unit (its heads at its selected positions), never by the whole block.
+struct UnitAcc {
+  int unit = -1;
+  RowRun rows;
+  Tensor out, lse;            // [B, n, hc, D] accumulation dtype; [B, hc, n] view of the lse
+  Tensor part_out, part_lse;  // q's dtype; the lse's dtype
+};
+
+// This rank's forward result as it is built. Head groups: the local calls write `out` (q's
+// dtype) and `lse` in place. All heads: pairs merge into the float32 `acc_out`, converted
+// into `out` at the end.
+struct ForwardState {
+  Tensor out, acc_out, lse;
+  std::vector<UnitAcc> units;
+};
+
+UnitAcc& unit_acc(const RankPlan& plan, ForwardState& state, int unit, DType q_dtype) {
+  for (UnitAcc& acc : state.units) {
+    if (acc.unit == unit) return acc;
+  }
+  const RankLayout& l = plan.layout;
+  const ExchangeUnit& u = plan.units[static_cast<size_t>(unit)];
+  UnitAcc acc;
+  acc.unit = unit;
+  acc.rows = u.rows(l, l.rank);
+  // Head groups start from the local calls' (rounded) rows; all heads merge in place.
+  acc.out = plan.merged ? unit_rows(state.acc_out, u, acc.rows)
+                        : unit_rows(state.out, u, acc.rows).to(state.lse.dtype()).contiguous();
+  acc.lse = unit_stat(state.lse, u, acc.rows);
+  acc.part_out = empty({l.batch, acc.rows.count, u.heads.count, l.head_dim},
+                       TensorOptions(q_dtype).with_device(state.lse.device()));
+  acc.part_lse = empty({l.batch, u.heads.count, acc.rows.count}, options_like(state.lse));
+  state.units.push_back(std::move(acc));
+  return state.units.back();
+}
+
+// The calls on this rank's own keys, in place.
+void local_forward(AttentionRunner& runner, const RankPlan& plan, const Tensor& q, const Tensor& k,
+                   const Tensor& v, ForwardState& state) {
+  auto run = [&](const LocalCall& call, const Tensor& out, const Tensor& lse) {
+    runner.forward(forward_args(runner, plan.layout, q, call, local_keys(runner, call, k, v),
+                                {out, lse, call.q}));
+  };
+  if (!plan.merged) {
+    // Head groups: every (position, head) belongs to at most one call, which writes it.
+    for (const LocalCall& call : plan.local_calls) run(call, state.out, state.lse);
+    return;
+  }
+  // All heads: each pair's partial in q's dtype (what every kernel, cuDNN included, writes;
+  // rounded once), merged through the LSE into the float32 accumulator.
+  Tensor part = empty_like(state.out), part_lse = empty_like(state.lse);
+  for (int pair = 0; pair < plan.num_pairs; ++pair) {
+    part.zero_();
+    part_lse.fill_(kNegInf);
+    for (const LocalCall& call : plan.local_calls) {
+      if (call.pair == pair) run(call, part, part_lse);
+    }
+    attention_merge_(state.acc_out, state.lse, part, part_lse);
+  }
+}
+
+// The calls on block src's keys of the units `group` exchanges, held in `flat`: per unit and
+// key piece, one partial merged into the unit's accumulator.
+void remote_forward(AttentionRunner& runner, const RankPlan& plan, int src, const Tensor& q,
+                    const ExchangeGroup& group, const Tensor& flat, ForwardState& state) {
+  const std::vector<LocalCall>& calls = plan.calls[static_cast<size_t>(src)];
+  for (int unit : group.units) {
+    const std::vector<const LocalCall*> mine = plan.calls_of_unit(calls, unit);
+    if (mine.empty()) continue;
+    UnitAcc& acc = unit_acc(plan, state, unit, q.dtype());
+    const ExchangeUnit& u = plan.units[static_cast<size_t>(unit)];
+    // One partial per key piece: within one the calls write disjoint query rows (a row
+    // meets a piece in one segment per pair), across the two pieces of the zigzag layout
+    // they may not.
+    for (int piece = 0; piece < plan.layout.pieces(); ++piece) {
+      acc.part_out.zero_();
+      acc.part_lse.fill_(kNegInf);
+      bool any = false;
+      for (const LocalCall* call : mine) {
+        if (call->key_piece != piece) continue;
+        const Keys keys = exchanged_keys(runner, plan, *call, src, group, flat);
+        runner.forward(forward_args(runner, plan.layout, q, *call, keys,
+                                    {acc.part_out, acc.part_lse, in_unit(call->q, u, acc.rows)}));
+        any = true;
+      }
+      if (any) attention_merge_(acc.out, acc.lse, acc.part_out, acc.part_lse);
+    }
+  }
+}
+
+}  // namespace
+
+RankAttention fixed_forward(AttentionRunner& runner, const RankPlan& plan, const Tensor& q,
+                            const Tensor& k, const Tensor& v, dist::Communicator* comm) {
+  const RankLayout& l = plan.layout;
+  const TensorOptions acc_opts =
+      TensorOptions(accumulation_dtype(q.dtype())).with_device(q.device());
+  ForwardState state;
+  state.out = zeros({l.batch, l.rows_per_rank, l.heads, l.head_dim}, options_like(q));
+  state.lse = full({l.batch, l.heads, l.rows_per_rank}, kNegInf, acc_opts);
+  if (plan.merged) state.acc_out = zeros(state.out.shape(), acc_opts);
+  ExchangeVisitor visitor;
+  visitor.local = [&] { local_forward(runner, plan, q, k, v, state); };
+  visitor.visit = [&](int src, const ExchangeGroup& group, const Tensor& flat, const Tensor&) {
+    remote_forward(runner, plan, src, q, group, flat, state);
+  };
+  exchange_keys(plan, k, v, comm, visitor);
+  if (plan.merged) {
+    state.out = state.acc_out.to(q.dtype()).contiguous();
+  } else {
+    for (const UnitAcc& acc : state.units) {
+      unit_rows(state.out, plan.units[static_cast<size_t>(acc.unit)], acc.rows).copy_(acc.out);
+    }
+  }
+  return {state.out, state.lse.contiguous()};
+}
+
+namespace {
+
+// The backward of one pass: runs each call's backward into the gradient buffers. Head groups:
+// the local calls write q-dtype gradients in place (disjoint selections of zeros);
+// contributions from and to other ranks accumulate in float32 per unit and are added once at
+// the end. All heads: float32 gradients throughout.
+class FixedBackward {
+ public:
+  FixedBackward(AttentionRunner& runner, const RankPlan& plan, const Tensor& q, const Tensor& out,
+                const Tensor& lse, const Tensor& grad_out, const Tensor& grad_lse,
+                const GradBuffers& grads)
+      : runner_(runner),
+        plan_(plan),
+        q_(q),
+        out_(out),
+        lse_(lse),
+        grad_out_(grad_out),
+        grad_lse_(grad_lse),
+        grads_(grads) {}
+
+  // The calls on this rank's own keys, in pieces (backward_pieces).
+  void local(const Tensor& k, const Tensor& v) {
+    for (const LocalCall& call : plan_.local_calls) {
+      for (const LocalCall& piece :
+           backward_pieces(call, plan_.layout, runner_.backward_piece_elements())) {
+        run(piece, local_keys(runner_, piece, k, v), grads_.qkv[0], piece.q, grads_.qkv[1],
+            grads_.qkv[2], /*start_at_zero=*/!plan_.merged);
+      }
+    }
+  }
+
+  // The calls on block src's packed rows of `group`; their dK/dV go into `key_grads`.
+  void remote(int src, const ExchangeGroup& group, const Tensor& flat, const Tensor& key_grads) {
+    const RankLayout& l = plan_.layout;
+    for (int unit : group.units) {
+      const ExchangeUnit& u = plan_.units[static_cast<size_t>(unit)];
+      const RowRun rows = u.rows(l, l.rank);
+      for (const LocalCall* call :
+           plan_.calls_of_unit(plan_.calls[static_cast<size_t>(src)], unit)) {
+        const Keys keys = exchanged_keys(runner_, plan_, *call, src, group, flat);
+        auto [grad_k, grad_v] = packed_rows(plan_, group, group.index_of(unit), key_grads, src);
+        run(*call, keys, unit_dq(unit, rows), in_unit(call->q, u, rows), grad_k, grad_v,
+            /*start_at_zero=*/false);
+      }
+    }
+  }
+
+  // Adds the remote calls' dQ of each unit into this rank's dQ.
+  void finish() {
+    for (const auto& [unit, dq] : unit_dq_) {
+      const ExchangeUnit& u = plan_.units[static_cast<size_t>(unit)];
+      add_into(unit_rows(grads_.qkv[0], u, u.rows(plan_.layout, plan_.layout.rank)), dq);
+    }
+  }
+
+ private:
+  void run(const LocalCall& call, const Keys& keys, const Tensor& grad_q, const Selection& q_sel,
+           const Tensor& grad_k, const Tensor& grad_v, bool start_at_zero) {
+    const AttentionForwardArgs fwd =
+        forward_args(runner_, plan_.layout, q_, call, keys, {out_, lse_, call.q});
+    AttentionBackwardArgs args = backward_args(
+        runner_.op(), fwd, select_bnhd(grad_out_, call.q),
+        grad_lse_.defined() ? select_bhn(grad_lse_, call.q) : Tensor(), select_bnhd(grad_q, q_sel),
+        select_bnhd(grad_k, keys.sel), select_bnhd(grad_v, keys.sel));
+    args.grads_start_at_zero = start_at_zero;
+    runner_.backward(fwd, args);
+  }
+
+  // dQ of this rank's rows of `unit` from remote keys, in the accumulation dtype.
+  Tensor& unit_dq(int unit, const RowRun& rows) {
+    for (auto& [id, dq] : unit_dq_) {
+      if (id == unit) return dq;
+    }
+    const RankLayout& l = plan_.layout;
+    const ExchangeUnit& u = plan_.units[static_cast<size_t>(unit)];
+    const TensorOptions acc_opts =
+        TensorOptions(accumulation_dtype(q_.dtype())).with_device(q_.device());
+    unit_dq_.push_back({unit, zeros({l.batch, rows.count, u.heads.count, l.head_dim}, acc_opts)});
+    return unit_dq_.back().second;
+  }
+
+  AttentionRunner& runner_;
+  const RankPlan& plan_;
+  const Tensor &q_, &out_, &lse_, &grad_out_, &grad_lse_;
+  const GradBuffers& grads_;
+  std::vector<std::pair<int, Tensor>> unit_dq_;
+};
+
+}  // namespace
+
+void fixed_backward(AttentionRunner& runner, const RankPlan& plan, const Tensor& q, const Tensor& k,
+                    const Tensor& v, const Tensor& out, const Tensor& lse, const Tensor& grad_out,
+                    const Tensor& grad_lse, dist::Communicator* comm, const GradBuffers& grads) {
+  FixedBackward pass(runner, plan, q, out, lse, grad_out, grad_lse, grads);
+  ExchangeVisitor visitor;
+  visitor.backward = true;
+  visitor.local = [&] { pass.local(k, v); };
+  visitor.visit = [&](int src, const ExchangeGroup& group, const Tensor& flat,
+                      const Tensor& key_grads) { pass.remote(src, group, flat, key_grads); };
+  visitor.home = [&](const ExchangeGroup& group, const Tensor& mine) {
+    unpack_key_grads(plan, group, mine, grads.qkv[1], grads.qkv[2]);
+  };
+  exchange_keys(plan, k, v, comm, visitor);
+  pass.finish();
+}
+
+}  // namespace rd::nn
