@@ -1,15 +1,21 @@
-// Modules around dilated_attention(): DilatedAttention (no projections) and
-// MultiheadDilatedAttention (QKV and output projections), plus the compute-dtype advice.
+// Modules around dilated attention: DilatedAttention (no projections) and
+// MultiheadDilatedAttention (QKV and output projections), on one device or, built by their
+// Ring* forms (ring_dilated_attention_modules.h), over a communicator's ranks; plus the
+// compute-dtype advice.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <vector>
 
+#include "ringdilated/dist/communicator.h"
 #include "ringdilated/nn/dilated_attention.h"
 #include "ringdilated/nn/linear.h"
 #include "ringdilated/nn/module.h"
 #include "ringdilated/nn/pattern_cache.h"
 #include "ringdilated/nn/random_state.h"
+#include "ringdilated/nn/ring_dilated_attention.h"
 #include "ringdilated/tensor/generator.h"
 #include "ringdilated/tensor/ops.h"
 
@@ -39,17 +45,20 @@ auto with_attention_context(bool training, double dropout, BufferedGenerator& ge
 // module's generator, seeded by `dropout_seed` and mirrored into the host buffer
 // "dropout_state" (see BufferedGenerator), so state_dict() saves its position. Index
 // patterns (cycled lists, Hilbert orders) live in the module's own cache, so one module's
-// working set cannot evict another's.
+// working set cannot evict another's. RingDilatedAttention is this module over the ranks of
+// a communicator (one engine: a module of one rank is this one).
 class DilatedAttention : public Module {
  public:
   explicit DilatedAttention(DilatedAttentionOptions options, uint64_t dropout_seed = 0);
-  DilatedAttentionResult forward_with_lse(const Tensor& q, const Tensor& k, const Tensor& v);
+  DilatedAttentionResult forward_with_lse(const Tensor& q, const Tensor& k, const Tensor& v) {
+    return attend(q, k, v).attention;
+  }
   Tensor forward(const Tensor& q, const Tensor& k, const Tensor& v) {
-    return forward_with_lse(q, k, v).out;
+    return attend(q, k, v).attention.out;
   }
   // The output for q, k, v packed as one [B, N, 3, H, D] tensor (see
   // dilated_attention_qkv_with_lse).
-  Tensor forward_packed(const Tensor& qkv);
+  Tensor forward_packed(const Tensor& qkv) { return attend_packed(qkv).attention.out; }
   const DilatedAttentionOptions& options() const { return options_; }
   // The path the last forward took.
   AttentionPath last_path() const { return last_path_; }
@@ -57,18 +66,34 @@ class DilatedAttention : public Module {
   PatternCache& pattern_cache() const { return *patterns_; }
   // The live dropout generator, e.g. for rd::checkpoint's list of generators to rewind.
   Generator& dropout_generator() { return dropout_generator_.generator(); }
+  // The ranks that split the sequence (1 on one device), and the global positions of this
+  // rank's rows of a sequence of seq_len positions, in the order it holds them.
+  int ranks() const { return comm_ != nullptr ? comm_->size() : 1; }
+  std::vector<Block> pieces_for(int64_t seq_len) const;
 
  protected:
+  // The module over the ranks of `comm` (see RingDilatedAttention).
+  DilatedAttention(DilatedAttentionOptions options, uint64_t dropout_seed,
+                   std::shared_ptr<dist::Communicator> comm, DistStrategy strategy,
+                   SequenceLayout layout);
   void on_state_loaded() override { dropout_generator_.reload(); }
+  RingAttentionResult attend(const Tensor& q, const Tensor& k, const Tensor& v);
+  RingAttentionResult attend_packed(const Tensor& qkv);
+
+  DilatedAttentionOptions options_;
+  std::shared_ptr<dist::Communicator> comm_;  // null: one device
+  DistStrategy strategy_ = DistStrategy::kAuto;
+  SequenceLayout layout_ = SequenceLayout::kAuto;
 
  private:
   template <class Call>
-  auto with_context(Call&& call) {
-    return attention_modules_internal::with_attention_context(
+  RingAttentionResult with_context(Call&& call) {
+    RingAttentionResult result = attention_modules_internal::with_attention_context(
         is_training(), options_.dropout, dropout_generator_, patterns_.get(), call);
+    last_path_ = result.attention.path_used;
+    return result;
   }
 
-  DilatedAttentionOptions options_;
   BufferedGenerator dropout_generator_;
   AttentionPath last_path_ = AttentionPath::kAuto;
   std::unique_ptr<PatternCache> patterns_ = std::make_unique<PatternCache>();
@@ -86,19 +111,6 @@ struct MultiheadOptions {
   double rope_base = 0.0;
 };
 
-namespace attention_modules_internal {
-
-// A [B, N, 3, H, D] QKV projection with q and k rotated (rope_base > 0) with positions
-// position_offset, position_offset + 1, ..., still packed, so the attention reads and
-// differentiates one buffer; the projection itself when rope_base = 0. The rotation
-// overwrites `qkv` (rotary_embedding_qkv_overwrite): pass the projection's fresh output.
-Tensor rotated_qkv(const Tensor& qkv, double rope_base, int64_t position_offset);
-Tensor rotated_qkv(const Tensor& qkv, double rope_base, const std::vector<PositionRun>& positions);
-// Throws rd::Error naming `module` unless rope_base is 0 or > 1 with an even head dim.
-void check_rope(double rope_base, int64_t head_dim, const char* module);
-
-}  // namespace attention_modules_internal
-
 // [B, N, E] -> [B, N, E]: x -> (q, k, v) = split(x W_qkv^T + b) into H heads of E / H ->
 // dilated attention -> output projection. q, k and v are strided views of the one QKV
 // projection output, read in place by the attention kernels.
@@ -106,7 +118,8 @@ void check_rope(double rope_base, int64_t head_dim, const char* module);
 // Children "qkv" (Linear E -> 3E), "attention" (DilatedAttention) and "out" (Linear E -> E).
 // Initialization draws from `generator`, in this order: the qkv weights, the attention's
 // dropout seed (split_seed), the out weights. Layers built one after another from one
-// generator differ, and one seed reproduces the whole model.
+// generator differ, and one seed reproduces the whole model. RingMultiheadDilatedAttention
+// is this module over a communicator's ranks, with the same draws.
 class MultiheadDilatedAttention : public UnaryModule {
  public:
   MultiheadDilatedAttention(int64_t embed_dim, int64_t num_heads, DilatedAttentionOptions options,
@@ -119,7 +132,18 @@ class MultiheadDilatedAttention : public UnaryModule {
   AttentionPath last_path() const { return attention_->last_path(); }
   PatternCache& pattern_cache() const { return attention_->pattern_cache(); }
 
+ protected:
+  // Builds the attention child with `make_attention(dropout_seed)` between the two
+  // projections (the draw order above); `name` names the module in errors.
+  using AttentionFactory = std::function<std::shared_ptr<DilatedAttention>(uint64_t dropout_seed)>;
+  MultiheadDilatedAttention(const char* name, int64_t embed_dim, int64_t num_heads,
+                            const DilatedAttentionOptions& options, Generator& generator,
+                            const MultiheadOptions& module_options,
+                            const AttentionFactory& make_attention);
+  const DilatedAttention& attention_module() const { return *attention_; }
+
  private:
+  const char* name_;
   int64_t embed_dim_;
   int64_t num_heads_;
   std::shared_ptr<Linear> qkv_;
