@@ -259,7 +259,8 @@ print(tests, failed)
 PY
 }
 
-# Builds a preset and runs its CPU tests (everything not labelled gpu).
+# Builds a preset and runs its CPU tests: everything not labelled gpu (the regex also leaves
+# out the GPU suite, label gpu_suite).
 test_preset() {
   local preset="$1"
   log "=== $preset: build"
@@ -273,7 +274,8 @@ test_preset() {
   run_ctest "$preset (CPU tests)" --preset "$preset" --output-on-failure -j2 -LE gpu
 }
 
-# GPU tests (label gpu) need the CUDA build and a visible GPU.
+# GPU tests (label gpu exactly: the GPU suite's gpu_suite tests run the same binaries whole)
+# need the CUDA build and a visible GPU.
 test_gpu() {
   if ! have_gpu; then
     SUMMARY_LINES+=("GPU tests: skipped, no GPU present (0 GPU tests run)")
