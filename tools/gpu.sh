@@ -159,6 +159,7 @@ DRY_RUN=0
 declare -A SUITE_ARGS SUITE_TIMEOUT
 SUITE_NAMES=()
 COMMAND=()
+LOGS=
 
 # x CMD...: runs CMD; under --dry-run prints it on fd 3 (the terminal, wherever the caller
 # sends CMD's output) and succeeds.
@@ -172,6 +173,12 @@ x() {
     return 0
   fi
   "$@"
+}
+
+# new_logs: sets LOGS to a fresh folder for a phase's logs; a dry run leaves none behind.
+new_logs() {
+  LOGS="$(mktemp -d)"
+  if ((DRY_RUN)); then trap 'rm -rf "$LOGS"' EXIT; fi
 }
 
 # Unpacks the pack, reads its suite list and sets the environment its programs need: the
@@ -250,7 +257,8 @@ run_benches() {
 # plainly, then under memcheck (where compute-sanitizer is installed).
 run_single() {
   local phase="$1" logs name passed=0 failed=0
-  logs="$(mktemp -d)"
+  new_logs
+  logs="$LOGS"
   x nvidia-smi -L
   for name in "${SUITE_NAMES[@]}"; do
     if [[ "$phase" == all || "$phase" == tests ]]; then
@@ -281,7 +289,8 @@ run_multi() {
   local part="${1:-all}"
   [[ "$part" =~ ^(all|tests|bench|torch)$ ]] || die "run multi: unknown part '$part'"
   local logs name failed=0 gpus=4
-  logs="$(mktemp -d)"
+  new_logs
+  logs="$LOGS"
   ((DRY_RUN)) || gpus="$(nvidia-smi -L | grep -c '^GPU ')"
   x nvidia-smi -L
   x nvidia-smi topo -m >"$logs/topology.txt" 2>&1 || true
@@ -327,7 +336,8 @@ run_torch() {
 # trainer's own progress lines (tokens/s, MFU) come from an untraced run of the same shape.
 run_profile() {
   local logs bin="$PACK_DIR/bin" N run extra
-  logs="$(mktemp -d)"
+  new_logs
+  logs="$LOGS"
   read -r -a extra <<<"${RD_PROFILE_ARGS:-}"
   x nvidia-smi -L
   for N in ${RD_PROFILE_SEQ:-65536}; do
