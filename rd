@@ -49,17 +49,12 @@ Usage: ./rd <command> [args]
                    if missing): `plot metrics run/metrics.jsonl ... -o out/` draws loss and
                    accuracy of training runs against steps and wall time; `plot bench
                    bench.json ... -o out/` the plots of docs/benchmarks.md (--help for more).
-  gpu-pack         (machine with nvcc) build release and pack the GPU tests and benches,
-                   stripped, with the libraries a bare GPU machine lacks, into
-                   .carry/gpu.tar.xz (RD_PACK_ONLY="name ..." packs just those).
-  gpu-run [phase]  (GPU machine) unpack .carry/gpu.tar.xz, run the GPU tests (phase tests),
-                   again under compute-sanitizer memcheck (memcheck), then the benches and
-                   their markdown report (bench); default all. Logs to $OUT/gpu-logs.tgz.
-                   Phase multi (several GPUs): the NCCL, trainer and scaling suites and
-                   PyTorch's context parallelism; logs to $OUT/gpu-multi.tgz.
-                   Phase profile: trace rd_train's reference model (tools/cupti_trace.cc)
-                   at RD_PROFILE_SEQ tokens (default 65536) and break a step down by kernel
-                   (tools/kernel_profile.py); logs to $OUT/gpu-profile.tgz.
+  gpu-pack         (machine with nvcc) build the GPU suite and pack it into .carry/gpu.tar.xz
+                   for a GPU machine without our dependencies (RD_PACK_ONLY="name ..."
+                   packs just those); tools/gpu.sh, which packs and runs it, says more.
+  gpu-run [--dry-run] [phase]
+                   (GPU machine) run the pack: phase tests, memcheck, bench, all (default),
+                   multi or profile; logs to $OUT. --dry-run prints the commands instead.
   help             This text.
 
 Build folders: build/<preset>. Set RD_JOBS=N to limit parallel compile jobs.
@@ -264,7 +259,8 @@ print(tests, failed)
 PY
 }
 
-# Builds a preset and runs its CPU tests (everything not labelled gpu).
+# Builds a preset and runs its CPU tests: everything not labelled gpu (the regex also leaves
+# out the GPU suite, label gpu_suite).
 test_preset() {
   local preset="$1"
   log "=== $preset: build"
@@ -278,7 +274,8 @@ test_preset() {
   run_ctest "$preset (CPU tests)" --preset "$preset" --output-on-failure -j2 -LE gpu
 }
 
-# GPU tests (label gpu) need the CUDA build and a visible GPU.
+# GPU tests (label gpu exactly: the GPU suite's gpu_suite tests run the same binaries whole)
+# need the CUDA build and a visible GPU.
 test_gpu() {
   if ! have_gpu; then
     SUMMARY_LINES+=("GPU tests: skipped, no GPU present (0 GPU tests run)")
@@ -293,7 +290,7 @@ test_gpu() {
     return 0
   fi
   log "=== release: GPU tests"
-  run_ctest "release (GPU tests)" --preset release-gpu --output-on-failure -j1 -L gpu
+  run_ctest "release (GPU tests)" --preset release-gpu --output-on-failure -j1 -L '^gpu$'
 }
 
 cmd_test() {
@@ -312,239 +309,19 @@ cmd_test() {
 }
 
 # --- GPU suite --------------------------------------------------------------------------
-# The GPU machine has the CUDA runtime and cuBLASLt but not our Debian dependencies
-# (Abseil, OpenBLAS). So the suite is built here (release preset) and packed, stripped and
-# with the libraries the GPU machine lacks, into .carry/gpu.tar.xz (git-ignored). On the
-# GPU machine, `./rd gpu-run` unpacks it and runs every GPU test binary, then again under
-# compute-sanitizer memcheck, then the GPU benchmarks; logs go to $OUT/gpu-logs.tgz.
-GPU_PACK_DIR=.carry/gpu
-GPU_PACK=.carry/gpu.tar.xz
-
-# The build targets of the GPU suite: the CUDA tests and benches and the op suite (only
-# these are built and packed: CI builds and tests the rest).
-gpu_targets() {
-  local source
-  for source in tests/cuda_*_test.cc bench/cuda_*_bench.cc; do
-    [[ -f "$source" ]] && basename "${source%.cc}"
-  done
-  # Suites whose CUDA cases register or run only where a GPU is visible.
-  echo op_suite_test
-  echo dilated_attention_test
-  echo attention_merge_test
-  echo ring_dilated_attention_test
-  echo rotary_test
-  echo foreach_ops_test
-  # The trainer, for training runs on the GPU (MFU, longest sequence; docs/benchmarks.md),
-  # its launcher, and the test that trains on several GPUs through both.
-  echo rd_train_cli
-  echo rd_launch
-  echo train_multiprocess_test
-  # Loads cuBLASLt and cuDNN (opened at run time, not linked) the way the library does.
-  echo shared_library_test
-  # The CUPTI kernel tracer behind `gpu-run profile` (the GPU machine has no Nsight).
-  echo rd_cupti_trace
-}
-
+# Packing and running the GPU suite on a lent GPU machine live in tools/gpu.sh; packing
+# builds first, with this script's setup and release preset.
 cmd_gpu_pack() {
   cmd_setup
   have_nvcc || die "gpu-pack needs the CUDA toolkit (nvcc) on this machine"
-  local targets
-  mapfile -t targets < <(gpu_targets)
-  # RD_PACK_ONLY="name ...": pack just these of the suite (a smaller pack, packed sooner).
-  [[ -n "${RD_PACK_ONLY:-}" ]] && read -r -a targets <<<"$RD_PACK_ONLY"
+  # The suite's list comes from the configured build (ctest), so configure before listing.
+  log "configure: cmake --preset release"
+  cmake --preset release
+  local listed targets
+  listed="$(tools/gpu.sh targets)"
+  mapfile -t targets <<<"$listed"
   configure_and_build release "${targets[@]}"
-  rm -rf "$GPU_PACK_DIR"
-  mkdir -p "$GPU_PACK_DIR/bin" "$GPU_PACK_DIR/lib"
-  local binary name path
-  # The test binaries that run on the GPU: the CUDA tests, plus the op suite, whose CUDA
-  # cases register only where a GPU is visible; then the CUDA benches.
-  for name in "${targets[@]}"; do
-    for binary in "build/release/tests/$name" "build/release/bench/$name"; do
-      [[ -x "$binary" ]] && strip -o "$GPU_PACK_DIR/bin/$name" "$binary"
-    done
-  done
-  strip -o "$GPU_PACK_DIR/bin/rd_train" build/release/train/rd_train
-  strip -o "$GPU_PACK_DIR/bin/rd_launch" build/release/train/rd_launch
-  cp bench/report.py "$GPU_PACK_DIR/bin/" 2>/dev/null || true
-  [[ -f build/release/tools/librd_cupti_trace.so ]] &&
-    strip -o "$GPU_PACK_DIR/bin/librd_cupti_trace.so" build/release/tools/librd_cupti_trace.so
-  # Carry what a binary links beyond the C/C++ runtime, the driver and the CUDA toolkit.
-  for binary in "$GPU_PACK_DIR"/bin/*_test "$GPU_PACK_DIR"/bin/*_bench "$GPU_PACK_DIR"/bin/rd_* \
-    "$GPU_PACK_DIR"/bin/*.so; do
-    while read -r name path; do
-      [[ "$name" =~ ^lib(absl_|gomp|openblas|gfortran|quadmath|benchmark|gloo|hiredis|ibverbs|nl-|cupti) ]] || continue
-      cp -L -n "$path" "$GPU_PACK_DIR/lib/$name"
-    done < <(ldd "$binary" | awk '$3 ~ /^\// {print $1, $3}')
-  done
-  # The test binaries share most of their bytes (the ~40 MB of kernels each links), which
-  # compress to about one copy when the dictionary spans several binaries and the stream is
-  # one block: 1 GB -> 26 MB, leaving room for the tree (~5 MB) under the 64 MiB carry limit
-  # (xz -9 -T2 cut it into blocks that each kept a copy: 60 MB). Single-threaded: ~9 minutes.
-  tar -C .carry -cf - gpu | xz -T1 --lzma2=preset=9,dict=192MiB >"$GPU_PACK"
-  rm -rf "$GPU_PACK_DIR"
-  log "packed $(du -h "$GPU_PACK" | cut -f1) into $GPU_PACK; carry .carry and run ./rd gpu-run there"
-}
-
-# gtest arguments for one GPU test binary: the op suite runs only its CUDA cases (and the
-# harness checks), since CI covers its CPU cases.
-gpu_test_args() {
-  case "$1" in
-    op_suite_test) echo "--gtest_brief=1 --gtest_filter=*cuda*:Harness.*" ;;
-    dilated_attention_test | attention_merge_test | ring_dilated_attention_test | \
-      train_multiprocess_test)
-      echo "--gtest_brief=1 --gtest_filter=*Cuda*" ;;
-    cuda_multi_gpu_test) echo "--gtest_print_time=1" ;;
-    *) echo "--gtest_brief=1" ;;
-  esac
-}
-
-# Unpacks the GPU suite and sets the environment its programs need: the carried
-# libraries, the programs the multi-process tests start, NCCL without NVLink multicast.
-unpack_gpu_suite() {
-  [[ -f "$GPU_PACK" ]] || die "no $GPU_PACK: run ./rd gpu-pack first and carry .carry"
-  tar -C .carry -xJf "$GPU_PACK"
-  export LD_LIBRARY_PATH="$ROOT/$GPU_PACK_DIR/lib:${LD_LIBRARY_PATH:-}"
-  export RD_TRAIN="$ROOT/$GPU_PACK_DIR/bin/rd_train" RD_LAUNCH="$ROOT/$GPU_PACK_DIR/bin/rd_launch"
-  export NCCL_NVLS_ENABLE=0
-}
-
-# Runs one GPU test binary under a timeout of $3 seconds (its gtest arguments from
-# gpu_test_args), logging to $2/<name>.log and printing its summary; returns its status.
-run_gpu_test() {
-  local binary="$1" logs="$2" limit="$3" name rc=0 args
-  name="$(basename "$binary")"
-  read -r -a args <<<"$(gpu_test_args "$name")"
-  timeout "$limit" "$binary" "${args[@]}" >"$logs/$name.log" 2>&1 || rc=$?
-  log "$name: exit $rc"
-  grep -E 'PASSED|FAILED|SKIPPED|resumed vs' "$logs/$name.log" | tail -n 12 || true
-  return "$rc"
-}
-
-# Runs the GPU tests (phase "tests"), the same under compute-sanitizer memcheck
-# ("memcheck"), and the benches ("bench"); "all" runs the three. Phase "multi" (a machine
-# with several GPUs) runs the suites that use several and their benches: cmd_gpu_multi.
-cmd_gpu_run() {
-  local phase="${1:-all}"
-  [[ "$phase" =~ ^(all|tests|memcheck|bench|multi|profile)$ ]] || die "gpu-run: unknown phase '$phase'"
-  if [[ "$phase" == multi ]]; then
-    cmd_gpu_multi "${2:-all}"
-    return
-  fi
-  if [[ "$phase" == profile ]]; then
-    cmd_gpu_profile
-    return
-  fi
-  unpack_gpu_suite
-  local logs binary name rc passed=0 failed=0 args
-  logs="$(mktemp -d)"
-  nvidia-smi -L
-  for binary in "$GPU_PACK_DIR"/bin/*_test; do
-    name="$(basename "$binary")"
-    read -r -a args <<<"$(gpu_test_args "$name")"
-    if [[ "$phase" == all || "$phase" == tests ]]; then
-      if run_gpu_test "$binary" "$logs" 400; then
-        passed=$((passed + 1))
-      else
-        failed=$((failed + 1))
-      fi
-    fi
-    if [[ "$phase" == all || "$phase" == memcheck ]] && command -v compute-sanitizer >/dev/null; then
-      rc=0
-      # API errors are expected (the out-of-memory tests); memory errors are not.
-      timeout 400 compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 \
-        "$binary" "${args[@]}" >"$logs/$name.memcheck.log" 2>&1 || rc=$?
-      log "$name under memcheck: exit $rc"
-      grep -E 'ERROR SUMMARY|FAILED' "$logs/$name.memcheck.log" | tail -n 8 || true
-      if ((rc == 0)); then passed=$((passed + 1)); else failed=$((failed + 1)); fi
-    fi
-  done
-  if [[ "$phase" == all || "$phase" == bench ]]; then
-    for binary in "$GPU_PACK_DIR"/bin/*_bench; do
-      [[ -x "$binary" ]] || continue
-      name="$(basename "$binary")"
-      # shellcheck disable=SC2086  # RD_BENCH_ARGS holds several words on purpose
-      # One repetition: Google Benchmark 1.7 aborts when repetitions of a manually timed
-      # row settle on different iteration counts.
-      "$binary" --benchmark_min_time=0.3 --benchmark_out="$logs/$name.json" \
-        --benchmark_out_format=json ${RD_BENCH_ARGS:-} >"$logs/$name.txt" 2>&1 || true
-      tail -n 5 "$logs/$name.txt"
-    done
-    if compgen -G "$logs/*.json" >/dev/null; then
-      python3 "$GPU_PACK_DIR/bin/report.py" "$logs"/*.json >"$logs/report.md" 2>&1 || true
-      cat "$logs/report.md"
-    fi
-  fi
-  tar -C "$logs" -czf "${OUT:-build}/gpu-logs.tgz" .
-  echo "gpu runs: $passed passed, $failed failed"
-  ((failed == 0))
-}
-
-# Several GPUs, in parts that each fit one device call (all: every part): "tests" the NCCL
-# suites (threads and processes, rank failure) and the trainer on 2 and 4 GPUs; "bench" the
-# multi-GPU benches; "torch" PyTorch's context parallelism on the same machine and workload
-# (tools/torch_cp_bench.py). Logs and JSON to $OUT/gpu-multi-<part>.tgz.
-cmd_gpu_multi() {
-  local part="${1:-all}"
-  [[ "$part" =~ ^(all|tests|bench|torch)$ ]] || die "gpu-run multi: unknown part '$part'"
-  unpack_gpu_suite
-  local logs bin="$GPU_PACK_DIR/bin" name failed=0 gpus
-  logs="$(mktemp -d)"
-  gpus="$(nvidia-smi -L | grep -c '^GPU ')"
-  nvidia-smi -L
-  nvidia-smi topo -m >"$logs/topology.txt" 2>&1 || true
-  if [[ "$part" == all || "$part" == tests ]]; then
-    for name in cuda_multi_gpu_test train_multiprocess_test cuda_nccl_test \
-      ring_dilated_attention_test; do
-      run_gpu_test "$bin/$name" "$logs" "${RD_TEST_TIMEOUT:-500}" || failed=$((failed + 1))
-    done
-  fi
-  if [[ "$part" == all || "$part" == bench ]]; then
-    # shellcheck disable=SC2086  # RD_BENCH_ARGS holds several words on purpose
-    timeout "${RD_BENCH_TIMEOUT:-540}" "$bin/cuda_multi_gpu_bench" \
-      --benchmark_out="$logs/multi_gpu.json" --benchmark_out_format=json ${RD_BENCH_ARGS:-} \
-      >"$logs/multi_gpu.txt" 2>&1 || true
-    cat "$logs/multi_gpu.txt"
-  fi
-  if [[ "$part" == all || "$part" == torch ]] && python3 -c 'import torch' 2>/dev/null; then
-    local P N
-    for N in 131072 262144; do
-      for P in 1 2 4; do
-        ((P <= gpus)) || continue
-        timeout 300 torchrun --standalone --nproc_per_node="$P" tools/torch_cp_bench.py \
-          --seq_len "$N" --heads 16 --head_dim 128 --out "$logs/torch_cp.jsonl" \
-          >>"$logs/torch_cp.txt" 2>&1 || log "torch_cp_bench P=$P N=$N failed"
-      done
-    done
-    tail -n 40 "$logs/torch_cp.txt" || true
-  fi
-  tar -C "$logs" -czf "${OUT:-build}/gpu-multi-$part.tgz" .
-  echo "gpu multi $part: $failed suites failed"
-  ((failed == 0))
-}
-
-# Traces a few steps of rd_train's reference model per sequence length in RD_PROFILE_SEQ
-# (extra rd_train flags in RD_PROFILE_ARGS) and prints where a step's GPU time goes; the
-# trainer's own progress lines (tokens/s, MFU) come from an untraced run of the same shape.
-cmd_gpu_profile() {
-  unpack_gpu_suite
-  local logs bin="$GPU_PACK_DIR/bin" N run
-  logs="$(mktemp -d)"
-  nvidia-smi -L
-  for N in ${RD_PROFILE_SEQ:-65536}; do
-    # shellcheck disable=SC2086  # RD_PROFILE_ARGS holds several flags on purpose
-    run=("$bin/rd_train" --flagfile=train/configs/gpu_reference.flags --seq_len="$N" --steps=8
-      --warmup_steps=1 --log_every=2 --eval_every=0 --final_eval_batches=1
-      --out_dir="$logs/run-$N" ${RD_PROFILE_ARGS:-})
-    "${run[@]}" >"$logs/train-$N.txt" 2>&1 || log "rd_train at $N tokens failed"
-    tr '\r' '\n' <"$logs/train-$N.txt" | grep -E '^step [0-9]+/' | tail -n 2 || tail -n 5 "$logs/train-$N.txt"
-    CUDA_INJECTION64_PATH="$ROOT/$bin/librd_cupti_trace.so" RD_CUPTI_TRACE="$logs/trace-$N.csv" \
-      "${run[@]/--out_dir=*/--out_dir=$logs/traced-$N}" >"$logs/traced-$N.txt" 2>&1 ||
-      log "traced rd_train at $N tokens failed"
-    python3 tools/kernel_profile.py "$logs/trace-$N.csv" --steps 4 >"$logs/profile-$N.md" 2>&1 || true
-    cat "$logs/profile-$N.md"
-    gzip -f "$logs/trace-$N.csv"
-  done
-  tar -C "$logs" -czf "${OUT:-build}/gpu-profile.tgz" .
+  tools/gpu.sh pack "${targets[@]}"
 }
 
 # --- demo and bench -------------------------------------------------------------------
@@ -670,7 +447,7 @@ case "$command" in
   bench) cmd_bench "$@" ;;
   plot) cmd_plot "$@" ;;
   gpu-pack) cmd_gpu_pack ;;
-  gpu-run) cmd_gpu_run "$@" ;;
+  gpu-run) exec tools/gpu.sh run "$@" ;;
   help | -h | --help) usage ;;
   *)
     usage >&2
