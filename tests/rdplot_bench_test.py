@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
-"""rdplot_bench_test.py RDPLOT: the strong-scaling figures tools/rdplot.py draws from
-bench/cuda_multi_gpu_bench's strong/ and strong_causal/ rows: one figure per N, a line per
-layout (non-causal, causal contiguous, causal zigzag) holding the rows' efficiency counters
-against P, the ideal 100% line, a row that failed left out and named in the notes. The
-synthetic JSON holds random efficiencies, so a value taken from the wrong row shows. Where
-matplotlib is installed it also draws them and reads the legend and point labels back."""
+"""rdplot_bench_test.py RDPLOT: the scaling figures tools/rdplot.py draws from
+bench/cuda_multi_gpu_bench's rows. Strong (strong/, strong_causal/): one figure per N, a line
+per layout (non-causal, causal contiguous, causal zigzag) holding the rows' efficiency
+counters against P, the ideal 100% line, a row that failed left out and named in the notes.
+Weak (weak/P<p>/N<P x 1M>): one figure, a line by work (work_efficiency) and one by time
+(efficiency). The synthetic JSON holds random efficiencies, so a value taken from the wrong
+row shows. Where matplotlib is installed it also draws them and reads the legend and point
+labels back."""
 import json
 import os
 import random
@@ -18,6 +20,9 @@ LAYOUTS = {"none": "strong", "contiguous": "strong_causal/contiguous",
 LABELS = ["non-causal", "causal contiguous", "causal zigzag", "ideal (100%)"]
 NS = (1048576, 4194304)
 FAILED = ("zigzag", 4, 1048576)  # this row reports an error instead of counters
+WEAK_LABELS = ["by work: attended pairs/s per GPU", "by time: T(1 GPU, 1M) / T(P, P x 1M)",
+               "ideal (100%)"]
+WEAK_FAILED = 8  # this weak row reports an error
 
 
 
@@ -56,6 +61,42 @@ def synthetic(rng):
     expected["none", 4194304][1] = (2, first["efficiency"] + 0.01)
     context = {"cuda_device": "NVIDIA Test GPU", "date": "2026-11-27T10:00:00+00:00"}
     return {"context": context, "benchmarks": entries}, expected
+
+
+def weak_synthetic(rng):
+    """(benchmark JSON of weak rows, {counter: [(P, value)]} the lines should draw)."""
+    entries, expected = [], {"work_efficiency": [], "efficiency": []}
+    for p in (1, 2, 4, WEAK_FAILED):
+        name = f"weak/P{p}/N{p * 1048576}/iterations:1/manual_time"
+        if p == WEAK_FAILED:
+            entries.append({"name": name, "run_type": "iteration", "error_occurred": True,
+                            "error_message": "needs 8 GPUs, 4 visible"})
+            continue
+        work, time = (1.0, 1.0) if p == 1 else (rng.uniform(0.7, 1.0), rng.uniform(0.3, 0.7))
+        entries.append({"name": name, "run_type": "iteration", "iterations": 1,
+                        "efficiency": time, "work_efficiency": work, "seconds": 0.5 / time})
+        expected["work_efficiency"].append((p, work))
+        expected["efficiency"].append((p, time))
+    context = {"cuda_device": "NVIDIA Test GPU", "date": "2026-11-27T10:00:00+00:00"}
+    return {"context": context, "benchmarks": entries}, expected
+
+
+def check_weak(rdplot, rng):
+    data, expected = weak_synthetic(rng)
+    figure = rdplot.weak_figure(data["context"], data["benchmarks"])
+    check(figure.file_name == "weak_scaling.png", f"weak file {figure.file_name}")
+    labels = [s.name for s in figure.series]
+    check(labels == WEAK_LABELS, f"weak labels {labels}")
+    check(figure.x_values == [1, 2, 4, 8], f"weak x {figure.x_values}")
+    for counter, series in zip(("work_efficiency", "efficiency"), figure.series):
+        want, got = expected[counter], series.points
+        check(len(got) == len(want) and all(p == q and close(a, b)
+                                            for (p, a), (q, b) in zip(got, want)),
+              f"weak {counter}: points {got}, want {want}")
+    notes = " ".join(figure.notes)
+    check("P = 4: N = 4M" in notes and "Did not run: P = 8 (needs 8 GPUs, 4 visible)" in notes,
+          f"weak notes {notes!r}")
+    return data, figure, expected
 
 
 def check(condition, message):
@@ -111,25 +152,37 @@ def main():
     rdplot = rdplot_testing.load_rdplot(sys.argv[1])
     data, expected = synthetic(random.Random(19))
     figures = check_figures(rdplot, data, expected)
+    weak_data, weak, weak_expected = check_weak(rdplot, random.Random(20))
 
     if rdplot.plt is None:
         print("rdplot_bench_test: OK (matplotlib missing: the drawing itself not checked)")
         return
     for n, figure in zip(NS, figures):
         check_drawing(rdplot, figure, expected, n)
+    fig = rdplot.render(weak)
+    legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    check(legend == WEAK_LABELS, f"weak legend {legend}")
+    written = sorted(t.get_text() for t in fig.axes[0].texts)
+    want = sorted(f"{v * 100:.1f}%" for points in weak_expected.values() for p, v in points
+                  if p > 1)
+    check(written == want, f"weak point labels {written}, want {want}")
+    rdplot.plt.close(fig)
     with tempfile.TemporaryDirectory() as work:
         path = os.path.join(work, "strong.json")
         with open(path, "w") as f:
             json.dump(data, f)
+        with open(os.path.join(work, "weak.json"), "w") as f:
+            json.dump(weak_data, f)
         out = os.path.join(work, "plots")
-        check(rdplot.main(["bench", path, "-o", out]) == 0, "exit code")
+        check(rdplot.main(["bench", path, os.path.join(work, "weak.json"), "-o", out]) == 0,
+              "exit code")
         for n in NS:
             png = os.path.join(out, f"strong_scaling_{n}.png")
             check(os.path.exists(png), f"no {os.path.basename(png)}")
             with open(png, "rb") as f:
                 check(f.read(8) == b"\x89PNG\r\n\x1a\n", f"{png} is no PNG")
-        check(sorted(os.listdir(out)) == [f"strong_scaling_{n}.png" for n in NS],
-              f"files {os.listdir(out)}")
+        check(sorted(os.listdir(out)) == [f"strong_scaling_{n}.png" for n in NS]
+              + ["weak_scaling.png"], f"files {os.listdir(out)}")
     print("rdplot_bench_test: OK")
 
 

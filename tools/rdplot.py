@@ -16,14 +16,17 @@ docs/benchmarks.md.
   rdplot.py bench BENCH.json [more.json ...] -o OUT_DIR
       Google Benchmark JSON of bench/cuda_dilated_attention_bench (dilated/..., dense_ceiling/
       rows, read through bench/report.py), of bench/cuda_ring_attention_bench (ring/... rows)
-      and of bench/cuda_multi_gpu_bench (strong/... and strong_causal/... rows). Writes:
+      and of bench/cuda_multi_gpu_bench (strong/..., strong_causal/... and weak/... rows).
+      Writes:
         dilated_tokens_<fwd|fwdbwd>_<H12D64|H16D128>.png  tokens/s against N: fixed and
             original variant (kAuto) and the dense-SDPA ceiling;
         dilated_paths_<fwd|fwdbwd>_H16D128.png  the fixed variant per path;
         dilated_memory_fwdbwd_H16D128.png  allocator peak against the issue's bound;
         ring_tokens_<fwd|fwdbwd>_<HxDy>_P<p>.png  each strategy and the single device;
         strong_scaling_<N>.png  parallel efficiency against GPUs (1, 2, 4): non-causal,
-            causal contiguous and causal zigzag, against the ideal 100%.
+            causal contiguous and causal zigzag, against the ideal 100%;
+        weak_scaling.png  N = P x 1M: efficiency by work (attended pairs/s per GPU) and by
+            time against GPUs, against the ideal 100%.
       Both axes logarithmic (strong scaling: GPUs log 2, efficiency linear); non-causal solid,
       causal dashed. A line ends at its last row that ran; the note under the title says where
       and why. Dilated rows of several files merge (a later row replacing an earlier one of the
@@ -267,6 +270,13 @@ STRONG_STYLES = {  # keyed by layout; "none" is the non-causal strong/ row
     "zigzag": Style("causal zigzag", "#009E73", "D", dash="--"),
 }
 IDEAL_STYLE = Style("ideal (100%)", "#222222", dash=":", width=1.5)
+# weak/P<p>/N<n>: P GPUs at N = P x 1M. Two efficiencies per row: by time, and by work
+# (attended pairs per second per GPU), which is the fair one when a pair spans the sequence.
+WEAK_ROW = re.compile(r"weak/P(\d+)/N(\d+)$")
+WEAK_STYLES = {  # keyed by the row's counter
+    "work_efficiency": Style("by work: attended pairs/s per GPU", "#0072B2", "o"),
+    "efficiency": Style("by time: T(1 GPU, 1M) / T(P, P x 1M)", "#D55E00", "s", dash="--"),
+}
 # What bench/cuda_multi_gpu_bench runs in its strong rows (its header comment): the JSON
 # holds none of it, so the subtitle states it here.
 STRONG_CONFIG = ("bf16, B = 1, H = 16, D = 128, pairs (2048,1), (16384,4), (262144,16), (N,64), "
@@ -305,6 +315,7 @@ class Source:
     rows: dict = field(default_factory=dict)
     ring: list = field(default_factory=list)  # (context, benchmark entries) per file
     strong: list = field(default_factory=list)  # the same, files with strong-scaling rows
+    weak: list = field(default_factory=list)  # the same, files with weak-scaling rows
 
 
 def load_bench(paths):
@@ -319,6 +330,8 @@ def load_bench(paths):
             source.ring.append((context, entries))
         if any(STRONG_ROW.match(report.base_name(e)) for e in entries):
             source.strong.append((context, entries))
+        if any(WEAK_ROW.match(report.base_name(e)) for e in entries):
+            source.weak.append((context, entries))
         dilated = {}
         for row in report.collect_rows(entries):
             key = report.dilated_key(row.name)
@@ -527,22 +540,28 @@ def median_counters(entries):
             for k in keys}
 
 
-def strong_rows(entries):
-    """(layout, P, N) -> the row's counters ("none" the non-causal layout), or the error
-    message (a str) of a row that did not run (out of memory, too few GPUs visible)."""
+def matching_rows(entries, pattern):
+    """The rows whose name matches `pattern`, keyed by its groups: each row's counters (the
+    median of its repetitions), or the error message (a str) of a row that did not run (out
+    of memory, too few GPUs visible)."""
     groups = {}
     for entry in entries:
-        match = STRONG_ROW.match(report.base_name(entry))
+        match = pattern.match(report.base_name(entry))
         # Iterations only: the mean / median / stddev aggregates of --benchmark_repetitions
         # would count as more repetitions, and a stddev is no efficiency.
         if match and entry.get("run_type") != "aggregate":
-            layout, p, n = match.groups()
-            groups.setdefault((layout or "none", int(p), int(n)), []).append(entry)
+            groups.setdefault(match.groups(), []).append(entry)
     rows = {}
     for key, group in groups.items():
         failed = [e for e in group if e.get("error_occurred")]
         rows[key] = failed[0].get("error_message", "error") if failed else median_counters(group)
     return rows
+
+
+def strong_rows(entries):
+    """(layout, P, N) -> the row's counters ("none" the non-causal layout) or its error."""
+    return {(layout or "none", int(p), int(n)): row
+            for (layout, p, n), row in matching_rows(entries, STRONG_ROW).items()}
 
 
 def strong_series(rows, n):
@@ -615,6 +634,32 @@ def strong_figures(context, entries):
     return figures
 
 
+# ---------------------------------------------------------------------------- weak scaling
+
+
+def weak_figure(context, entries):
+    """Weak scaling, N = P x 1M: efficiency by work and by time against GPUs, ideal 100%."""
+    rows = {int(p): (int(n), row) for (p, n), row in matching_rows(entries, WEAK_ROW).items()}
+    ran = {p: row for p, (_, row) in rows.items() if isinstance(row, dict)}
+    series = [Series(style.label, "dense", style,
+                     sorted((p, row[counter]) for p, row in ran.items() if counter in row))
+              for counter, style in WEAK_STYLES.items()]
+    ps = sorted(rows)
+    series.append(Series(IDEAL_STYLE.label, "dense", IDEAL_STYLE, [(p, 1.0) for p in ps]))
+    sizes = ", ".join(f"P = {p}: N = {format_n(rows[p][0])}" for p in ps)
+    notes = [f"Each GPU holds 1M positions ({sizes}). The pair (N, 64) spans the whole "
+             "sequence, so a rank's work grows with N: equal time is not the ideal, equal "
+             "attended pairs per second per GPU is (the plan's count, "
+             "nn::attended_pairs_per_rank)."]
+    failed = [f"P = {p} ({row})" for p, (_, row) in sorted(rows.items()) if isinstance(row, str)]
+    if failed:
+        notes.append("Did not run: " + "; ".join(failed) + ".")
+    subtitle = (f"{context.get('cuda_device', 'unknown device')}, "
+                f"{context.get('date', 'unknown date')[:10]}; {STRONG_CONFIG}")
+    return Figure("weak_scaling.png", "Weak scaling, N = P x 1M", subtitle, notes, "efficiency",
+                  format_percent, ps, series, legend_masks=False, x_axis="gpus")
+
+
 def all_figures(source):
     figures = []
     if source.rows:
@@ -625,6 +670,8 @@ def all_figures(source):
         figures += ring_figures(context, entries)
     for context, entries in source.strong:
         figures += strong_figures(context, entries)
+    for context, entries in source.weak:
+        figures.append(weak_figure(context, entries))
     return figures
 
 
