@@ -9,13 +9,16 @@
 #include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/flags/marshalling.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
@@ -28,75 +31,100 @@
 #include "ringdilated/train/tokenizer.h"
 #include "ringdilated/train/trainer.h"
 
+namespace {
+
+// The default of the configuration flag `flag` as its Abseil type, from the description
+// (train_config.h). A flag without a described field, or a default that is not a value of
+// its type, is a bug: it stops the program at the flag's first use.
+template <class T>
+T config_flag_default(std::string_view flag) {
+  const std::optional<rd::train::ConfigField> field = rd::train::config_field_of_flag(flag);
+  std::string text, error;
+  T value{};
+  if (field) text = rd::train::cli_default_text(*field);
+  if (!field || !absl::ParseFlag(text, &value, &error)) {
+    std::fprintf(stderr, "rd_train: internal error: flag --%.*s %s %s\n",
+                 static_cast<int>(flag.size()), flag.data(),
+                 field ? "has a bad default:" : "describes no configuration field", error.c_str());
+    std::abort();
+  }
+  return value;
+}
+
+std::string config_flag_help(std::string_view flag) {
+  const std::optional<rd::train::ConfigField> field = rd::train::config_field_of_flag(flag);
+  return field ? std::string(field->help) : std::string();
+}
+
+}  // namespace
+
+// The flags of TrainConfig's fields: their defaults and help come from the description
+// (rd::train::visit_config_fields), and config_from_flags() copies every described field.
+#define RD_CONFIG_FLAG(Type, name) \
+  ABSL_FLAG(Type, name, config_flag_default<Type>(#name), config_flag_help(#name))
+
 // Data.
-ABSL_FLAG(std::string, data, "passkey",
-          "passkey, mqar, copy (synthetic, generated on the fly), text:<file> (bytes of a file) "
-          "or tokens:<file> (an RDTOK token file)");
-ABSL_FLAG(int64_t, seq_len, 256, "tokens per sequence");
-ABSL_FLAG(int64_t, passkey_digits, 5, "digits of the passkey (chance is 10^-digits)");
-ABSL_FLAG(int64_t, mqar_pairs, 32, "key-value pairs of the mqar task");
-ABSL_FLAG(int64_t, mqar_queries, 8, "queries of the mqar task");
-ABSL_FLAG(std::string, loss_on, "answers", "synthetic tasks: train on 'answers' or 'all' tokens");
-ABSL_FLAG(uint64_t, data_seed, 1234, "seed of the synthetic data and of text window shuffling");
+RD_CONFIG_FLAG(std::string, data);
+RD_CONFIG_FLAG(int64_t, seq_len);
+RD_CONFIG_FLAG(int64_t, passkey_digits);
+RD_CONFIG_FLAG(int64_t, mqar_pairs);
+RD_CONFIG_FLAG(int64_t, mqar_queries);
+RD_CONFIG_FLAG(int64_t, mqar_key_len);
+RD_CONFIG_FLAG(int64_t, mqar_value_len);
+RD_CONFIG_FLAG(int64_t, copy_length);
+RD_CONFIG_FLAG(uint64_t, data_seed);
+RD_CONFIG_FLAG(std::string, loss_on);
+RD_CONFIG_FLAG(double, val_fraction);
 // Model.
-ABSL_FLAG(int64_t, dim, 64, "model width");
-ABSL_FLAG(int64_t, depth, 2, "transformer blocks");
-ABSL_FLAG(int64_t, heads, 4, "attention heads");
-ABSL_FLAG(double, mlp_ratio, 4.0, "MLP hidden width / model width (SwiGLU uses 2/3 of it)");
-ABSL_FLAG(std::string, mlp, "swiglu", "swiglu or gelu");
-ABSL_FLAG(std::vector<std::string>, segments, std::vector<std::string>({"128", "256"}),
-          "segment lengths of the dilated attention pairs, comma separated");
-ABSL_FLAG(std::vector<std::string>, dilations, std::vector<std::string>({"1", "2"}),
-          "dilation rates, one per segment length");
-ABSL_FLAG(std::string, variant, "fixed", "fixed (segment-local) or original (global) dilation");
-ABSL_FLAG(std::string, mixing, "all_heads", "head_groups or all_heads");
-ABSL_FLAG(double, rope_base, 10000.0, "rotary position embedding base");
-ABSL_FLAG(bool, recompute, false, "recompute each block's activations in the backward");
-ABSL_FLAG(int64_t, mlp_chunk_tokens, 131072,
-          "with --recompute: run the MLP over sequence chunks of at most this many tokens, "
-          "each recomputed on its own (0: the whole sequence at once)");
+RD_CONFIG_FLAG(int64_t, dim);
+RD_CONFIG_FLAG(int64_t, depth);
+RD_CONFIG_FLAG(int64_t, heads);
+RD_CONFIG_FLAG(double, mlp_ratio);
+RD_CONFIG_FLAG(std::string, mlp);
+RD_CONFIG_FLAG(std::vector<std::string>, segments);
+RD_CONFIG_FLAG(std::vector<std::string>, dilations);
+RD_CONFIG_FLAG(std::string, variant);
+RD_CONFIG_FLAG(std::string, mixing);
+RD_CONFIG_FLAG(std::string, offset_rule);
+RD_CONFIG_FLAG(double, attention_dropout);
+RD_CONFIG_FLAG(double, rope_base);
+RD_CONFIG_FLAG(double, init_std);
+RD_CONFIG_FLAG(bool, recompute);
+RD_CONFIG_FLAG(int64_t, mlp_chunk_tokens);
 // Optimization.
-ABSL_FLAG(int64_t, steps, 6000, "optimizer steps (at most: see --stop_at_exact_match)");
-ABSL_FLAG(int64_t, batch_size, 4, "sequences per micro-batch on each data-parallel rank");
-ABSL_FLAG(int64_t, tokens_per_step, 0,
-          "target batch in tokens over every rank (gradient accumulation); 0: one micro-batch");
-ABSL_FLAG(double, lr, 2e-3, "peak learning rate");
-ABSL_FLAG(double, min_lr_ratio, 0.1, "the decay's floor, as a fraction of the peak");
-ABSL_FLAG(int64_t, warmup_steps, 100, "linear warmup steps");
-ABSL_FLAG(std::string, decay, "cosine", "cosine, linear or constant");
-ABSL_FLAG(double, weight_decay, 0.1, "AdamW weight decay (not on norms and embeddings)");
-ABSL_FLAG(double, grad_clip, 1.0, "global gradient-norm clip; 0: off");
-ABSL_FLAG(std::string, dtype, "", "float32, bfloat16, float16; empty: the device's recommendation");
-ABSL_FLAG(std::string, device, "auto", "auto (a GPU when there is one), cpu or cuda[:N]");
-ABSL_FLAG(int, threads, 0, "CPU threads; 0: every core");
-ABSL_FLAG(uint64_t, seed, 0, "seed of the model's initialization and dropout");
-// Evaluation, logging, checkpoints.
-ABSL_FLAG(int64_t, eval_every, 100, "evaluate every N steps (and at the end)");
-ABSL_FLAG(int64_t, eval_batches, 16, "held-out batches (of --batch_size sequences) per evaluation");
-ABSL_FLAG(double, stop_at_exact_match, 0.98,
-          "stop training at the first evaluation (every --eval_every steps) whose held-out "
-          "exact match is at least this, then run the final evaluation; tasks only (text has "
-          "no exact match); 0: train all --steps");
-ABSL_FLAG(int64_t, final_eval_batches, 64, "held-out batches of the final evaluation");
-ABSL_FLAG(int64_t, log_every, 10, "progress line and metrics record every N steps");
-ABSL_FLAG(int64_t, checkpoint_every, 500, "checkpoint every N steps (and at the end); 0: end only");
-ABSL_FLAG(int, keep_checkpoints, 3, "checkpoints to keep");
-ABSL_FLAG(std::string, out_dir, "runs/passkey", "run folder: checkpoints/, metrics.jsonl");
-ABSL_FLAG(std::string, resume, "auto",
-          "auto (the newest checkpoint in out_dir if any), latest (it must exist), a checkpoint "
-          "folder, or empty to start over");
-ABSL_FLAG(bool, allow_config_change, false,
-          "resume even though data, model or optimization flags differ from the checkpoint's "
-          "(without it such a resume is refused, listing each difference)");
+RD_CONFIG_FLAG(int64_t, steps);
+RD_CONFIG_FLAG(int64_t, batch_size);
+RD_CONFIG_FLAG(int64_t, tokens_per_step);
+RD_CONFIG_FLAG(double, lr);
+RD_CONFIG_FLAG(double, min_lr_ratio);
+RD_CONFIG_FLAG(int64_t, warmup_steps);
+RD_CONFIG_FLAG(std::string, decay);
+RD_CONFIG_FLAG(double, weight_decay);
+RD_CONFIG_FLAG(double, beta1);
+RD_CONFIG_FLAG(double, beta2);
+RD_CONFIG_FLAG(double, grad_clip);
+RD_CONFIG_FLAG(std::string, dtype);
+RD_CONFIG_FLAG(uint64_t, seed);
 // Parallelism.
-ABSL_FLAG(int, context_parallel, 1,
-          "ranks per context-parallel group (the sequence is split among them); the rest of "
-          "the world is data parallel");
-ABSL_FLAG(std::string, strategy, "auto", "sequence-parallel attention: ring, all_gather or auto");
-ABSL_FLAG(std::string, cp_layout, "auto",
-          "how context-parallel ranks split a sequence: zigzag (rank r holds pieces r and "
-          "2P-1-r of 2P, balancing the causal work), contiguous, or auto (zigzag when 2P "
-          "divides --seq_len)");
+RD_CONFIG_FLAG(int, context_parallel);
+RD_CONFIG_FLAG(std::string, strategy);
+RD_CONFIG_FLAG(std::string, cp_layout);
+// The run: device, evaluation, logging, checkpoints.
+RD_CONFIG_FLAG(std::string, device);
+RD_CONFIG_FLAG(int64_t, eval_every);
+RD_CONFIG_FLAG(int64_t, eval_batches);
+RD_CONFIG_FLAG(double, stop_at_exact_match);
+RD_CONFIG_FLAG(int64_t, final_eval_batches);
+RD_CONFIG_FLAG(int64_t, log_every);
+RD_CONFIG_FLAG(int64_t, checkpoint_every);
+RD_CONFIG_FLAG(int, keep_checkpoints);
+RD_CONFIG_FLAG(std::string, out_dir);
+RD_CONFIG_FLAG(std::string, resume);
+RD_CONFIG_FLAG(bool, allow_config_change);
+RD_CONFIG_FLAG(bool, quiet);
+
+// Not part of the configuration.
+ABSL_FLAG(int, threads, 0, "CPU threads; 0: every core");
 // Sampling (rd_train sample).
 ABSL_FLAG(std::string, checkpoint, "", "sample: the checkpoint folder (or a run folder: its newest)");
 ABSL_FLAG(std::string, prompt, "", "sample: the prompt text");
@@ -108,25 +136,13 @@ namespace {
 
 using rd::train::TrainConfig;
 
+bool defined_here(std::string_view file) { return file.find("train_main.") != std::string_view::npos; }
+
 // Ctrl-C asks the trainer to stop at its next logged step, after a checkpoint. The flag is
 // the one piece of global state a signal handler can set.
 std::atomic<bool> g_stop_requested{false};
 
 void on_interrupt(int) { g_stop_requested = true; }
-
-std::vector<int64_t> parse_list(const std::vector<std::string>& items, const char* flag) {
-  std::vector<int64_t> values;
-  for (const std::string& item : items) {
-    try {
-      size_t used = 0;
-      values.push_back(std::stoll(item, &used));
-      if (used != item.size()) throw std::invalid_argument(item);
-    } catch (const std::exception&) {
-      RD_FAIL(kInvalidArgument, "--", flag, " has '", item, "', not an integer");
-    }
-  }
-  return values;
-}
 
 // --segments and --dilations: one rate per length, each length a multiple of its rate.
 void check_attention_pairs(const std::vector<int64_t>& segments, const std::vector<int64_t>& dilations) {
@@ -154,6 +170,9 @@ void check_flag_ranges() {
       {"passkey_digits", absl::GetFlag(FLAGS_passkey_digits), 1, ""},
       {"mqar_pairs", absl::GetFlag(FLAGS_mqar_pairs), 1, ""},
       {"mqar_queries", absl::GetFlag(FLAGS_mqar_queries), 1, ""},
+      {"mqar_key_len", absl::GetFlag(FLAGS_mqar_key_len), 1, ""},
+      {"mqar_value_len", absl::GetFlag(FLAGS_mqar_value_len), 1, ""},
+      {"copy_length", absl::GetFlag(FLAGS_copy_length), 0, " (0: as long as fits)"},
       {"dim", absl::GetFlag(FLAGS_dim), 1, ""},
       {"depth", absl::GetFlag(FLAGS_depth), 1, ""},
       {"heads", absl::GetFlag(FLAGS_heads), 1, ""},
@@ -189,6 +208,11 @@ void check_flag_ranges() {
                           {"grad_clip", absl::GetFlag(FLAGS_grad_clip), 0, inf, false},
                           {"mlp_ratio", absl::GetFlag(FLAGS_mlp_ratio), 0, inf, true},
                           {"rope_base", absl::GetFlag(FLAGS_rope_base), 1, inf, true},
+                          {"init_std", absl::GetFlag(FLAGS_init_std), 0, inf, true},
+                          {"attention_dropout", absl::GetFlag(FLAGS_attention_dropout), 0, 1, false},
+                          {"beta1", absl::GetFlag(FLAGS_beta1), 0, 1, false},
+                          {"beta2", absl::GetFlag(FLAGS_beta2), 0, 1, false},
+                          {"val_fraction", absl::GetFlag(FLAGS_val_fraction), 0, 1, false},
                           {"temperature", absl::GetFlag(FLAGS_temperature), 0, inf, false},
                           {"stop_at_exact_match", absl::GetFlag(FLAGS_stop_at_exact_match), 0, 1, false}};
   for (const Within& f : reals) {
@@ -199,104 +223,44 @@ void check_flag_ranges() {
   }
 }
 
-// --device: auto, cpu, cuda or cuda:N; a GPU asked for must be visible (checked here, before
-// any data is read or generated).
-rd::Device parse_device(const std::string& name) {
-  if (name == "auto") return rd::cuda_available() ? rd::Device::cuda(0) : rd::Device::cpu();
-  if (name == "cpu") return rd::Device::cpu();
-  const std::string_view index = name == "cuda" ? "0" : std::string_view(name).substr(5);
-  RD_CHECK((name == "cuda" || name.rfind("cuda:", 0) == 0) && !index.empty() && index.size() <= 4 &&
-               index.find_first_not_of("0123456789") == std::string_view::npos,
-           kInvalidArgument, "--device must be auto, cpu or cuda[:N], got '", name, "'");
-  const int device = std::stoi(std::string(index));
+// A GPU asked for by --device must be visible (checked here, before any data is read or
+// generated, naming the flag as given).
+void check_device_visible(rd::Device device) {
+  if (device.is_cpu()) return;
   const int count = rd::cuda_device_count();
 #if defined(RD_WITH_CUDA)
   const char* none = "no CUDA GPU is visible";
 #else
   const char* none = "this build has no CUDA backend (the cpu preset)";
 #endif
-  RD_CHECK(device < count, kDeviceMismatch, "--device=", name, ": ",
+  RD_CHECK(device.index < count, kDeviceMismatch, "--device=", absl::GetFlag(FLAGS_device), ": ",
            count == 0 ? std::string(none) + "; use --device=cpu (or auto)"
                       : rd::str_cat("only ", count, " CUDA GPUs are visible (cuda:0 to cuda:", count - 1, ")"));
-  return rd::Device::cuda(device);
 }
 
-template <class E>
-E pick(const std::string& value, const char* flag,
-       std::initializer_list<std::pair<const char*, E>> choices) {
-  std::string names;
-  for (const auto& [name, e] : choices) {
-    if (value == name) return e;
-    names += std::string(names.empty() ? "" : ", ") + name;
-  }
-  RD_FAIL(kInvalidArgument, "--", flag, " must be one of ", names, ", got '", value, "'");
+// --device (auto resolved); a GPU must be visible.
+rd::Device device_from_flag() {
+  TrainConfig c;
+  rd::train::set_config_field(c, *rd::train::config_field_of_flag("device"),
+                              absl::GetFlag(FLAGS_device), "--device");
+  check_device_visible(c.device);
+  return c.device;
 }
 
+// The configuration the flags give: every field of the description from its flag.
 TrainConfig config_from_flags() {
   check_flag_ranges();
   TrainConfig c;
-  c.data = absl::GetFlag(FLAGS_data);
-  c.data_options.task.seq_len = absl::GetFlag(FLAGS_seq_len);
-  c.data_options.task.passkey_digits = absl::GetFlag(FLAGS_passkey_digits);
-  c.data_options.task.mqar_pairs = absl::GetFlag(FLAGS_mqar_pairs);
-  c.data_options.task.mqar_queries = absl::GetFlag(FLAGS_mqar_queries);
-  c.data_options.loss_on = pick<rd::train::LossOn>(absl::GetFlag(FLAGS_loss_on), "loss_on",
-                                                   {{"answers", rd::train::LossOn::kAnswers},
-                                                    {"all", rd::train::LossOn::kAll}});
-  c.data_options.seed = absl::GetFlag(FLAGS_data_seed);
-  c.model.dim = absl::GetFlag(FLAGS_dim);
-  c.model.depth = absl::GetFlag(FLAGS_depth);
-  c.model.heads = absl::GetFlag(FLAGS_heads);
-  c.model.mlp_ratio = absl::GetFlag(FLAGS_mlp_ratio);
-  c.model.mlp = pick<rd::nn::MLPActivation>(absl::GetFlag(FLAGS_mlp), "mlp",
-                                            {{"swiglu", rd::nn::MLPActivation::kSwiGLU},
-                                             {"gelu", rd::nn::MLPActivation::kGelu}});
-  c.model.attention.segment_lengths = parse_list(absl::GetFlag(FLAGS_segments), "segments");
-  c.model.attention.dilation_rates = parse_list(absl::GetFlag(FLAGS_dilations), "dilations");
+  for (const rd::train::ConfigField& field : rd::train::config_fields()) {
+    if (field.flag.empty()) continue;  // the trainer sets it
+    const absl::CommandLineFlag* flag =
+        absl::FindCommandLineFlag(absl::string_view(field.flag.data(), field.flag.size()));
+    RD_CHECK(flag != nullptr && defined_here(flag->Filename()), kInternal,
+             "the configuration field ", field.name(), " has no flag --", field.flag);
+    rd::train::set_config_field(c, field, flag->CurrentValue(), rd::str_cat("--", field.flag));
+  }
   check_attention_pairs(c.model.attention.segment_lengths, c.model.attention.dilation_rates);
-  c.model.attention.variant = pick<rd::nn::DilationVariant>(
-      absl::GetFlag(FLAGS_variant), "variant",
-      {{"fixed", rd::nn::DilationVariant::kSegmentLocal}, {"original", rd::nn::DilationVariant::kGlobal}});
-  c.model.attention.mixing = pick<rd::nn::HeadMixing>(
-      absl::GetFlag(FLAGS_mixing), "mixing",
-      {{"head_groups", rd::nn::HeadMixing::kHeadGroups}, {"all_heads", rd::nn::HeadMixing::kAllHeads}});
-  c.model.rope_base = absl::GetFlag(FLAGS_rope_base);
-  c.model.recompute = absl::GetFlag(FLAGS_recompute);
-  c.model.mlp_chunk_tokens = absl::GetFlag(FLAGS_mlp_chunk_tokens);
-  c.steps = absl::GetFlag(FLAGS_steps);
-  c.batch_size = absl::GetFlag(FLAGS_batch_size);
-  c.tokens_per_step = absl::GetFlag(FLAGS_tokens_per_step);
-  c.lr = absl::GetFlag(FLAGS_lr);
-  c.min_lr_ratio = absl::GetFlag(FLAGS_min_lr_ratio);
-  c.warmup_steps = absl::GetFlag(FLAGS_warmup_steps);
-  c.decay = pick<rd::nn::LrDecay>(absl::GetFlag(FLAGS_decay), "decay",
-                                  {{"cosine", rd::nn::LrDecay::kCosine},
-                                   {"linear", rd::nn::LrDecay::kLinear},
-                                   {"constant", rd::nn::LrDecay::kConstant}});
-  c.weight_decay = absl::GetFlag(FLAGS_weight_decay);
-  c.grad_clip = absl::GetFlag(FLAGS_grad_clip);
-  c.dtype = absl::GetFlag(FLAGS_dtype);
-  c.device = parse_device(absl::GetFlag(FLAGS_device));
-  c.seed = absl::GetFlag(FLAGS_seed);
-  c.eval_every = absl::GetFlag(FLAGS_eval_every);
-  c.eval_batches = absl::GetFlag(FLAGS_eval_batches);
-  c.stop_at_exact_match = absl::GetFlag(FLAGS_stop_at_exact_match);
-  c.final_eval_batches = absl::GetFlag(FLAGS_final_eval_batches);
-  c.log_every = absl::GetFlag(FLAGS_log_every);
-  c.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
-  c.keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
-  c.out_dir = absl::GetFlag(FLAGS_out_dir);
-  c.resume = absl::GetFlag(FLAGS_resume);
-  c.allow_config_change = absl::GetFlag(FLAGS_allow_config_change);
-  c.context_parallel = absl::GetFlag(FLAGS_context_parallel);
-  c.strategy = pick<rd::nn::DistStrategy>(absl::GetFlag(FLAGS_strategy), "strategy",
-                                          {{"ring", rd::nn::DistStrategy::kRing},
-                                           {"all_gather", rd::nn::DistStrategy::kAllGather},
-                                           {"auto", rd::nn::DistStrategy::kAuto}});
-  c.cp_layout = pick<rd::nn::SequenceLayout>(absl::GetFlag(FLAGS_cp_layout), "cp_layout",
-                                             {{"zigzag", rd::nn::SequenceLayout::kZigzag},
-                                              {"contiguous", rd::nn::SequenceLayout::kContiguous},
-                                              {"auto", rd::nn::SequenceLayout::kAuto}});
+  check_device_visible(c.device);
   return c;
 }
 
@@ -366,7 +330,7 @@ int sample() {
   check_flag_ranges();
   std::string path = absl::GetFlag(FLAGS_checkpoint);
   RD_CHECK(!path.empty(), kInvalidArgument, "sample: --checkpoint is required");
-  const rd::Device device = parse_device(absl::GetFlag(FLAGS_device));
+  const rd::Device device = device_from_flag();
   if (!std::filesystem::exists(std::filesystem::path(path) / "manifest.json")) {
     // A run folder: its newest checkpoint.
     const auto latest = rd::train::latest_checkpoint((std::filesystem::path(path) / "checkpoints").string());
@@ -403,8 +367,6 @@ std::string wrapped(const std::string& text, size_t width, const std::string& in
   }
   return out + indent + line + "\n";
 }
-
-bool defined_here(std::string_view file) { return file.find("train_main.") != std::string_view::npos; }
 
 // --help (also -h, --helpshort) lists this program's flags, --helpfull every flag (Abseil's
 // too); both exit 0. Abseil's own handling exits 1 after help, which scripts take for a

@@ -35,23 +35,6 @@ using Clock = std::chrono::steady_clock;
 
 constexpr const char* kOp = "Trainer";
 
-const char* decay_name(nn::LrDecay d) {
-  switch (d) {
-    case nn::LrDecay::kCosine: return "cosine";
-    case nn::LrDecay::kLinear: return "linear";
-    case nn::LrDecay::kConstant: return "constant";
-  }
-  return "?";
-}
-
-nn::LrDecay decay_from_name(const std::string& name) {
-  for (nn::LrDecay d : {nn::LrDecay::kCosine, nn::LrDecay::kLinear, nn::LrDecay::kConstant}) {
-    if (name == decay_name(d)) return d;
-  }
-  RD_FAIL(kInvalidArgument, kOp, ": unknown learning-rate decay '", name,
-          "' (cosine, linear or constant)");
-}
-
 DType compute_dtype(const TrainConfig& c) {
   if (c.dtype.empty()) return nn::recommended_dtype(c.device);
   for (DType d : {DType::kFloat32, DType::kBFloat16, DType::kFloat16, DType::kFloat64}) {
@@ -131,126 +114,6 @@ void check_train_config(const TrainConfig& c, int world_size) {
            ": device ", c.device.str(), " is not available (", cuda_device_count(),
            " CUDA devices visible", cuda_device_count() == 0 ? " to this build" : "", ")");
   compute_dtype(c);
-}
-
-std::string config_to_json(const TrainConfig& c) {
-  const ModelConfig& m = c.model;
-  const nn::DilatedAttentionOptions& a = m.attention;
-  Json j;
-  j["model"] = {{"vocab_size", m.vocab_size},
-                {"dim", m.dim},
-                {"depth", m.depth},
-                {"heads", m.heads},
-                {"mlp_ratio", m.mlp_ratio},
-                {"mlp", m.mlp == nn::MLPActivation::kSwiGLU ? "swiglu" : "gelu"},
-                {"segment_lengths", a.segment_lengths},
-                {"dilation_rates", a.dilation_rates},
-                {"variant", a.variant == nn::DilationVariant::kGlobal ? "original" : "fixed"},
-                {"mixing", a.mixing == nn::HeadMixing::kAllHeads ? "all_heads" : "head_groups"},
-                {"offset_rule", a.offset_rule == nn::OffsetRule::kRotating ? "rotating" : "constant"},
-                {"attention_dropout", a.dropout},
-                {"rope_base", m.rope_base},
-                {"init_std", m.init_std},
-                {"recompute", m.recompute}};
-  const TaskOptions& t = c.data_options.task;
-  j["data"] = {{"spec", c.data},
-               {"seq_len", t.seq_len},
-               {"passkey_digits", t.passkey_digits},
-               {"mqar_pairs", t.mqar_pairs},
-               {"mqar_queries", t.mqar_queries},
-               {"copy_length", t.copy_length},
-               {"seed", c.data_options.seed},
-               {"loss_on", c.data_options.loss_on == LossOn::kAll ? "all" : "answers"},
-               {"val_fraction", c.data_options.val_fraction}};
-  j["train"] = {{"batch_size", c.batch_size},
-                {"tokens_per_step", c.tokens_per_step},
-                {"steps", c.steps},
-                {"lr", c.lr},
-                {"min_lr_ratio", c.min_lr_ratio},
-                {"warmup_steps", c.warmup_steps},
-                {"decay", decay_name(c.decay)},
-                {"weight_decay", c.weight_decay},
-                {"beta1", c.beta1},
-                {"beta2", c.beta2},
-                {"grad_clip", c.grad_clip},
-                {"dtype", c.dtype},
-                {"seed", c.seed},
-                {"context_parallel", c.context_parallel},
-                {"strategy", nn::strategy_name(c.strategy)},
-                {"cp_layout", nn::layout_name(c.cp_layout)}};
-  return j.dump();
-}
-
-TrainConfig config_from_json(const std::string& text) {
-  const Json j = Json::parse(text, nullptr, false);
-  RD_CHECK(!j.is_discarded() && j.contains("model") && j.contains("data") && j.contains("train"),
-           kCorruptFile, kOp, ": the saved configuration is not valid");
-  TrainConfig c;
-  try {
-    const Json& m = j["model"];
-    c.model.vocab_size = m["vocab_size"];
-    c.model.dim = m["dim"];
-    c.model.depth = m["depth"];
-    c.model.heads = m["heads"];
-    c.model.mlp_ratio = m["mlp_ratio"];
-    c.model.mlp = m["mlp"] == "swiglu" ? nn::MLPActivation::kSwiGLU : nn::MLPActivation::kGelu;
-    c.model.attention.segment_lengths = m["segment_lengths"].get<std::vector<int64_t>>();
-    c.model.attention.dilation_rates = m["dilation_rates"].get<std::vector<int64_t>>();
-    c.model.attention.variant =
-        m["variant"] == "original" ? nn::DilationVariant::kGlobal : nn::DilationVariant::kSegmentLocal;
-    c.model.attention.mixing =
-        m["mixing"] == "all_heads" ? nn::HeadMixing::kAllHeads : nn::HeadMixing::kHeadGroups;
-    c.model.attention.offset_rule =
-        m["offset_rule"] == "rotating" ? nn::OffsetRule::kRotating : nn::OffsetRule::kConstant;
-    c.model.attention.dropout = m["attention_dropout"];
-    c.model.rope_base = m["rope_base"];
-    c.model.init_std = m["init_std"];
-    c.model.recompute = m["recompute"];
-    const Json& d = j["data"];
-    c.data = d["spec"];
-    c.data_options.task.seq_len = d["seq_len"];
-    c.data_options.task.passkey_digits = d["passkey_digits"];
-    c.data_options.task.mqar_pairs = d["mqar_pairs"];
-    c.data_options.task.mqar_queries = d["mqar_queries"];
-    c.data_options.task.copy_length = d["copy_length"];
-    c.data_options.seed = d["seed"];
-    c.data_options.loss_on = d["loss_on"] == "all" ? LossOn::kAll : LossOn::kAnswers;
-    c.data_options.val_fraction = d["val_fraction"];
-    const Json& t = j["train"];
-    c.batch_size = t["batch_size"];
-    c.tokens_per_step = t["tokens_per_step"];
-    c.steps = t["steps"];
-    c.lr = t["lr"];
-    c.min_lr_ratio = t["min_lr_ratio"];
-    c.warmup_steps = t["warmup_steps"];
-    c.decay = decay_from_name(t["decay"]);
-    c.weight_decay = t["weight_decay"];
-    c.beta1 = t["beta1"];
-    c.beta2 = t["beta2"];
-    c.grad_clip = t["grad_clip"];
-    c.dtype = t["dtype"];
-    c.seed = t["seed"];
-    c.context_parallel = t["context_parallel"];
-    const std::string strategy = t["strategy"];
-    c.strategy = strategy == "ring"         ? nn::DistStrategy::kRing
-                 : strategy == "all_gather" ? nn::DistStrategy::kAllGather
-                                            : nn::DistStrategy::kAuto;
-    // Checkpoints from before the layout existed split contiguously.
-    const std::string layout = t.value("cp_layout", "contiguous");
-    c.cp_layout = layout == "zigzag"       ? nn::SequenceLayout::kZigzag
-                  : layout == "contiguous" ? nn::SequenceLayout::kContiguous
-                                           : nn::SequenceLayout::kAuto;
-  } catch (const Json::exception& e) {
-    RD_FAIL(kCorruptFile, kOp, ": the saved configuration is incomplete: ", e.what());
-  }
-  return c;
-}
-
-TrainConfig config_from_checkpoint(const std::string& trainer_state) {
-  const Json j = Json::parse(trainer_state, nullptr, false);
-  RD_CHECK(!j.is_discarded() && j.contains("config"), kCorruptFile, kOp,
-           ": the checkpoint's trainer state has no configuration");
-  return config_from_json(j["config"].dump());
 }
 
 // ---------------------------------------------------------------------------------------
@@ -355,44 +218,12 @@ std::optional<std::string> checkpoint_to_resume(State& s) {
   return from;
 }
 
-// Whether every step of both runs gets the same learning rate although `steps` differs: a
-// constant decay after the same warmup (the cosine and linear decays stretch with steps).
-bool same_schedule(const Json& a, const Json& b) {
-  if (a.value("decay", "") != "constant" || b.value("decay", "") != "constant") return false;
-  const auto warmup = [](const Json& t) {
-    return std::min(t.value("warmup_steps", int64_t{0}), t.value("steps", int64_t{1}) - 1);
-  };
-  return warmup(a) == warmup(b);
-}
-
-// "section.field: saved X, now Y" for each field of config_to_json's sections that differs,
-// except those that change how the steps are computed, not what they compute: recompute
-// (memory), strategy (communication) and cp_layout (which rank holds which tokens). Logging, evaluation and checkpoint settings, the
-// device and out_dir are not part of the saved configuration at all.
-std::vector<std::string> config_changes(const Json& saved, const Json& now) {
-  std::vector<std::string> changes;
-  for (const char* section : {"model", "data", "train"}) {
-    const Json a = saved.value(section, Json::object()), b = now.value(section, Json::object());
-    Json keys = a;
-    keys.update(b);
-    for (const auto& [key, unused] : keys.items()) {
-      const std::string field = str_cat(section, ".", key);
-      if (field == "model.recompute" || field == "train.strategy" || field == "train.cp_layout") {
-        continue;
-      }
-      if (field == "train.steps" && same_schedule(a, b)) continue;
-      const Json was = a.value(key, Json()), is = b.value(key, Json());
-      if (was != is) changes.push_back(str_cat(field, ": saved ", was.dump(), ", now ", is.dump()));
-    }
-  }
-  return changes;
-}
-
-// Refuses to resume `from` with a configuration that changes what the run computes, listing
-// every difference, unless allow_config_change (then it notes them and the new values hold).
-void check_resumed_config(State& s, const Json& trainer, const std::string& from) {
-  std::vector<std::string> changes =
-      config_changes(trainer.value("config", Json::object()), Json::parse(config_to_json(s.config)));
+// Refuses to resume `from` (trainer state `trainer`) with a configuration that changes what
+// the run computes, listing every difference, unless allow_config_change (then it notes them
+// and the new values hold).
+void check_resumed_config(State& s, const CheckpointContents& ck, const Json& trainer,
+                          const std::string& from) {
+  std::vector<std::string> changes = config_changes(config_from_checkpoint(ck.trainer_state), s.config);
   // batch_size is per data-parallel rank: other world sizes train on other global batches.
   const int saved_world = trainer.value("world_size", s.world_size);
   if (saved_world != s.world_size) {
@@ -416,7 +247,7 @@ void check_resumed_config(State& s, const Json& trainer, const std::string& from
 void resume_from(State& s, const std::string& from) {
   const CheckpointContents ck = load_checkpoint(from);
   const Json trainer = Json::parse(ck.trainer_state);
-  check_resumed_config(s, trainer, from);
+  check_resumed_config(s, ck, trainer, from);
   std::map<std::string, Tensor> weights = ck.model;
   if (s.lower_precision()) {
     autograd::NoGradGuard no_grad;

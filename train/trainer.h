@@ -17,77 +17,12 @@
 #include "ringdilated/nn/ring_dilated_attention.h"
 #include "ringdilated/train/dataset.h"
 #include "ringdilated/train/model.h"
+#include "ringdilated/train/train_config.h"
 
 namespace rd::train {
 
-struct TrainConfig {
-  ModelConfig model;
-  std::string data = "passkey";  // make_dataset's spec
-  DatasetOptions data_options;   // data_options.task.seq_len is the sequence length
-  // Sequences per micro-batch on each data-parallel rank, and the target batch of one
-  // optimizer step in tokens (over every rank): the gradient is accumulated over
-  // tokens_per_step / (batch_size x seq_len x data-parallel ranks) micro-batches (at least 1).
-  int64_t batch_size = 8;
-  int64_t tokens_per_step = 0;  // 0: one micro-batch per step
-  int64_t steps = 1000;
-
-  // AdamW with decoupled weight decay (not on norms and embeddings), linear warmup then
-  // decay, global gradient-norm clipping (0: off).
-  double lr = 1e-3;
-  double min_lr_ratio = 0.1;
-  int64_t warmup_steps = 50;
-  nn::LrDecay decay = nn::LrDecay::kCosine;
-  double weight_decay = 0.1;
-  double beta1 = 0.9;
-  double beta2 = 0.95;
-  double grad_clip = 1.0;
-
-  // Compute dtype: float32, bfloat16 or float16 (with dynamic loss scaling), or empty for
-  // nn::recommended_dtype(device). Lower precision keeps float32 master weights.
-  std::string dtype;
-  Device device = Device::cpu();
-
-  int64_t eval_every = 100;  // 0: only at the end
-  // Stop training at the first periodic evaluation whose held-out exact match is at least
-  // this (tasks with answers; 0: off): the run then ends as if its last step were reached
-  // (final evaluation on final_eval_batches, checkpoint). How long the passkey task takes
-  // depends on a sudden, run-dependent learning transition; stopping once it has happened
-  // saves the steps after it. Not part of the saved configuration: it may change on resume.
-  double stop_at_exact_match = 0;
-  int64_t eval_batches = 8;  // of batch_size held-out sequences
-  int64_t final_eval_batches = 32;  // the evaluation at the end (the reported accuracy)
-  int64_t log_every = 10;
-  int64_t checkpoint_every = 0;  // 0: only at the end (and on a stop request)
-  int keep_checkpoints = 3;
-  std::string out_dir = "runs/default";  // checkpoints/, metrics.jsonl
-  // Resume from the newest checkpoint in out_dir/checkpoints ("auto": if there is one),
-  // or from this checkpoint folder.
-  std::string resume;
-  // Resuming refuses a configuration that changes what the run computes (the data, model and
-  // optimization fields config_to_json saves, and the world size), naming each difference;
-  // true resumes anyway, with a note. Logging, evaluation, checkpoint and memory settings,
-  // the device and the sequence-parallel strategy may always change.
-  bool allow_config_change = false;
-  uint64_t seed = 0;
-
-  // Ranks of a context-parallel group (the sequence is split among them); the others are
-  // data parallel. Must divide the world size and the sequence length.
-  int context_parallel = 1;
-  nn::DistStrategy strategy = nn::DistStrategy::kAuto;
-  // How the context-parallel ranks split each sequence (kAuto: zigzag, which balances the
-  // causal work, when 2 x context_parallel divides the sequence length).
-  nn::SequenceLayout cp_layout = nn::SequenceLayout::kAuto;
-  bool quiet = false;  // no console output (tests)
-};
-
 // Checks a configuration; throws rd::Error naming the field and value.
 void check_train_config(const TrainConfig& config, int world_size);
-
-// The configuration as JSON text (stored in every checkpoint's trainer.json) and back.
-std::string config_to_json(const TrainConfig& config);
-TrainConfig config_from_json(const std::string& json);
-// The configuration a checkpoint's trainer state (CheckpointContents::trainer_state) holds.
-TrainConfig config_from_checkpoint(const std::string& trainer_state);
 
 struct EvalResult {
   double loss = 0;  // mean over scored tokens
