@@ -17,6 +17,7 @@
 #include "ringdilated/tensor/device.h"
 #include "ringdilated/train/checkpoint.h"
 #include "ringdilated/train/run_lock.h"
+#include "ringdilated/train/trainer.h"
 #include "testing/temp_dir.h"
 
 namespace rd::train {
@@ -91,6 +92,49 @@ TEST_F(TrainCliTest, HelpListsTheFlagsAndExitsZero) {
   const Outcome launch = run({launcher_, "--help"});
   EXPECT_EQ(launch.code, 0) << launch.output;
   EXPECT_TRUE(has(launch.output, "usage: rd_launch -n N")) << launch.output;
+}
+
+// --help lists the flag of every field of the configuration's description once, with
+// rd_train's default, and its help text.
+TEST_F(TrainCliTest, HelpListsEveryConfigurationFlagOnceWithItsDefault) {
+  const Outcome o = run({trainer_, "--help"});
+  ASSERT_EQ(o.code, 0) << o.output;
+  const auto count = [&](const std::string& part) {
+    size_t n = 0;
+    for (size_t at = o.output.find(part); at != std::string::npos; at = o.output.find(part, at + 1)) {
+      ++n;
+    }
+    return n;
+  };
+  for (const ConfigField& f : config_fields()) {
+    if (f.flag.empty()) continue;
+    const std::string flag = "  --" + std::string(f.flag) + " (default: ";
+    const std::string value = cli_default_text(f);
+    EXPECT_EQ(count(flag), 1u) << flag << "\n" << o.output;
+    EXPECT_EQ(count(flag + (value.empty() ? "empty" : value) + ")\n"), 1u) << flag << value;
+    const std::string help(f.help.substr(0, f.help.find(' ', 20)));  // before any line break
+    EXPECT_TRUE(has(o.output, help)) << f.name() << ": " << help;
+  }
+}
+
+// The fields that drifted (no flag, or not saved) reach the checkpoint's configuration from
+// their flags.
+TEST_F(TrainCliTest, OffsetRuleAndMlpChunksAreFlagsAndSaved) {
+  const Outcome o = run(train("saved", {"--offset_rule=rotating", "--recompute",
+                                        "--mlp_chunk_tokens=32", "--beta2=0.99"}));
+  ASSERT_EQ(o.code, 0) << o.output;
+  const std::optional<std::string> ck = latest_checkpoint((dir_ / "saved" / "checkpoints").string());
+  ASSERT_TRUE(ck.has_value());
+  const TrainConfig c =
+      config_from_checkpoint(load_checkpoint(*ck, CheckpointParts::kWeights).trainer_state);
+  EXPECT_EQ(c.model.attention.offset_rule, nn::OffsetRule::kRotating);
+  EXPECT_TRUE(c.model.recompute);
+  EXPECT_EQ(c.model.mlp_chunk_tokens, 32);
+  EXPECT_EQ(c.beta2, 0.99);
+  const Outcome bad = run(train("bad_rule", {"--offset_rule=sometimes"}));
+  EXPECT_EQ(bad.code, 1) << bad.output;
+  EXPECT_TRUE(has(bad.output, "rd_train: --offset_rule must be one of constant, rotating, got "
+                              "'sometimes'")) << bad.output;
 }
 
 // Each bad flag is refused before anything runs, by a message naming the flag and value,

@@ -223,7 +223,8 @@ std::optional<std::string> checkpoint_to_resume(State& s) {
 // and the new values hold).
 void check_resumed_config(State& s, const CheckpointContents& ck, const Json& trainer,
                           const std::string& from) {
-  std::vector<std::string> changes = config_changes(config_from_checkpoint(ck.trainer_state), s.config);
+  std::vector<std::string> changes =
+      config_changes(config_from_checkpoint(ck.trainer_state), s.config);
   // batch_size is per data-parallel rank: other world sizes train on other global batches.
   const int saved_world = trainer.value("world_size", s.world_size);
   if (saved_world != s.world_size) {
@@ -529,130 +530,184 @@ bool reaches_target(const TrainConfig& c, const EvalResult& e) {
          e.accuracy.exact_match() >= c.stop_at_exact_match;
 }
 
+// The training between two logged steps, which a logged step reports.
+struct LogWindow {
+  Tensor loss_sum;      // this rank's summed token losses (float32, on the device)
+  double tokens = 0;    // this rank's share of the scored tokens
+  int64_t steps = 0;
+  double start = 0;     // training seconds at its start
+};
+
+LogWindow open_window(const State& s, double start) {
+  LogWindow w;
+  w.loss_sum = zeros({}, TensorOptions(DType::kFloat32).with_device(s.config.device));
+  w.start = start;
+  return w;
+}
+
+// What an optimizer step leaves for the logged step that reports it.
+struct StepOutcome {
+  Tensor grad_norm;  // undefined without clipping (its norm is then not measured)
+  double lr = 0;
+};
+
+// float16: a step whose gradient norm is not finite is skipped and halves the loss scale;
+// 1000 finite steps in a row double it. Reads the norm: one host synchronization. Returns
+// whether to skip the update.
+bool skip_for_loss_scale(State& s, const Tensor& grad_norm, const std::vector<Tensor>& stepped) {
+  const Tensor norm = grad_norm.defined() ? grad_norm : nn::grad_norm(stepped);
+  const bool skip = !std::isfinite(norm.item<double>());
+  s.loss_scale = skip ? std::max(1.0, s.loss_scale / 2) : s.loss_scale;
+  s.good_steps = skip ? 0 : s.good_steps + 1;
+  if (s.good_steps >= 1000) {
+    s.loss_scale *= 2;
+    s.good_steps = 0;
+  }
+  return skip;
+}
+
+// The updated float32 masters rounded into the model's weights, in one pass.
+void copy_masters_to_model(State& s, const std::vector<std::pair<std::string, Tensor>>& params) {
+  std::vector<Tensor> weights, masters;
+  for (size_t i = 0; i < params.size(); ++i) {
+    weights.push_back(params[i].second);
+    masters.push_back(s.masters[i].second);
+  }
+  foreach_scaled_copy_(weights, masters);
+}
+
+// One optimizer step: the gradients of its micro-batches (added to `window`), unscaled into
+// the masters, clipped, then the update at the schedule's learning rate (unless float16's
+// loss scaling skips it), and the masters back into the model.
+StepOutcome train_step(State& s, LogWindow& window) {
+  const TrainConfig& c = s.config;
+  const Accumulated a = accumulate_gradients(s);
+  window.loss_sum = add(window.loss_sum, a.loss_sum);
+  // This rank's share of the scored tokens.
+  window.tokens += static_cast<double>(a.scored_tokens) / s.cp_size / s.dp_size;
+  const std::vector<std::pair<std::string, Tensor>> params = s.model->named_parameters();
+  if (s.lower_precision()) set_master_gradients(s, params);
+  std::vector<Tensor> stepped;
+  for (const auto& [name, p] : s.optimized()) stepped.push_back(p);
+  StepOutcome out;
+  out.grad_norm = c.grad_clip > 0 ? nn::clip_grad_norm_(stepped, c.grad_clip) : Tensor();
+  const bool skip = s.dtype == DType::kFloat16 && skip_for_loss_scale(s, out.grad_norm, stepped);
+  out.lr = s.schedule->lr_at(s.step());
+  s.optimizer->set_lr(out.lr);
+  if (!skip) s.optimizer->step();
+  s.optimizer->zero_grad();
+  for (Tensor p : s.model->parameters()) p.set_grad(Tensor());
+  if (s.lower_precision()) copy_masters_to_model(s, params);
+  s.tokens_before += c.batch_size * s.data->seq_len() * s.dp_size * s.micro_batches;
+  ++window.steps;
+  return out;
+}
+
+// Reports the window that ends at `step` (metrics record and progress line, on rank 0):
+// mean loss over every rank, learning rate, gradient norm, throughput and MFU; then opens
+// the next. The one host synchronization of a logged step. Returns the mean loss.
+double report_window(State& s, Progress& progress, LogWindow& w, const StepOutcome& last,
+                     int64_t step) {
+  const TrainConfig& c = s.config;
+  Tensor loss = w.loss_sum.to(DType::kFloat64).view({1});
+  s.all_reduce(loss);
+  const double tokens_all = w.tokens * s.cp_size * s.dp_size;
+  const double mean_loss = loss.item<double>() / std::max(tokens_all, 1.0);
+  const double now = s.elapsed();
+  const double dt = std::max(now - w.start, 1e-9);
+  const int64_t tokens = c.batch_size * s.data->seq_len() * s.dp_size * s.micro_batches * w.steps;
+  const double tokens_per_s = static_cast<double>(tokens) / dt;
+  const double peak = peak_flops(c.device) * s.world_size;
+  const double mfu = peak > 0 ? s.flops_per_step * w.steps / dt / peak : 0.0;
+  const double norm = last.grad_norm.defined() ? last.grad_norm.item<double>() : 0.0;
+  if (s.is_root()) {
+    Json rec = {{"step", step},     {"time_s", now},         {"split", "train"},
+                {"loss", mean_loss}, {"lr", last.lr},         {"grad_norm", norm},
+                {"tokens", s.tokens_before}, {"tokens_per_s", tokens_per_s}};
+    if (mfu > 0) rec["mfu"] = mfu;
+    if (s.dtype == DType::kFloat16) rec["loss_scale"] = s.loss_scale;
+    s.metrics->append(rec.dump());
+    progress.update(step, mean_loss, last.lr, norm, tokens_per_s, mfu);
+  }
+  w = open_window(s, now);
+  return mean_loss;
+}
+
+// Whether any rank was asked to stop (Ctrl-C). Agreed on at logged steps, so that every rank
+// stops together; every rank must call it.
+bool any_rank_asked_to_stop(const State& s, const std::atomic<bool>* stop) {
+  Tensor flag = full({1}, stop != nullptr && stop->load() ? 1.0 : 0.0,
+                     TensorOptions(DType::kFloat64).with_device(s.config.device));
+  s.all_reduce(flag);
+  return flag.item<double>() > 0;
+}
+
+// An evaluation's metrics record and progress line (rank 0).
+void report_eval(State& s, Progress& progress, const EvalResult& e, int64_t step) {
+  if (!s.is_root()) return;
+  Json rec = {{"step", step},
+              {"time_s", s.elapsed()},
+              {"split", "eval"},
+              {"loss", e.loss},
+              {"perplexity", e.perplexity}};
+  if (e.has_answers) {
+    rec["accuracy"] = e.accuracy.token_accuracy();
+    rec["exact_match"] = e.accuracy.exact_match();
+    progress.eval(step, e.loss, e.accuracy.token_accuracy(), e.accuracy.exact_match());
+  } else {
+    if (e.bits_per_byte) rec["bits_per_byte"] = *e.bits_per_byte;
+    progress.eval_text(step, e.loss, e.bits_per_byte);
+  }
+  s.metrics->append(rec.dump());
+}
+
+// Ends run(): the checkpoint, the clocks and what the result reports of the whole run.
+void finish_run(Trainer& trainer, State& s, TrainResult& result) {
+  result.checkpoint = trainer.save();
+  s.elapsed_before = s.elapsed();
+  s.run_start.reset();
+  result.steps_done = s.step();
+  result.seconds = s.elapsed_before;
+  if (s.target) {
+    result.target_step = s.target->first;
+    result.target_exact_match = s.target->second;
+  }
+}
+
 }  // namespace
 
 TrainResult Trainer::run(const std::atomic<bool>* stop) {
   State& s = *s_;
   const TrainConfig& c = s.config;
-  const Device dev = c.device;
-  const int64_t seq_len = s.data->seq_len();
-  const TensorOptions acc_opts = TensorOptions(DType::kFloat32).with_device(dev);
   Progress progress(c.steps, c.quiet || !s.is_root());
   if (s.is_root() && !c.quiet) {
-    progress.print_summary(*s.model, s.dtype, dev, s.lower_precision(), s.micro_batches,
-                           c.batch_size * seq_len * s.dp_size * s.micro_batches);
+    progress.print_summary(*s.model, s.dtype, c.device, s.lower_precision(), s.micro_batches,
+                           c.batch_size * s.data->seq_len() * s.dp_size * s.micro_batches);
   }
   TrainResult result;
   s.run_start = Clock::now();
-  auto seconds = [&] { return s.elapsed(); };
-  // Logged between console lines: loss sum and scored tokens (device), steps.
-  Tensor window_loss = zeros({}, acc_opts);
-  double window_tokens = 0;
-  int64_t window_steps = 0;
-  double window_start = seconds();
-  Tensor grad_norm;
-  double lr = 0;
+  LogWindow window = open_window(s, s.elapsed());
   s.model->train();
-
-  bool final_evaluated = false;
-  auto run_eval = [&](int64_t step, int64_t batches) {
-    const EvalResult e = evaluate(batches);
-    result.final_eval = e;
-    if (!s.is_root()) return e;
-    Json rec = {{"step", step},
-                {"time_s", seconds()},
-                {"split", "eval"},
-                {"loss", e.loss},
-                {"perplexity", e.perplexity}};
-    if (e.has_answers) {
-      rec["accuracy"] = e.accuracy.token_accuracy();
-      rec["exact_match"] = e.accuracy.exact_match();
-      progress.eval(step, e.loss, e.accuracy.token_accuracy(), e.accuracy.exact_match());
-    } else {
-      if (e.bits_per_byte) rec["bits_per_byte"] = *e.bits_per_byte;
-      progress.eval_text(step, e.loss, e.bits_per_byte);
-    }
-    s.metrics->append(rec.dump());
-    return e;
+  const auto evaluate_and_report = [&](int64_t step, int64_t batches) {
+    result.final_eval = evaluate(batches);
+    report_eval(s, progress, result.final_eval, step);
+    return result.final_eval;
   };
 
+  bool final_evaluated = false;
   while (s.step() < c.steps && !s.target) {
-    const Accumulated a = accumulate_gradients(s);
-    window_loss = add(window_loss, a.loss_sum);
-    window_tokens += static_cast<double>(a.scored_tokens) / s.cp_size / s.dp_size;  // this rank's share
-    const std::vector<std::pair<std::string, Tensor>> params = s.model->named_parameters();
-    if (s.lower_precision()) set_master_gradients(s, params);
-    std::vector<Tensor> stepped;
-    for (const auto& [name, p] : s.optimized()) stepped.push_back(p);
-    grad_norm = c.grad_clip > 0 ? nn::clip_grad_norm_(stepped, c.grad_clip) : Tensor();
-    bool skip = false;
-    if (s.dtype == DType::kFloat16) {  // dynamic loss scaling reads the norm: one sync
-      const Tensor norm = grad_norm.defined() ? grad_norm : nn::grad_norm(stepped);
-      skip = !std::isfinite(norm.item<double>());
-      s.loss_scale = skip ? std::max(1.0, s.loss_scale / 2) : s.loss_scale;
-      s.good_steps = skip ? 0 : s.good_steps + 1;
-      if (s.good_steps >= 1000) {
-        s.loss_scale *= 2;
-        s.good_steps = 0;
-      }
-    }
-    lr = s.schedule->lr_at(s.step());
-    s.optimizer->set_lr(lr);
-    if (!skip) s.optimizer->step();
-    s.optimizer->zero_grad();
-    for (Tensor p : s.model->parameters()) p.set_grad(Tensor());
-    if (s.lower_precision()) {
-      // The updated float32 masters rounded into the model's weights, in one pass.
-      std::vector<Tensor> weights, masters;
-      for (size_t i = 0; i < params.size(); ++i) {
-        weights.push_back(params[i].second);
-        masters.push_back(s.masters[i].second);
-      }
-      foreach_scaled_copy_(weights, masters);
-    }
-    s.tokens_before += static_cast<int64_t>(c.batch_size * seq_len * s.dp_size * s.micro_batches);
-    ++window_steps;
+    const StepOutcome outcome = train_step(s, window);
     const int64_t step = s.step();
     const bool last = step >= c.steps;
-
     if (step % c.log_every == 0 || last) {
-      // The one host synchronization of a logged step: the loss and the norm.
-      Tensor loss = window_loss.to(DType::kFloat64).view({1});
-      s.all_reduce(loss);
-      const double tokens_all = window_tokens * s.cp_size * s.dp_size;
-      const double mean_loss = loss.item<double>() / std::max(tokens_all, 1.0);
-      const double now = seconds();
-      const double dt = std::max(now - window_start, 1e-9);
-      const double tokens_per_s = static_cast<double>(c.batch_size * seq_len * s.dp_size *
-                                                      s.micro_batches * window_steps) / dt;
-      const double peak = peak_flops(dev) * s.world_size;
-      const double mfu = peak > 0 ? s.flops_per_step * window_steps / dt / peak : 0.0;
-      const double norm = grad_norm.defined() ? grad_norm.item<double>() : 0.0;
-      result.last_loss = mean_loss;
-      if (s.is_root()) {
-        Json rec = {{"step", step},     {"time_s", now},         {"split", "train"},
-                    {"loss", mean_loss}, {"lr", lr},              {"grad_norm", norm},
-                    {"tokens", s.tokens_before}, {"tokens_per_s", tokens_per_s}};
-        if (mfu > 0) rec["mfu"] = mfu;
-        if (s.dtype == DType::kFloat16) rec["loss_scale"] = s.loss_scale;
-        s.metrics->append(rec.dump());
-        progress.update(step, mean_loss, lr, norm, tokens_per_s, mfu);
-      }
-      window_loss = zeros({}, acc_opts);
-      window_tokens = 0;
-      window_steps = 0;
-      window_start = now;
-      // Stop requests (Ctrl-C) are agreed on at logged steps, so every rank stops together.
-      Tensor stop_flag = full({1}, stop != nullptr && stop->load() ? 1.0 : 0.0,
-                              TensorOptions(DType::kFloat64).with_device(dev));
-      s.all_reduce(stop_flag);
-      if (stop_flag.item<double>() > 0 && !last) {
+      result.last_loss = report_window(s, progress, window, outcome, step);
+      if (any_rank_asked_to_stop(s, stop) && !last) {
         result.stopped = true;
         break;
       }
     }
     if ((c.eval_every > 0 && step % c.eval_every == 0) || last) {
-      const EvalResult e = run_eval(step, last ? c.final_eval_batches : c.eval_batches);
+      const EvalResult e = evaluate_and_report(step, last ? c.final_eval_batches : c.eval_batches);
       final_evaluated = last;
       // Every rank sees the same all-reduced result, so all of them stop together.
       if (!last && reaches_target(c, e)) {
@@ -664,16 +719,8 @@ TrainResult Trainer::run(const std::atomic<bool>* stop) {
     if (c.checkpoint_every > 0 && step % c.checkpoint_every == 0 && !last) save();
   }
   // A run resumed at its last step trains nothing; its result still reports the model.
-  if (!result.stopped && !final_evaluated) run_eval(s.step(), c.final_eval_batches);
-  result.checkpoint = save();
-  s.elapsed_before = s.elapsed();
-  s.run_start.reset();
-  result.steps_done = s.step();
-  result.seconds = s.elapsed_before;
-  if (s.target) {
-    result.target_step = s.target->first;
-    result.target_exact_match = s.target->second;
-  }
+  if (!result.stopped && !final_evaluated) evaluate_and_report(s.step(), c.final_eval_batches);
+  finish_run(*this, s, result);
   progress.finish();
   return result;
 }
