@@ -170,9 +170,11 @@ TEST(TrainConfigDescriptionTest, BadValuesNameTheFieldAndWhatItMayBe) {
   }
 
   TrainConfig c;
-  what = error_of([&] { set_config_field(c, *config_field_of_flag("decay"), "sideways", "--decay"); });
+  what =
+      error_of([&] { set_config_field(c, *config_field_of_flag("decay"), "sideways", "--decay"); });
   EXPECT_EQ(what, "--decay must be one of cosine, linear, constant, got 'sideways'");
-  what = error_of([&] { set_config_field(c, *config_field_of_flag("segments"), "16,x", "--segments"); });
+  what = error_of(
+      [&] { set_config_field(c, *config_field_of_flag("segments"), "16,x", "--segments"); });
   EXPECT_EQ(what, "--segments has 'x', not an integer");
   what = error_of([&] { set_config_field(c, *config_field_of_flag("device"), "gpu", "--device"); });
   EXPECT_EQ(what, "--device must be auto, cpu or cuda[:N], got 'gpu'");

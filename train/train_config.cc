@@ -211,8 +211,8 @@ T from_json(const Json& j, std::string_view what) {
       fits = j.is_number();
     } else {
       static_assert(std::is_same_v<T, std::vector<int64_t>>, "a field type without JSON");
-      fits = j.is_array() && std::all_of(j.begin(), j.end(),
-                                         [](const Json& v) { return v.is_number_integer(); });
+      fits = j.is_array() &&
+             std::all_of(j.begin(), j.end(), [](const Json& v) { return v.is_number_integer(); });
     }
     if (fits) return j.get<T>();
   }

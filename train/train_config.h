@@ -56,7 +56,7 @@ struct TrainConfig {
   // depends on a sudden, run-dependent learning transition; stopping once it has happened
   // saves the steps after it. It may change on resume.
   double stop_at_exact_match = 0;
-  int64_t eval_batches = 8;  // of batch_size held-out sequences
+  int64_t eval_batches = 8;         // of batch_size held-out sequences
   int64_t final_eval_batches = 32;  // the evaluation at the end (the reported accuracy)
   int64_t log_every = 10;
   int64_t checkpoint_every = 0;  // 0: only at the end (and on a stop request)
@@ -103,7 +103,9 @@ std::span<const EnumName<nn::SequenceLayout>> enum_names(nn::SequenceLayout);
 std::span<const EnumName<LossOn>> enum_names(LossOn);
 
 template <class E>
-concept NamedEnum = std::is_enum_v<E> && requires(E e) { enum_names(e); };
+concept NamedEnum = std::is_enum_v<E> && requires(E e) {
+  enum_names(e);
+};
 
 template <NamedEnum E>
 std::string_view enum_name(E value) {
@@ -192,147 +194,175 @@ constexpr ConfigField config_field(std::string_view section, std::string_view ke
   return field;
 }
 
+namespace config_description {
+
+// The data fields (saved in section "data").
+template <class Config, class Visitor>
+void visit_data_fields(Config& c, Visitor& visit) {
+  auto& task = c.data_options.task;
+  const auto field = [](std::string_view key, std::string_view help) {
+    return config_field("data", key, help);
+  };
+  visit(c.data, field("spec",
+                      "passkey, mqar, copy (synthetic, generated on the fly), "
+                      "text:<file> (bytes of a file) or tokens:<file> (an RDTOK token "
+                      "file)")
+                    .with_flag("data"));
+  visit(task.seq_len, field("seq_len", "tokens per sequence").with_cli_default("256"));
+  visit(task.passkey_digits,
+        field("passkey_digits", "digits of the passkey (chance is 10^-digits)"));
+  visit(task.mqar_pairs, field("mqar_pairs", "key-value pairs of the mqar task"));
+  visit(task.mqar_queries, field("mqar_queries", "queries of the mqar task"));
+  visit(task.mqar_key_len, field("mqar_key_len", "letters of each key of the mqar task"));
+  visit(task.mqar_value_len, field("mqar_value_len", "digits of each value of the mqar task"));
+  visit(task.copy_length,
+        field("copy_length", "length of the copy task's string; 0: as long as fits"));
+  visit(c.data_options.seed,
+        field("seed", "seed of the synthetic data and of text window shuffling")
+            .with_flag("data_seed")
+            .with_cli_default("1234"));
+  visit(c.data_options.loss_on,
+        field("loss_on", "synthetic tasks: train on 'answers' or 'all' tokens"));
+  visit(c.data_options.val_fraction,
+        field("val_fraction", "text and token files: the last fraction of the tokens held out"));
+}
+
+// The model fields (section "model").
+template <class Config, class Visitor>
+void visit_model_fields(Config& c, Visitor& visit) {
+  auto& attention = c.model.attention;
+  const auto field = [](std::string_view key, std::string_view help) {
+    return config_field("model", key, help);
+  };
+  visit(c.model.vocab_size,
+        field("vocab_size", "tokens of the vocabulary (set from the data)").without_flag());
+  visit(c.model.dim, field("dim", "model width").with_cli_default("64"));
+  visit(c.model.depth, field("depth", "transformer blocks"));
+  visit(c.model.heads, field("heads", "attention heads"));
+  visit(c.model.mlp_ratio,
+        field("mlp_ratio", "MLP hidden width / model width (SwiGLU uses 2/3 of it)"));
+  visit(c.model.mlp, field("mlp", "swiglu or gelu"));
+  visit(attention.segment_lengths, field("segment_lengths",
+                                         "segment lengths of the dilated attention pairs, comma "
+                                         "separated")
+                                       .with_flag("segments")
+                                       .with_cli_default("128,256"));
+  visit(attention.dilation_rates, field("dilation_rates", "dilation rates, one per segment length")
+                                      .with_flag("dilations")
+                                      .with_cli_default("1,2"));
+  visit(attention.variant, field("variant", "fixed (segment-local) or original (global) dilation"));
+  visit(attention.mixing,
+        field("mixing", "head_groups or all_heads").with_cli_default("all_heads"));
+  visit(attention.offset_rule, field("offset_rule",
+                                     "offsets of the fixed variant: constant (the same in every "
+                                     "segment) or rotating (with the segment index)"));
+  visit(attention.dropout,
+        field("attention_dropout", "dropout of the attention probabilities (training only)"));
+  visit(c.model.rope_base, field("rope_base", "rotary position embedding base"));
+  visit(c.model.init_std, field("init_std",
+                                "standard deviation of the initial weights (that of the residual "
+                                "projections is divided by sqrt(2 depth))"));
+  visit(c.model.recompute,
+        field("recompute", "recompute each block's activations in the backward").may_change());
+  visit(c.model.mlp_chunk_tokens, field("mlp_chunk_tokens",
+                                        "with --recompute: run the MLP over sequence chunks of at "
+                                        "most this many tokens, each recomputed on its own (0: the "
+                                        "whole sequence at once)")
+                                      .with_cli_default("131072")
+                                      .may_change());
+}
+
+// The optimization and parallelism fields (section "train").
+template <class Config, class Visitor>
+void visit_train_fields(Config& c, Visitor& visit) {
+  const auto field = [](std::string_view key, std::string_view help) {
+    return config_field("train", key, help);
+  };
+  visit(c.steps, field("steps", "optimizer steps (at most: see --stop_at_exact_match)")
+                     .with_cli_default("6000"));
+  visit(c.batch_size, field("batch_size", "sequences per micro-batch on each data-parallel rank")
+                          .with_cli_default("4"));
+  visit(c.tokens_per_step, field("tokens_per_step",
+                                 "target batch in tokens over every rank (gradient "
+                                 "accumulation); 0: one micro-batch"));
+  visit(c.lr, field("lr", "peak learning rate").with_cli_default("0.002"));
+  visit(c.min_lr_ratio, field("min_lr_ratio", "the decay's floor, as a fraction of the peak"));
+  visit(c.warmup_steps, field("warmup_steps", "linear warmup steps").with_cli_default("100"));
+  visit(c.decay, field("decay", "cosine, linear or constant"));
+  visit(c.weight_decay, field("weight_decay", "AdamW weight decay (not on norms and embeddings)"));
+  visit(c.beta1, field("beta1", "AdamW's decay of the gradient's running mean"));
+  visit(c.beta2, field("beta2", "AdamW's decay of the squared gradient's running mean"));
+  visit(c.grad_clip, field("grad_clip", "global gradient-norm clip; 0: off"));
+  visit(c.dtype, field("dtype", "float32, bfloat16, float16; empty: the device's recommendation"));
+  visit(c.seed, field("seed", "seed of the model's initialization and dropout"));
+  visit(c.context_parallel, field("context_parallel",
+                                  "ranks per context-parallel group (the sequence is split "
+                                  "among them); the rest of the world is data parallel"));
+  visit(c.strategy,
+        field("strategy", "sequence-parallel attention: ring, all_gather or auto").may_change());
+  // Checkpoints from before the layout existed split contiguously.
+  visit(c.cp_layout, field("cp_layout",
+                           "how context-parallel ranks split a sequence: zigzag (rank r "
+                           "holds pieces r and 2P-1-r of 2P, balancing the causal work), "
+                           "contiguous, or auto (zigzag when 2P divides --seq_len)")
+                         .with_if_missing("contiguous")
+                         .may_change());
+}
+
+// The settings of the run itself (section "run"): how it is logged, evaluated and saved,
+// free to change on resume.
+template <class Config, class Visitor>
+void visit_run_fields(Config& c, Visitor& visit) {
+  const auto field = [](std::string_view key, std::string_view help) {
+    return config_field("run", key, help).may_change();
+  };
+  visit(
+      c.device,
+      field("device", "auto (a GPU when there is one), cpu or cuda[:N]").with_cli_default("auto"));
+  visit(c.eval_every, field("eval_every", "evaluate every N steps (and at the end)"));
+  visit(c.eval_batches,
+        field("eval_batches", "held-out batches (of --batch_size sequences) per evaluation")
+            .with_cli_default("16"));
+  visit(c.stop_at_exact_match, field("stop_at_exact_match",
+                                     "stop training at the first evaluation (every "
+                                     "--eval_every steps) whose held-out exact match is at least "
+                                     "this, then run the final evaluation; tasks only (text has "
+                                     "no exact match); 0: train all --steps")
+                                   .with_cli_default("0.98"));
+  visit(c.final_eval_batches,
+        field("final_eval_batches", "held-out batches of the final evaluation")
+            .with_cli_default("64"));
+  visit(c.log_every, field("log_every", "progress line and metrics record every N steps"));
+  visit(c.checkpoint_every,
+        field("checkpoint_every", "checkpoint every N steps (and at the end); 0: end only")
+            .with_cli_default("500"));
+  visit(c.keep_checkpoints, field("keep_checkpoints", "checkpoints to keep"));
+  visit(
+      c.out_dir,
+      field("out_dir", "run folder: checkpoints/, metrics.jsonl").with_cli_default("runs/passkey"));
+  visit(c.resume, field("resume",
+                        "auto (the newest checkpoint in out_dir if any), latest (it must "
+                        "exist), a checkpoint folder, or empty to start over")
+                      .with_cli_default("auto"));
+  visit(c.allow_config_change, field("allow_config_change",
+                                     "resume even though data, model or optimization flags "
+                                     "differ from the checkpoint's (without it such a resume is "
+                                     "refused, listing each difference)"));
+  visit(c.quiet, field("quiet", "no progress lines or notes (the final result is still printed)"));
+}
+
+}  // namespace config_description
+
 // Calls visit(member, field) for every field of `c` (a TrainConfig, const or not), in the
 // order of rd_train's documentation. The attention options not listed are the model's
 // (causal) or the kernels' choices (scale, Hilbert order, path), left at their defaults.
 template <class Config, class Visitor>
-  requires std::same_as<std::remove_const_t<Config>, TrainConfig>
+requires std::same_as<std::remove_const_t<Config>, TrainConfig>
 void visit_config_fields(Config& c, Visitor&& visit) {
-  auto& task = c.data_options.task;
-  auto& attention = c.model.attention;
-  const auto in_data = [](std::string_view key, std::string_view help) {
-    return config_field("data", key, help);
-  };
-  const auto in_model = [](std::string_view key, std::string_view help) {
-    return config_field("model", key, help);
-  };
-  const auto in_train = [](std::string_view key, std::string_view help) {
-    return config_field("train", key, help);
-  };
-  // Settings of how the run is logged, evaluated and saved: free to change on resume.
-  const auto in_run = [](std::string_view key, std::string_view help) {
-    return config_field("run", key, help).may_change();
-  };
-
-  visit(c.data, in_data("spec", "passkey, mqar, copy (synthetic, generated on the fly), "
-                                "text:<file> (bytes of a file) or tokens:<file> (an RDTOK token "
-                                "file)").with_flag("data"));
-  visit(task.seq_len, in_data("seq_len", "tokens per sequence").with_cli_default("256"));
-  visit(task.passkey_digits,
-        in_data("passkey_digits", "digits of the passkey (chance is 10^-digits)"));
-  visit(task.mqar_pairs, in_data("mqar_pairs", "key-value pairs of the mqar task"));
-  visit(task.mqar_queries, in_data("mqar_queries", "queries of the mqar task"));
-  visit(task.mqar_key_len, in_data("mqar_key_len", "letters of each key of the mqar task"));
-  visit(task.mqar_value_len, in_data("mqar_value_len", "digits of each value of the mqar task"));
-  visit(task.copy_length,
-        in_data("copy_length", "length of the copy task's string; 0: as long as fits"));
-  visit(c.data_options.seed,
-        in_data("seed", "seed of the synthetic data and of text window shuffling")
-            .with_flag("data_seed").with_cli_default("1234"));
-  visit(c.data_options.loss_on,
-        in_data("loss_on", "synthetic tasks: train on 'answers' or 'all' tokens"));
-  visit(c.data_options.val_fraction,
-        in_data("val_fraction", "text and token files: the last fraction of the tokens held out"));
-
-  visit(c.model.vocab_size,
-        in_model("vocab_size", "tokens of the vocabulary (set from the data)").without_flag());
-  visit(c.model.dim, in_model("dim", "model width").with_cli_default("64"));
-  visit(c.model.depth, in_model("depth", "transformer blocks"));
-  visit(c.model.heads, in_model("heads", "attention heads"));
-  visit(c.model.mlp_ratio,
-        in_model("mlp_ratio", "MLP hidden width / model width (SwiGLU uses 2/3 of it)"));
-  visit(c.model.mlp, in_model("mlp", "swiglu or gelu"));
-  visit(attention.segment_lengths,
-        in_model("segment_lengths", "segment lengths of the dilated attention pairs, comma "
-                                    "separated").with_flag("segments").with_cli_default("128,256"));
-  visit(attention.dilation_rates,
-        in_model("dilation_rates", "dilation rates, one per segment length")
-            .with_flag("dilations").with_cli_default("1,2"));
-  visit(attention.variant,
-        in_model("variant", "fixed (segment-local) or original (global) dilation"));
-  visit(attention.mixing,
-        in_model("mixing", "head_groups or all_heads").with_cli_default("all_heads"));
-  visit(attention.offset_rule,
-        in_model("offset_rule", "offsets of the fixed variant: constant (the same in every "
-                                "segment) or rotating (with the segment index)"));
-  visit(attention.dropout,
-        in_model("attention_dropout", "dropout of the attention probabilities (training only)"));
-  visit(c.model.rope_base, in_model("rope_base", "rotary position embedding base"));
-  visit(c.model.init_std,
-        in_model("init_std", "standard deviation of the initial weights (that of the residual "
-                             "projections is divided by sqrt(2 depth))"));
-  visit(c.model.recompute,
-        in_model("recompute", "recompute each block's activations in the backward")
-            .may_change());
-  visit(c.model.mlp_chunk_tokens,
-        in_model("mlp_chunk_tokens", "with --recompute: run the MLP over sequence chunks of at "
-                                     "most this many tokens, each recomputed on its own (0: the "
-                                     "whole sequence at once)")
-            .with_cli_default("131072").may_change());
-
-  visit(c.steps, in_train("steps", "optimizer steps (at most: see --stop_at_exact_match)")
-                     .with_cli_default("6000"));
-  visit(c.batch_size,
-        in_train("batch_size", "sequences per micro-batch on each data-parallel rank")
-            .with_cli_default("4"));
-  visit(c.tokens_per_step,
-        in_train("tokens_per_step", "target batch in tokens over every rank (gradient "
-                                    "accumulation); 0: one micro-batch"));
-  visit(c.lr, in_train("lr", "peak learning rate").with_cli_default("0.002"));
-  visit(c.min_lr_ratio, in_train("min_lr_ratio", "the decay's floor, as a fraction of the peak"));
-  visit(c.warmup_steps, in_train("warmup_steps", "linear warmup steps").with_cli_default("100"));
-  visit(c.decay, in_train("decay", "cosine, linear or constant"));
-  visit(c.weight_decay,
-        in_train("weight_decay", "AdamW weight decay (not on norms and embeddings)"));
-  visit(c.beta1, in_train("beta1", "AdamW's decay of the gradient's running mean"));
-  visit(c.beta2, in_train("beta2", "AdamW's decay of the squared gradient's running mean"));
-  visit(c.grad_clip, in_train("grad_clip", "global gradient-norm clip; 0: off"));
-  visit(c.dtype,
-        in_train("dtype", "float32, bfloat16, float16; empty: the device's recommendation"));
-  visit(c.seed, in_train("seed", "seed of the model's initialization and dropout"));
-  visit(c.context_parallel,
-        in_train("context_parallel", "ranks per context-parallel group (the sequence is split "
-                                     "among them); the rest of the world is data parallel"));
-  visit(c.strategy, in_train("strategy", "sequence-parallel attention: ring, all_gather or auto")
-                        .may_change());
-  // Checkpoints from before the layout existed split contiguously.
-  visit(c.cp_layout,
-        in_train("cp_layout", "how context-parallel ranks split a sequence: zigzag (rank r "
-                              "holds pieces r and 2P-1-r of 2P, balancing the causal work), "
-                              "contiguous, or auto (zigzag when 2P divides --seq_len)")
-            .with_if_missing("contiguous").may_change());
-
-  visit(c.device, in_run("device", "auto (a GPU when there is one), cpu or cuda[:N]")
-                      .with_cli_default("auto"));
-  visit(c.eval_every, in_run("eval_every", "evaluate every N steps (and at the end)"));
-  visit(c.eval_batches,
-        in_run("eval_batches", "held-out batches (of --batch_size sequences) per evaluation")
-            .with_cli_default("16"));
-  visit(c.stop_at_exact_match,
-        in_run("stop_at_exact_match", "stop training at the first evaluation (every "
-                                      "--eval_every steps) whose held-out exact match is at least "
-                                      "this, then run the final evaluation; tasks only (text has "
-                                      "no exact match); 0: train all --steps")
-            .with_cli_default("0.98"));
-  visit(c.final_eval_batches,
-        in_run("final_eval_batches", "held-out batches of the final evaluation")
-            .with_cli_default("64"));
-  visit(c.log_every, in_run("log_every", "progress line and metrics record every N steps"));
-  visit(c.checkpoint_every,
-        in_run("checkpoint_every", "checkpoint every N steps (and at the end); 0: end only")
-            .with_cli_default("500"));
-  visit(c.keep_checkpoints, in_run("keep_checkpoints", "checkpoints to keep"));
-  visit(c.out_dir, in_run("out_dir", "run folder: checkpoints/, metrics.jsonl")
-                       .with_cli_default("runs/passkey"));
-  visit(c.resume,
-        in_run("resume", "auto (the newest checkpoint in out_dir if any), latest (it must "
-                         "exist), a checkpoint folder, or empty to start over")
-            .with_cli_default("auto"));
-  visit(c.allow_config_change,
-        in_run("allow_config_change", "resume even though data, model or optimization flags "
-                                      "differ from the checkpoint's (without it such a resume is "
-                                      "refused, listing each difference)"));
-  visit(c.quiet, in_run("quiet", "no progress lines or notes (the final result is still printed)"));
+  config_description::visit_data_fields(c, visit);
+  config_description::visit_model_fields(c, visit);
+  config_description::visit_train_fields(c, visit);
+  config_description::visit_run_fields(c, visit);
 }
 
 // The description's fields, in order.
