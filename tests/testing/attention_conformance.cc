@@ -803,7 +803,8 @@ void check_attention_case(const AttentionCase& c, Device device, AttentionKernel
   } else {
     std::vector<std::vector<double>> part_out, part_lse;
     for (auto [begin, end] : key_blocks) {
-      Operand po = plain(kF32, q_shape), pl = plain(kF32, lse_shape);
+      const DType partial = c.dtype == kF64 ? kF64 : kF32;  // float32, float64 for float64
+      Operand po = plain(partial, q_shape), pl = plain(partial, lse_shape);
       po.buffer.poison();
       pl.buffer.poison();
       AttentionForwardArgs part = args;
