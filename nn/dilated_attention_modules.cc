@@ -112,27 +112,61 @@ MultiheadDilatedAttention::MultiheadDilatedAttention(const char* name, int64_t e
       "out", std::make_shared<Linear>(embed_dim, embed_dim, module_options.bias, generator, t));
 }
 
+Tensor MultiheadDilatedAttention::projected_qkv(const Tensor& x,
+                                                const std::vector<PositionRun>& positions) {
+  // [B, C, 3E] viewed as [B, C, 3, H, D]: q, k and v are strided views of one buffer (after
+  // the rotation, a new one), and their gradient is written into one packed buffer.
+  const Tensor qkv =
+      qkv_->forward(x).view({x.size(0), x.size(1), 3, num_heads_, embed_dim_ / num_heads_});
+  // The projection's fresh output: rotated in place (rotary_embedding_qkv_overwrite).
+  return rope_base_ > 0 ? rotary_embedding_qkv_overwrite(qkv, positions, rope_base_) : qkv;
+}
+
 Tensor MultiheadDilatedAttention::forward(const Tensor& x) {
   const bool split = attention_->ranks() > 1;
   RD_CHECK(x.defined() && x.dim() == 3 && x.size(2) == embed_dim_, kShapeMismatch, name_,
            ": input must be ", split ? "this rank's block [B, N / P, " : "[B, N, ", embed_dim_,
            "], got shape ", x.defined() ? shape_str(x.shape()) : std::string("(undefined)"));
   const int64_t batch = x.size(0), rows = x.size(1);
-  // [B, C, 3E] viewed as [B, C, 3, H, D]: q, k and v are strided views of one buffer (after
-  // the rotation, a new one), and their gradient is written into one packed buffer.
-  const Tensor qkv = qkv_->forward(x).view({batch, rows, 3, num_heads_, embed_dim_ / num_heads_});
-  Tensor attention_input = qkv;
-  if (rope_base_ > 0) {
-    // Global positions: the runs of the sequence this rank holds under the layout.
-    std::vector<PositionRun> positions;
-    for (const Block& b : attention_->pieces_for(rows * attention_->ranks())) {
-      positions.push_back({b.size(), b.begin});
-    }
-    // The projection's fresh output: rotated in place (rotary_embedding_qkv_overwrite).
-    attention_input = rotary_embedding_qkv_overwrite(qkv, positions, rope_base_);
+  // Global positions: the runs of the sequence this rank holds under the layout.
+  std::vector<PositionRun> positions;
+  for (const Block& b : attention_->pieces_for(rows * attention_->ranks())) {
+    positions.push_back({b.size(), b.begin});
   }
-  return out_->forward(
-      attention_->forward_packed(attention_input).reshape({batch, rows, embed_dim_}));
+  const Tensor attended = attention_->forward_packed(projected_qkv(x, positions));
+  return out_->forward(attended.reshape({batch, rows, embed_dim_}));
+}
+
+DilatedKVCache MultiheadDilatedAttention::make_cache(int64_t batch, int64_t capacity) const {
+  const Tensor& weight = qkv_->weight();
+  return DilatedKVCache(batch, capacity, num_heads_, embed_dim_ / num_heads_,
+                        TensorOptions(weight.dtype()).with_device(weight.device()));
+}
+
+Tensor MultiheadDilatedAttention::forward_cached(const Tensor& x, DilatedKVCache& cache) {
+  RD_CHECK(attention_->ranks() == 1, kUnimplemented, name_,
+           ": decoding with a KV cache runs on one device (the sequence is not split)");
+  RD_CHECK(x.defined() && x.dim() == 3 && x.size(2) == embed_dim_, kShapeMismatch, name_,
+           ": forward_cached input must be [B, T, ", embed_dim_, "], got shape ",
+           x.defined() ? shape_str(x.shape()) : std::string("(undefined)"));
+  const int64_t batch = x.size(0), rows = x.size(1), start = cache.length();
+  const Tensor qkv = projected_qkv(x, {{rows, start}});
+  Tensor attended;
+  if (start == 0 && rows > 1) {
+    // A prompt: one forward over it, exactly the rows the steps would give.
+    attended = attention_->forward_packed(qkv);
+    cache.append(qkv.select(2, 1), qkv.select(2, 2));
+  } else {
+    std::vector<Tensor> steps;
+    for (int64_t t = 0; t < rows; ++t) {
+      const Tensor row = qkv.narrow(1, t, 1);
+      cache.append(row.select(2, 1), row.select(2, 2));
+      steps.push_back(
+          dilated_attention_decode_step(row.select(2, 0), cache, attention_->options()).out);
+    }
+    attended = rows == 1 ? steps[0] : cat(steps, 1);
+  }
+  return out_->forward(attended.reshape({batch, rows, embed_dim_}));
 }
 
 }  // namespace rd::nn

@@ -11,6 +11,7 @@
 
 #include "ringdilated/dist/communicator.h"
 #include "ringdilated/nn/dilated_attention.h"
+#include "ringdilated/nn/dilated_decode.h"
 #include "ringdilated/nn/linear.h"
 #include "ringdilated/nn/module.h"
 #include "ringdilated/nn/pattern_cache.h"
@@ -126,6 +127,14 @@ class MultiheadDilatedAttention : public UnaryModule {
                             Generator& generator, const MultiheadOptions& module_options = {});
 
   Tensor forward(const Tensor& x) override;
+  // Incremental decoding (one device, causal options): x [B, T, E] holds positions
+  // cache.length() .. + T - 1 of a sequence whose earlier keys and values are in `cache`;
+  // appends this layer's keys and values of them and returns their outputs, equal to the
+  // rows of forward() over the whole sequence so far. A prompt into an empty cache runs the
+  // whole forward once; later rows are decoding steps (dilated_attention_decode_step).
+  Tensor forward_cached(const Tensor& x, DilatedKVCache& cache);
+  // An empty cache for this layer: `batch` sequences, room for `capacity` positions.
+  DilatedKVCache make_cache(int64_t batch, int64_t capacity) const;
   int64_t embed_dim() const { return embed_dim_; }
   int64_t num_heads() const { return num_heads_; }
   const DilatedAttentionOptions& options() const { return attention_->options(); }
@@ -143,6 +152,10 @@ class MultiheadDilatedAttention : public UnaryModule {
   const DilatedAttention& attention_module() const { return *attention_; }
 
  private:
+  // The packed [B, T, 3, H, D] projection of x, q and k rotated for the global positions
+  // `positions` (rows of x in order).
+  Tensor projected_qkv(const Tensor& x, const std::vector<PositionRun>& positions);
+
   const char* name_;
   int64_t embed_dim_;
   int64_t num_heads_;

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
+#include <random>
 #include <string>
 #include <utility>
 
@@ -19,6 +20,7 @@
 #include "gtest/gtest.h"
 #include "ringdilated/dist/in_process.h"
 #include "ringdilated/kernels/error.h"
+#include "ringdilated/tensor/autograd.h"
 #include "ringdilated/tensor/device.h"
 #include "ringdilated/tensor/ops.h"
 #include "ringdilated/train/checkpoint.h"
@@ -556,6 +558,55 @@ TEST(LanguageModelTest, GreedySamplingIsTopOne) {
   EXPECT_EQ(generate(model, prompt, 6, 0.7, 1, 2), greedy);
   EXPECT_EQ(generate(model, prompt, 6, 1.0, 0, 3), generate(model, prompt, 6, 1.0, 0, 3));
   EXPECT_THROW(generate(model, {}, 1, 0.0, 0, 1), Error);
+}
+
+// Decoding with KV caches: a prompt and then one token at a time give the logits of the
+// full forward's rows (float64, to rounding), for patterns whose pairs skip positions and
+// segments that end inside the sequence; and generate(), which decodes so, picks the tokens
+// that recomputing the prefix picks.
+TEST(LanguageModelTest, CachedDecodingEqualsTheFullForward) {
+  for (const nn::HeadMixing mixing : {nn::HeadMixing::kHeadGroups, nn::HeadMixing::kAllHeads}) {
+    ModelConfig c;
+    c.vocab_size = 40;
+    c.dim = 24;
+    c.heads = 3;
+    c.depth = 2;
+    c.attention.segment_lengths = {4, 8, 16};
+    c.attention.dilation_rates = {1, 2, 4};
+    c.attention.mixing = mixing;
+    c.attention.offset_rule = nn::OffsetRule::kRotating;
+    Generator gen(5);
+    LanguageModel model(c, gen, TensorOptions(DType::kFloat64));
+    model.eval();
+    autograd::NoGradGuard no_grad;
+    std::mt19937 data(6);
+    std::vector<int64_t> ids;
+    for (int i = 0; i < 29; ++i) ids.push_back(static_cast<int64_t>(data() % 40));
+    const Tensor tokens = from_vector<int64_t>(ids, {1, 29});
+    const std::vector<double> full = model.forward(tokens).to_vector<double>();
+    LanguageModel::DecodeState state = model.start_decoding(1, /*capacity=*/8);  // grows
+    std::vector<double> cached = model.forward_cached(tokens.narrow(1, 0, 11), state).to_vector<double>();
+    for (int64_t p = 11; p < 29; ++p) {
+      const std::vector<double> row = model.forward_cached(tokens.narrow(1, p, 1), state).to_vector<double>();
+      cached.insert(cached.end(), row.begin(), row.end());
+    }
+    EXPECT_EQ(state.length(), 29);
+    ASSERT_EQ(cached.size(), full.size());
+    for (size_t i = 0; i < full.size(); ++i) {
+      ASSERT_NEAR(cached[i], full[i], 1e-10) << "logit " << i << (mixing == nn::HeadMixing::kAllHeads ? " all heads" : " head groups");
+    }
+    const std::vector<int32_t> prompt{1, 2, 3, 4, 5};
+    // The reference: the prefix recomputed for every token, as generate() did before caches.
+    std::vector<int32_t> want = prompt;
+    for (int i = 0; i < 20; ++i) {
+      std::vector<int64_t> prefix(want.begin(), want.end());
+      const Tensor logits = model.forward(from_vector<int64_t>(prefix, {1, static_cast<int64_t>(prefix.size())}));
+      const std::vector<double> last =
+          logits.select(1, logits.size(1) - 1).view({-1}).to_vector<double>();
+      want.push_back(static_cast<int32_t>(std::max_element(last.begin(), last.end()) - last.begin()));
+    }
+    EXPECT_EQ(generate(model, prompt, 20, 0.0, 0, 1), want);
+  }
 }
 
 TEST(TrainConfigTest, JsonRoundTripsAndBadValuesAreNamed) {

@@ -101,6 +101,12 @@ Tensor TransformerBlock::forward(const Tensor& x) {
   return add(h.sum, mlp_->forward(h.out));
 }
 
+Tensor TransformerBlock::forward_cached(const Tensor& x, nn::DilatedKVCache& cache) {
+  const Tensor attended = attn_->forward_cached(attn_norm_->forward(x), cache);
+  const AddNormResult h = mlp_norm_->forward_add(attended, x);
+  return add(h.sum, mlp_->forward(h.out));
+}
+
 Tensor TransformerBlock::chunked_mlp_residual(const Tensor& h) {
   const auto mlp_of = [this](const Tensor& t) { return mlp_->forward(mlp_norm_->forward(t)); };
   const int64_t tokens = h.size(1);
@@ -167,6 +173,26 @@ Tensor LanguageModel::forward(const Tensor& tokens) {
       x = block->forward(x);
     }
   }
+  return linear(norm_->forward(x), embed_->weight());
+}
+
+LanguageModel::DecodeState LanguageModel::start_decoding(int64_t batch, int64_t capacity) const {
+  DecodeState state;
+  for (const std::shared_ptr<TransformerBlock>& block : blocks_) {
+    state.caches.push_back(block->make_cache(batch, capacity));
+  }
+  return state;
+}
+
+Tensor LanguageModel::forward_cached(const Tensor& tokens, DecodeState& state) {
+  RD_CHECK(tokens.defined() && tokens.dim() == 2, kShapeMismatch, kOp,
+           ": argument 'tokens' must be [B, T] integers, got ",
+           tokens.defined() ? shape_str(tokens.shape()) : std::string("undefined"));
+  RD_CHECK(state.caches.size() == blocks_.size(), kInvalidArgument, kOp,
+           ": the decoding state has ", state.caches.size(), " caches for ", blocks_.size(),
+           " blocks (make it with start_decoding)");
+  Tensor x = embed_->forward(tokens);
+  for (size_t i = 0; i < blocks_.size(); ++i) x = blocks_[i]->forward_cached(x, state.caches[i]);
   return linear(norm_->forward(x), embed_->weight());
 }
 

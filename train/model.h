@@ -9,6 +9,8 @@
 
 #include "ringdilated/dist/communicator.h"
 #include "ringdilated/nn/dilated_attention.h"
+#include "ringdilated/nn/dilated_attention_modules.h"
+#include "ringdilated/nn/dilated_decode.h"
 #include "ringdilated/nn/embedding.h"
 #include "ringdilated/nn/mlp.h"
 #include "ringdilated/nn/module.h"
@@ -59,6 +61,12 @@ class TransformerBlock : public nn::UnaryModule {
                    std::shared_ptr<dist::Communicator> sequence_comm,
                    nn::DistStrategy strategy, nn::SequenceLayout layout);
   Tensor forward(const Tensor& x) override;
+  // x [B, T, E] at positions cache.length() .. + T - 1 (see
+  // MultiheadDilatedAttention::forward_cached); no recomputation, no MLP chunks.
+  Tensor forward_cached(const Tensor& x, nn::DilatedKVCache& cache);
+  nn::DilatedKVCache make_cache(int64_t batch, int64_t capacity) const {
+    return attn_->make_cache(batch, capacity);
+  }
 
  private:
   // h + mlp(mlp_norm(h)) over sequence chunks of mlp_chunk_tokens_ tokens, each recomputed
@@ -67,7 +75,7 @@ class TransformerBlock : public nn::UnaryModule {
 
   int64_t mlp_chunk_tokens_;
   std::shared_ptr<nn::RMSNorm> attn_norm_;
-  std::shared_ptr<nn::UnaryModule> attn_;
+  std::shared_ptr<nn::MultiheadDilatedAttention> attn_;
   std::shared_ptr<nn::RMSNorm> mlp_norm_;
   std::shared_ptr<nn::MLP> mlp_;
 };
@@ -91,6 +99,18 @@ class LanguageModel : public nn::Module {
                 nn::SequenceLayout layout = nn::SequenceLayout::kAuto);
 
   Tensor forward(const Tensor& tokens);
+
+  // Incremental decoding on one device: one KV cache per block. tokens [B, T] are positions
+  // state.length() .. + T - 1; returns their logits [B, T, vocab], equal to those rows of
+  // forward() on the whole sequence so far, at a cost per new token bounded by the
+  // attention pattern's selected positions rather than the prefix.
+  struct DecodeState {
+    std::vector<nn::DilatedKVCache> caches;  // one per block
+    int64_t length() const { return caches.empty() ? 0 : caches.front().length(); }
+  };
+  DecodeState start_decoding(int64_t batch, int64_t capacity) const;
+  Tensor forward_cached(const Tensor& tokens, DecodeState& state);
+
   const ModelConfig& config() const { return config_; }
   int64_t num_parameters() const;
 

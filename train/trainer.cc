@@ -728,6 +728,38 @@ TrainResult Trainer::run(const std::atomic<bool>* stop) {
 // ---------------------------------------------------------------------------------------
 // Sampling.
 
+namespace {
+
+// The next token from the last position's logits [vocab]: greedy at temperature 0, else
+// drawn from the softmax at `temperature` over the top_k most likely (0: all).
+int32_t next_token(const std::vector<double>& logits, double temperature, int64_t top_k,
+                   std::mt19937_64& rng) {
+  if (temperature == 0) {
+    return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  }
+  std::vector<int32_t> order(logits.size());
+  for (size_t k = 0; k < order.size(); ++k) order[k] = static_cast<int32_t>(k);
+  std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
+  const size_t keep = top_k > 0 ? std::min(order.size(), static_cast<size_t>(top_k)) : order.size();
+  std::vector<double> weights(keep);
+  for (size_t k = 0; k < keep; ++k) {
+    weights[k] = std::exp((logits[order[k]] - logits[order[0]]) / temperature);
+  }
+  std::discrete_distribution<size_t> pick(weights.begin(), weights.end());
+  return order[pick(rng)];
+}
+
+// The logits [vocab] of the last position of `logits` [1, T, vocab], in float64 on the host.
+std::vector<double> last_logits(const Tensor& logits) {
+  return logits.select(1, logits.size(1) - 1)
+      .view({-1})
+      .to(DType::kFloat64)
+      .to(Device::cpu())
+      .to_vector<double>();
+}
+
+}  // namespace
+
 std::vector<int32_t> generate(LanguageModel& model, const std::vector<int32_t>& prompt,
                               int64_t max_new_tokens, double temperature, int64_t top_k,
                               uint64_t seed) {
@@ -741,26 +773,26 @@ std::vector<int32_t> generate(LanguageModel& model, const std::vector<int32_t>& 
   const Device dev = model.parameters().front().device();
   std::mt19937_64 rng(seed);
   std::vector<int32_t> tokens = prompt;
+  auto as_tensor = [&](std::vector<int32_t>::const_iterator from) {
+    std::vector<int64_t> ids(from, tokens.cend());
+    return from_vector<int64_t>(ids, {1, static_cast<int64_t>(ids.size())}).to(dev);
+  };
+  // The global variant has no incremental form: it recomputes the prefix for every token.
+  const bool cached = model.config().attention.variant == nn::DilationVariant::kSegmentLocal;
+  if (!cached) {
+    log_once("generate: the global variant decodes by recomputing the prefix for every token "
+             "(no KV cache: its index lists change with the length)");
+  }
+  LanguageModel::DecodeState state;
+  if (cached) {
+    state = model.start_decoding(1, static_cast<int64_t>(prompt.size()) + max_new_tokens);
+  }
   for (int64_t i = 0; i < max_new_tokens; ++i) {
-    std::vector<int64_t> ids(tokens.begin(), tokens.end());
-    const auto n = static_cast<int64_t>(ids.size());
-    const Tensor logits = model.forward(from_vector<int64_t>(ids, {1, n}).to(dev));
-    std::vector<double> last =
-        logits.select(1, n - 1).view({-1}).to(DType::kFloat64).to(Device::cpu()).to_vector<double>();
-    int32_t next = 0;
-    if (temperature == 0) {
-      next = static_cast<int32_t>(std::max_element(last.begin(), last.end()) - last.begin());
-    } else {
-      std::vector<int32_t> order(last.size());
-      for (size_t k = 0; k < order.size(); ++k) order[k] = static_cast<int32_t>(k);
-      std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return last[a] > last[b]; });
-      const size_t keep = top_k > 0 ? std::min(order.size(), static_cast<size_t>(top_k)) : order.size();
-      std::vector<double> weights(keep);
-      for (size_t k = 0; k < keep; ++k) weights[k] = std::exp((last[order[k]] - last[order[0]]) / temperature);
-      std::discrete_distribution<size_t> pick(weights.begin(), weights.end());
-      next = order[pick(rng)];
-    }
-    tokens.push_back(next);
+    // Cached: the prompt once, then only the newest token.
+    const auto from = !cached ? tokens.cbegin() : tokens.cbegin() + state.length();
+    const Tensor logits = cached ? model.forward_cached(as_tensor(from), state)
+                                 : model.forward(as_tensor(from));
+    tokens.push_back(next_token(last_logits(logits), temperature, top_k, rng));
   }
   if (was_training) model.train();
   return tokens;
