@@ -14,8 +14,10 @@
 #include "ringdilated/kernels/error.h"
 #include "ringdilated/nn/dilated_attention.h"
 #include "ringdilated/nn/dilated_decode.h"
+#include "ringdilated/tensor/device.h"
 #include "ringdilated/tensor/ops.h"
 #include "testing/dilated_reference.h"
+#include "testing/dtype_precision.h"
 #include "testing/raises.h"
 
 namespace rd {
@@ -127,6 +129,50 @@ TEST(DecodeCache, APromptAppendedAtOnceThenStepsMatchesTheForward) {
       EXPECT_NEAR(out[static_cast<size_t>(i)],
                   full[static_cast<size_t>(p * kHeads * kDim + i)], 1e-5)
           << "p " << p;
+    }
+  }
+}
+
+// On the GPU, every path (its fallbacks allowed) and float32 / bfloat16: every step equals
+// the float64 reference on the same (rounded) inputs, to the dtype's rounding.
+TEST(DecodeStepCuda, EveryPathMatchesTheFloat64Reference) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  const Device gpu = Device::cuda(0);
+  for (const HeadMixing mixing : {HeadMixing::kHeadGroups, HeadMixing::kAllHeads}) {
+    for (const DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+      for (const nn::AttentionPath path :
+           {nn::AttentionPath::kMath, nn::AttentionPath::kFlash, nn::AttentionPath::kCudnn}) {
+        SCOPED_TRACE(std::string(nn::path_name(path)) + " " + std::string(dtype_name(dtype)) +
+                     (mixing == HeadMixing::kAllHeads ? " all heads" : " head groups"));
+        DilatedAttentionOptions o = causal_options(mixing, OffsetRule::kRotating);
+        o.path = path;
+        Generator gen(34);
+        // The inputs rounded to the dtype; the reference computes on exactly these values.
+        auto rounded = [&] {
+          return randn({1, kSeq, kHeads, kDim}, gen, TensorOptions(DType::kFloat64))
+              .to(dtype)
+              .to(DType::kFloat64);
+        };
+        const Tensor q = rounded(), k = rounded(), v = rounded();
+        const test::DilatedReferenceResult want =
+            test::dilated_attention_reference(heads_of(q), heads_of(k), heads_of(v), o);
+        const double tol = 16 * test::unit_roundoff(dtype) * 4.0;  // |v| < ~4
+        nn::DilatedKVCache cache(1, 8, kHeads, kDim, TensorOptions(dtype).with_device(gpu));
+        for (int64_t p = 0; p < kSeq; ++p) {
+          cache.append(k.narrow(1, p, 1).to(dtype).to(gpu), v.narrow(1, p, 1).to(dtype).to(gpu));
+          const std::vector<double> out =
+              nn::dilated_attention_decode_step(q.narrow(1, p, 1).to(dtype).to(gpu), cache, o)
+                  .out.to(Device::cpu())
+                  .to(DType::kFloat64)
+                  .to_vector<double>();
+          for (int64_t h = 0; h < kHeads; ++h) {
+            for (int64_t d = 0; d < kDim; ++d) {
+              ASSERT_NEAR(out[static_cast<size_t>(h * kDim + d)], want.out.at(0, p, h, d), tol)
+                  << "p " << p << " h " << h;
+            }
+          }
+        }
+      }
     }
   }
 }
