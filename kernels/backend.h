@@ -1,5 +1,6 @@
 // KernelBackend: the small interface every device implements (the CPU and CUDA).
-// It speaks raw StridedViews, never Tensors, so kernels stay below the tensor layer.
+// It speaks raw StridedViews and plain argument structs, never Tensors, so kernels stay
+// below the tensor layer.
 #pragma once
 
 #include <cstdint>
