@@ -221,14 +221,11 @@ std::vector<Tensor> norm_backward(const NormSaved& s, const std::vector<Tensor>&
   return result;
 }
 
-// Layer or RMS norm of x, or of x + residual when residual is defined (then `sum` is that
-// sum, the new residual stream; otherwise it is undefined).
-AddNormResult norm_impl(const Tensor& x, const Tensor& residual, const Shape& normalized_shape,
-                        const Tensor& weight, const Tensor& bias, double eps, bool rms) {
-  const bool fused = residual.defined();
-  const char* op = norm_op_name(rms, fused);
+// The tensor-level checks of a norm (residual may be undefined).
+void check_norm_inputs(const Tensor& x, const Tensor& residual, const Shape& normalized_shape,
+                       const Tensor& weight, const Tensor& bias, double eps, const char* op) {
   check_defined_floating(x, op, "x");
-  if (fused) check_residual(residual, x, op);
+  if (residual.defined()) check_residual(residual, x, op);
   const auto norm_dims = static_cast<int64_t>(normalized_shape.size());
   RD_CHECK(norm_dims > 0, kInvalidArgument, op, ": normalized_shape must not be empty");
   RD_CHECK(x.dim() >= norm_dims &&
@@ -239,6 +236,16 @@ AddNormResult norm_impl(const Tensor& x, const Tensor& residual, const Shape& no
   check_norm_param(weight, x, normalized_shape, op, "weight");
   check_norm_param(bias, x, normalized_shape, op, "bias");
   RD_CHECK(eps >= 0.0, kInvalidArgument, op, ": argument 'eps' must be >= 0, got ", eps);
+}
+
+// Layer or RMS norm of x, or of x + residual when residual is defined (then `sum` is that
+// sum, the new residual stream; otherwise it is undefined).
+AddNormResult norm_impl(const Tensor& x, const Tensor& residual, const Shape& normalized_shape,
+                        const Tensor& weight, const Tensor& bias, double eps, bool rms) {
+  const bool fused = residual.defined();
+  const char* op = norm_op_name(rms, fused);
+  check_norm_inputs(x, residual, normalized_shape, weight, bias, eps, op);
+  const auto norm_dims = static_cast<int64_t>(normalized_shape.size());
 
   NormSaved s;
   s.rms = rms;

@@ -829,9 +829,9 @@ bool norm_backward_fused(const NormBackwardArgs& a, Allocator& scratch, cudaStre
     const size_t partial_bytes = static_cast<size_t>(blocks * cols) * sizeof(A);
     ScratchBuffer weight_partial(scratch, grad_weight != nullptr ? partial_bytes : 0);
     ScratchBuffer bias_partial(scratch, grad_bias != nullptr ? partial_bytes : 0);
-    const FusedBackwardParams p{a.grad_out,           a.in,     a.weight, a.grad_sum,
-                                a.grad_in,            a.mean,   a.rstd,   weight_partial.get(),
-                                bias_partial.get(),   rows,     cols,     a.rms};
+    const FusedBackwardParams p{a.grad_out, a.in,   a.weight, a.grad_sum,
+                                a.grad_in,  a.mean, a.rstd,   weight_partial.get(),
+                                bias_partial.get(), rows, cols, a.rms};
     kernel<<<static_cast<unsigned>(blocks), threads, smem, stream>>>(p);
     RD_CUDA_CHECK_LAUNCH();
     sum_column_partials<A>(weight_partial.get(), bias_partial.get(), blocks, cols, grad_weight,
