@@ -654,8 +654,13 @@ void softmax_row(benchmark::State& state, Ceilings& ceilings, bool backward, DTy
   const Tensor grad_out = random_normal({rows, cols}, dtype, 6);
   const Tensor grad_in = rd::empty({rows, cols}, on_device(dtype));
   measure(state, bandwidth_work(ceilings, 3.0 * t, kRowwiseTarget), [&] {
-    device_backend().softmax_backward(grad_in.raw_data(), grad_out.raw_data(), y.raw_data(), dtype,
-                                      rows, cols, /*log=*/false);
+    device_backend().softmax_backward({.grad_in = grad_in.raw_data(),
+                                       .grad_out = grad_out.raw_data(),
+                                       .out = y.raw_data(),
+                                       .dtype = dtype,
+                                       .rows = rows,
+                                       .cols = cols,
+                                       .log = false});
   });
 }
 
@@ -692,9 +697,17 @@ void layer_norm_row(benchmark::State& state, Ceilings& ceilings, bool backward, 
             [&] { Tensor y = rd::layer_norm(nc.x, {cols}, nc.weight, nc.bias, kNormEps); });
     return;
   }
-  device_backend().norm(nc.out.raw_data(), float_ptr(nc.mean), float_ptr(nc.rstd), nc.x.raw_data(),
-                        nullptr, nullptr, nc.weight.raw_data(), nc.bias.raw_data(), dtype, nc.rows,
-                        cols, kNormEps, /*rms=*/false);
+  device_backend().norm({.out = nc.out.raw_data(),
+                         .in = nc.x.raw_data(),
+                         .weight = nc.weight.raw_data(),
+                         .bias = nc.bias.raw_data(),
+                         .mean = float_ptr(nc.mean),
+                         .rstd = float_ptr(nc.rstd),
+                         .dtype = dtype,
+                         .rows = nc.rows,
+                         .cols = cols,
+                         .eps = kNormEps,
+                         .rms = false});
   const Tensor grad_out = random_normal({nc.rows, cols}, dtype, 10);
   const Tensor grad_in = rd::empty({nc.rows, cols}, on_device(dtype));
   const Tensor grad_weight = rd::empty({cols}, on_device(DType::kFloat32));
@@ -703,10 +716,18 @@ void layer_norm_row(benchmark::State& state, Ceilings& ceilings, bool backward, 
   const double bytes = 3.0 * nc.tensor_bytes() + nc.stats_bytes() + nc.param_bytes() +
                        2.0 * 4.0 * static_cast<double>(cols);
   measure(state, bandwidth_work(ceilings, bytes, kRowwiseTarget), [&] {
-    device_backend().norm_backward(grad_in.raw_data(), float_ptr(grad_weight), float_ptr(grad_bias),
-                                   grad_out.raw_data(), nullptr, nc.x.raw_data(),
-                                   float_ptr(nc.mean), float_ptr(nc.rstd), nc.weight.raw_data(),
-                                   dtype, nc.rows, cols, /*rms=*/false);
+    device_backend().norm_backward({.grad_in = grad_in.raw_data(),
+                                    .grad_weight = float_ptr(grad_weight),
+                                    .grad_bias = float_ptr(grad_bias),
+                                    .grad_out = grad_out.raw_data(),
+                                    .in = nc.x.raw_data(),
+                                    .mean = float_ptr(nc.mean),
+                                    .rstd = float_ptr(nc.rstd),
+                                    .weight = nc.weight.raw_data(),
+                                    .dtype = dtype,
+                                    .rows = nc.rows,
+                                    .cols = cols,
+                                    .rms = false});
   });
 }
 
@@ -772,9 +793,19 @@ void fused_norm_row(benchmark::State& state, Ceilings& ceilings, bool rms, bool 
   void* sum_ptr = rms ? nullptr : sum.raw_data();
   const void* bias_ptr = rms ? nullptr : nc.bias.raw_data();
   auto forward = [&] {
-    device_backend().norm(nc.out.raw_data(), float_ptr(nc.mean), float_ptr(nc.rstd),
-                          nc.x.raw_data(), residual_ptr, sum_ptr, nc.weight.raw_data(), bias_ptr,
-                          dtype, rows, cols, kNormEps, rms);
+    device_backend().norm({.out = nc.out.raw_data(),
+                           .in = nc.x.raw_data(),
+                           .residual = residual_ptr,
+                           .sum = sum_ptr,
+                           .weight = nc.weight.raw_data(),
+                           .bias = bias_ptr,
+                           .mean = float_ptr(nc.mean),
+                           .rstd = float_ptr(nc.rstd),
+                           .dtype = dtype,
+                           .rows = rows,
+                           .cols = cols,
+                           .eps = kNormEps,
+                           .rms = rms});
   };
   const double t = nc.tensor_bytes();
   const double params = (rms ? 1.0 : 2.0) * nc.param_bytes();
@@ -797,10 +828,19 @@ void fused_norm_row(benchmark::State& state, Ceilings& ceilings, bool rms, bool 
   const double bytes = (rms ? 3.0 : 4.0) * t + nc.stats_bytes() + nc.param_bytes() +
                        (rms ? 1.0 : 2.0) * 4.0 * static_cast<double>(cols);
   measure(state, bandwidth_work(ceilings, bytes, kNoTarget), [&] {
-    device_backend().norm_backward(
-        grad_in.raw_data(), float_ptr(grad_weight), rms ? nullptr : float_ptr(grad_bias),
-        grad_out.raw_data(), rms ? nullptr : grad_sum.raw_data(), normalized, float_ptr(nc.mean),
-        float_ptr(nc.rstd), nc.weight.raw_data(), dtype, rows, cols, rms);
+    device_backend().norm_backward({.grad_in = grad_in.raw_data(),
+                                    .grad_weight = float_ptr(grad_weight),
+                                    .grad_bias = rms ? nullptr : float_ptr(grad_bias),
+                                    .grad_out = grad_out.raw_data(),
+                                    .grad_sum = rms ? nullptr : grad_sum.raw_data(),
+                                    .in = normalized,
+                                    .mean = float_ptr(nc.mean),
+                                    .rstd = float_ptr(nc.rstd),
+                                    .weight = nc.weight.raw_data(),
+                                    .dtype = dtype,
+                                    .rows = rows,
+                                    .cols = cols,
+                                    .rms = rms});
   });
 }
 
@@ -825,8 +865,15 @@ void cross_entropy_row(benchmark::State& state, Ceilings& ceilings, bool backwar
   state.SetLabel(label_of(dtype, {rows, cols}) + ", backend cross_entropy" +
                  (backward ? "_backward" : ""));
   auto forward = [&] {
-    device_backend().cross_entropy(loss.raw_data(), lse.raw_data(), logits.raw_data(), target_ptr,
-                                   dtype, rows, cols, /*inner=*/1, kIgnoreIndex);
+    device_backend().cross_entropy({.loss = loss.raw_data(),
+                                    .lse = lse.raw_data(),
+                                    .logits = logits.raw_data(),
+                                    .targets = target_ptr,
+                                    .dtype = dtype,
+                                    .rows = rows,
+                                    .cols = cols,
+                                    .inner = 1,
+                                    .ignore_index = kIgnoreIndex});
   };
   if (!backward) {
     measure(state, bandwidth_work(ceilings, forward_bytes, kNoTarget), forward);
@@ -836,10 +883,17 @@ void cross_entropy_row(benchmark::State& state, Ceilings& ceilings, bool backwar
   const Tensor grad_loss = rd::full({1}, 1.0 / rows_d, on_device(stats_dtype));
   const Tensor grad_logits = rd::empty({rows, cols}, on_device(dtype));
   measure(state, bandwidth_work(ceilings, backward_bytes, kNoTarget), [&] {
-    device_backend().cross_entropy_backward(grad_logits.raw_data(), grad_loss.raw_data(),
-                                            /*grad_loss_stride=*/0, logits.raw_data(),
-                                            lse.raw_data(), target_ptr, dtype, rows, cols,
-                                            /*inner=*/1, kIgnoreIndex);
+    device_backend().cross_entropy_backward({.grad_logits = grad_logits.raw_data(),
+                                             .grad_loss = grad_loss.raw_data(),
+                                             .grad_loss_stride = 0,
+                                             .logits = logits.raw_data(),
+                                             .lse = lse.raw_data(),
+                                             .targets = target_ptr,
+                                             .dtype = dtype,
+                                             .rows = rows,
+                                             .cols = cols,
+                                             .inner = 1,
+                                             .ignore_index = kIgnoreIndex});
   });
 }
 

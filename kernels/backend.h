@@ -1,5 +1,6 @@
 // KernelBackend: the small interface every device implements (the CPU and CUDA).
-// It speaks raw StridedViews, never Tensors, so kernels stay below the tensor layer.
+// It speaks raw StridedViews and plain argument structs, never Tensors, so kernels stay
+// below the tensor layer.
 #pragma once
 
 #include <cstdint>
@@ -8,6 +9,7 @@
 #include <string>
 
 #include "ringdilated/kernels/attention.h"
+#include "ringdilated/kernels/rowwise.h"
 #include "ringdilated/kernels/strided.h"
 
 namespace rd::kernels {
@@ -241,52 +243,31 @@ class KernelBackend {
   // --- linear algebra ---
   virtual void gemm(const GemmArgs& args) = 0;
 
-  // --- row-wise fused ops on contiguous [rows, cols] data ---
-  // Softmax (or log-softmax when `log`) of each row.
-  virtual void softmax(void* out, const void* in, DType dtype, int64_t rows, int64_t cols,
-                       bool log) = 0;
-  // grad_in = y * (g - sum(g*y)) for softmax; g - exp(y) * sum(g) for log-softmax.
-  virtual void softmax_backward(void* grad_in, const void* grad_out, const void* out,
-                                DType dtype, int64_t rows, int64_t cols, bool log) = 0;
-  // Layer norm (rms=false) or RMS norm (rms=true) over each row. weight/bias may be null.
-  // mean (unused for rms) and rstd are float32 [rows] outputs kept for the backward pass.
-  // Residual fusion: when `residual` is not null the normalized row is in + residual, and
-  // that sum is also written to `sum` (the transformer's new residual stream), so the add
-  // costs no extra pass over memory. `sum` must be non-null exactly when `residual` is.
-  virtual void norm(void* out, float* mean, float* rstd, const void* in, const void* residual,
-                    void* sum, const void* weight, const void* bias, DType dtype, int64_t rows,
-                    int64_t cols, double eps, bool rms) = 0;
-  // Backward of norm(); `in` is what was normalized (the sum when a residual was fused).
-  // grad_weight/grad_bias are float32 [cols] and may be null; they are overwritten, not
-  // accumulated. grad_sum (may be null) is the gradient reaching the fused `sum` output
-  // from elsewhere; it is added into grad_in, which is then the gradient of both the input
-  // and the residual.
-  virtual void norm_backward(void* grad_in, float* grad_weight, float* grad_bias,
-                             const void* grad_out, const void* grad_sum, const void* in,
-                             const float* mean, const float* rstd, const void* weight,
-                             DType dtype, int64_t rows, int64_t cols, bool rms) = 0;
+  // --- row-wise fused ops on contiguous rows (kernels/rowwise.h) ---
+  // Each takes one argument struct, whose comment in kernels/rowwise.h is the op's contract;
+  // every backend runs the shared check_*_args there first, so bad sizes or missing pointers
+  // raise the same rd::Error on every device, before any work is queued.
+  virtual void softmax(const SoftmaxArgs& args) = 0;
+  virtual void softmax_backward(const SoftmaxBackwardArgs& args) = 0;
+  virtual void norm(const NormArgs& args) = 0;
+  virtual void norm_backward(const NormBackwardArgs& args) = 0;
 
-  // Cross-entropy over `rows` positions of `cols` classes, never materializing the
-  // probabilities. Logits are contiguous [rows / inner, cols, inner] (PyTorch's [N, C, d...]
-  // with inner = d1 * d2 * ...; inner == 1 is row-major [rows, cols]): class c of position
-  // r = o * inner + i is logits[(o * cols + c) * inner + i]. Targets are int64 [rows], in
-  // position order. lse[r] = logsumexp over the classes of r and
-  // loss[r] = lse[r] - logit(r, targets[r]), or 0 when targets[r] == ignore_index.
-  // loss and lse are of accumulation_dtype(dtype). The CPU throws kOutOfRange for a target
-  // outside [0, cols) (other than ignore_index); a device records it as an asynchronous
-  // error (raise_async_error) and makes that position's loss NaN, never reading outside it.
-  virtual void cross_entropy(void* loss, void* lse, const void* logits, const int64_t* targets,
-                             DType dtype, int64_t rows, int64_t cols, int64_t inner,
-                             int64_t ignore_index) = 0;
-  // grad_logits(r, c) = grad_loss[r * grad_loss_stride] * (exp(logit(r, c) - lse[r]) -
-  // (c == targets[r])), and 0 at ignored positions; same layout as the logits. grad_loss
-  // (accumulation_dtype(dtype)) may broadcast one value with stride 0, which is how a mean
-  // or sum reduction arrives.
-  virtual void cross_entropy_backward(void* grad_logits, const void* grad_loss,
-                                      int64_t grad_loss_stride, const void* logits,
-                                      const void* lse, const int64_t* targets, DType dtype,
-                                      int64_t rows, int64_t cols, int64_t inner,
-                                      int64_t ignore_index) = 0;
+  // Bad targets: a target outside [0, cols) other than ignore_index is reported on every
+  // backend as rd::Error kOutOfRange with cross_entropy_target_message (the op, the target,
+  // its row and the class count); no backend reads outside a position's classes. When it is
+  // reported differs, by design:
+  //  - host backends (the CPU) check every target before any work and throw from the call,
+  //    writing nothing: the targets are in host memory, so the O(rows) pass costs no sync;
+  //  - device backends (CUDA) read targets only on the device: checking before the launch
+  //    would take a device-to-host copy and a host wait, which a training step must not
+  //    make. The kernel records the first bad target in the device's AsyncErrors, makes that
+  //    position's loss (and, in the backward, its gradient row) NaN, computes the others, and
+  //    the error is raised at the next synchronization the library makes with the device
+  //    (rd::synchronize, a device-to-host copy, rd::check_async_errors, ...), then cleared.
+  // The tensor layer's rd::cross_entropy checks targets in host memory before either call, so
+  // through it only device tensors ever reach the deferred path.
+  virtual void cross_entropy(const CrossEntropyArgs& args) = 0;
+  virtual void cross_entropy_backward(const CrossEntropyBackwardArgs& args) = 0;
 
   // --- rotary position embedding (kernels/rotary.h) ---
   // Rotates the pairs (i, i + D/2) of x [B, T, H, D] (any strides, D even, a floating dtype)
@@ -299,15 +280,10 @@ class KernelBackend {
   virtual void rotary_embedding(const StridedView& out, const StridedView& x,
                                 int64_t position_offset, double base, bool inverse) = 0;
 
-  // --- SwiGLU (kernels/swiglu.h) ---
-  // out [rows, H] = silu(gate) * up for contiguous gate_up rows [rows, 2H] (gate first, then
-  // up), computed in accumulation_dtype(dtype); the backward pass writes grad_gate_up
-  // [rows, 2H] from grad_out [rows, H] and gate_up, reading each once. One pass each way,
-  // where silu and mul as separate ops take two forward and six backward.
-  virtual void swiglu(void* out, const void* gate_up, DType dtype, int64_t rows,
-                      int64_t hidden) = 0;
-  virtual void swiglu_backward(void* grad_gate_up, const void* grad_out, const void* gate_up,
-                               DType dtype, int64_t rows, int64_t hidden) = 0;
+  // --- SwiGLU (kernels/swiglu.h; arguments in kernels/rowwise.h) ---
+  // One pass each way, where silu and mul as separate ops take two forward and six backward.
+  virtual void swiglu(const SwigluArgs& args) = 0;
+  virtual void swiglu_backward(const SwigluBackwardArgs& args) = 0;
 
   // --- attention (the primitive of kernels/attention.h) ---
   // Whether `kernel` can run this call on this device; when not, *why_not says why (for the

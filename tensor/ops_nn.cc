@@ -64,20 +64,29 @@ Tensor undo_dim_last(const Tensor& t, const Shape& shape, int64_t dim) {
 Tensor softmax_rows(const Tensor& t, bool log, const char* op) {
   Tensor out = empty(t.shape(), options_like(t));
   if (t.numel() == 0) return out;
-  const int64_t cols = t.size(-1);
-  backend_for(t.device())
-      .softmax(contiguous_data(out, op), contiguous_data(t, op), t.dtype(), t.numel() / cols,
-               cols, log);
+  kernels::SoftmaxArgs args;
+  args.out = contiguous_data(out, op);
+  args.in = contiguous_data(t, op);
+  args.dtype = t.dtype();
+  args.cols = t.size(-1);
+  args.rows = t.numel() / args.cols;
+  args.log = log;
+  backend_for(t.device()).softmax(args);
   return out;
 }
 
 Tensor softmax_backward_rows(const Tensor& grad, const Tensor& y, bool log, const char* op) {
   Tensor grad_in = empty(y.shape(), options_like(y));
   if (y.numel() == 0) return grad_in;
-  const int64_t cols = y.size(-1);
-  backend_for(y.device())
-      .softmax_backward(contiguous_data(grad_in, op), contiguous_data(grad, op),
-                        contiguous_data(y, op), y.dtype(), y.numel() / cols, cols, log);
+  kernels::SoftmaxBackwardArgs args;
+  args.grad_in = contiguous_data(grad_in, op);
+  args.grad_out = contiguous_data(grad, op);
+  args.out = contiguous_data(y, op);
+  args.dtype = y.dtype();
+  args.cols = y.size(-1);
+  args.rows = y.numel() / args.cols;
+  args.log = log;
+  backend_for(y.device()).softmax_backward(args);
   return grad_in;
 }
 
@@ -182,12 +191,21 @@ std::vector<Tensor> norm_backward(const NormSaved& s, const std::vector<Tensor>&
     if (s.want_weight) grad_w = zeros({s.cols}, f32);
     if (s.want_bias) grad_b = zeros({s.cols}, f32);
     if (s.normalized.numel() > 0) {
-      backend_for(s.normalized.device())
-          .norm_backward(contiguous_data(grad_x, op), float_data(grad_w, op),
-                         float_data(grad_b, op), contiguous_data(gc, op),
-                         data_or_null(grad_sum_c, op), contiguous_data(s.normalized, op),
-                         float_data(s.mean, op), float_data(s.rstd, op),
-                         data_or_null(s.weight, op), dtype, s.rows, s.cols, s.rms);
+      kernels::NormBackwardArgs args;
+      args.grad_in = contiguous_data(grad_x, op);
+      args.grad_weight = float_data(grad_w, op);
+      args.grad_bias = float_data(grad_b, op);
+      args.grad_out = contiguous_data(gc, op);
+      args.grad_sum = data_or_null(grad_sum_c, op);
+      args.in = contiguous_data(s.normalized, op);
+      args.mean = float_data(s.mean, op);
+      args.rstd = float_data(s.rstd, op);
+      args.weight = data_or_null(s.weight, op);
+      args.dtype = dtype;
+      args.rows = s.rows;
+      args.cols = s.cols;
+      args.rms = s.rms;
+      backend_for(s.normalized.device()).norm_backward(args);
     }
   }
   size_t i = 0;
@@ -203,14 +221,11 @@ std::vector<Tensor> norm_backward(const NormSaved& s, const std::vector<Tensor>&
   return result;
 }
 
-// Layer or RMS norm of x, or of x + residual when residual is defined (then `sum` is that
-// sum, the new residual stream; otherwise it is undefined).
-AddNormResult norm_impl(const Tensor& x, const Tensor& residual, const Shape& normalized_shape,
-                        const Tensor& weight, const Tensor& bias, double eps, bool rms) {
-  const bool fused = residual.defined();
-  const char* op = norm_op_name(rms, fused);
+// The tensor-level checks of a norm (residual may be undefined).
+void check_norm_inputs(const Tensor& x, const Tensor& residual, const Shape& normalized_shape,
+                       const Tensor& weight, const Tensor& bias, double eps, const char* op) {
   check_defined_floating(x, op, "x");
-  if (fused) check_residual(residual, x, op);
+  if (residual.defined()) check_residual(residual, x, op);
   const auto norm_dims = static_cast<int64_t>(normalized_shape.size());
   RD_CHECK(norm_dims > 0, kInvalidArgument, op, ": normalized_shape must not be empty");
   RD_CHECK(x.dim() >= norm_dims &&
@@ -221,6 +236,16 @@ AddNormResult norm_impl(const Tensor& x, const Tensor& residual, const Shape& no
   check_norm_param(weight, x, normalized_shape, op, "weight");
   check_norm_param(bias, x, normalized_shape, op, "bias");
   RD_CHECK(eps >= 0.0, kInvalidArgument, op, ": argument 'eps' must be >= 0, got ", eps);
+}
+
+// Layer or RMS norm of x, or of x + residual when residual is defined (then `sum` is that
+// sum, the new residual stream; otherwise it is undefined).
+AddNormResult norm_impl(const Tensor& x, const Tensor& residual, const Shape& normalized_shape,
+                        const Tensor& weight, const Tensor& bias, double eps, bool rms) {
+  const bool fused = residual.defined();
+  const char* op = norm_op_name(rms, fused);
+  check_norm_inputs(x, residual, normalized_shape, weight, bias, eps, op);
+  const auto norm_dims = static_cast<int64_t>(normalized_shape.size());
 
   NormSaved s;
   s.rms = rms;
@@ -242,11 +267,21 @@ AddNormResult norm_impl(const Tensor& x, const Tensor& residual, const Shape& no
   s.mean = empty({s.rows}, options_like(x, DType::kFloat32));
   s.rstd = empty({s.rows}, options_like(x, DType::kFloat32));
   if (x.numel() > 0) {
-    backend_for(x.device())
-        .norm(contiguous_data(result.out, op), float_data(s.mean, op), float_data(s.rstd, op),
-              contiguous_data(xc, op), data_or_null(rc, op),
-              fused ? contiguous_data(result.sum, op) : nullptr,
-              data_or_null(s.weight, op), data_or_null(bc, op), dtype, s.rows, s.cols, eps, rms);
+    kernels::NormArgs args;
+    args.out = contiguous_data(result.out, op);
+    args.in = contiguous_data(xc, op);
+    args.residual = data_or_null(rc, op);
+    args.sum = fused ? contiguous_data(result.sum, op) : nullptr;
+    args.weight = data_or_null(s.weight, op);
+    args.bias = data_or_null(bc, op);
+    args.mean = float_data(s.mean, op);
+    args.rstd = float_data(s.rstd, op);
+    args.dtype = dtype;
+    args.rows = s.rows;
+    args.cols = s.cols;
+    args.eps = eps;
+    args.rms = rms;
+    backend_for(x.device()).norm(args);
   }
 
   // Only defined tensors are graph inputs; the backward returns grads in the same order.
@@ -375,7 +410,7 @@ Tensor swiglu(const Tensor& gate_up) {
   out_shape.back() = hidden;
   Tensor out = empty(out_shape, options_like(in));
   if (out.numel() > 0) {
-    backend_for(in.device()).swiglu(out.raw_data(), in.raw_data(), in.dtype(), rows, hidden);
+    backend_for(in.device()).swiglu({out.raw_data(), in.raw_data(), in.dtype(), rows, hidden});
   }
   if (autograd::needs_grad({&gate_up})) {
     autograd::record(out, kOp, {gate_up}, [in, rows, hidden](const Tensor& g) {
@@ -383,8 +418,8 @@ Tensor swiglu(const Tensor& gate_up) {
       Tensor grad = empty(in.shape(), options_like(in));
       if (grad.numel() > 0) {
         backend_for(in.device())
-            .swiglu_backward(grad.raw_data(), grad_out.raw_data(), in.raw_data(), in.dtype(),
-                             rows, hidden);
+            .swiglu_backward(
+                {grad.raw_data(), grad_out.raw_data(), in.raw_data(), in.dtype(), rows, hidden});
       }
       return std::vector<Tensor>{grad};
     });
@@ -586,6 +621,54 @@ Shape cross_entropy_targets_shape(const Shape& logits) {
   return targets;
 }
 
+// The per-position losses, reduced in the accumulation dtype; kMean divides by the count of
+// targets not ignored (0/0 gives NaN, as PyTorch), which a 16-bit count would round above
+// 256. *count is that count (kMean only), which the backward pass divides by too.
+Tensor reduce_losses(const Tensor& losses, const Tensor& target, Reduction reduction,
+                     int64_t ignore_index, Tensor* count) {
+  switch (reduction) {
+    case Reduction::kNone:
+      return losses;
+    case Reduction::kSum:
+      return sum(losses);
+    case Reduction::kMean:
+      *count = sum(ne(target, static_cast<double>(ignore_index)).to(losses.dtype()));
+      return div(sum(losses), *count);
+  }
+  RD_FAIL(kInvalidArgument, "cross_entropy: unknown reduction ", static_cast<int>(reduction));
+}
+
+// The gradient of the logits from that of the (reduced) loss, g. `forward` is the forward
+// call's arguments: the backward reads the same logits, targets, layout and lse, whose
+// tensors the caller keeps alive.
+Tensor cross_entropy_grad(const Tensor& g, const kernels::CrossEntropyArgs& forward,
+                          const Tensor& logits, const Tensor& count, Reduction reduction) {
+  constexpr const char* kOp = "cross_entropy";
+  // grad_loss per position: g itself for kNone; for kSum and kMean one value (the mean's
+  // 1/count folded in) broadcast to every position through stride 0.
+  Tensor grad_loss = g.to(accumulation_dtype(logits.dtype())).contiguous();
+  kernels::CrossEntropyBackwardArgs args;
+  args.grad_loss_stride = 1;
+  if (reduction != Reduction::kNone) {
+    if (reduction == Reduction::kMean) grad_loss = div(grad_loss, count).contiguous();
+    args.grad_loss_stride = 0;
+  }
+  Tensor grad = empty(logits.shape(), options_like(logits));
+  if (grad.numel() == 0) return grad;
+  args.grad_logits = contiguous_data(grad, kOp);
+  args.grad_loss = contiguous_data(grad_loss, kOp);
+  args.logits = forward.logits;
+  args.lse = forward.lse;
+  args.targets = forward.targets;
+  args.dtype = forward.dtype;
+  args.rows = forward.rows;
+  args.cols = forward.cols;
+  args.inner = forward.inner;
+  args.ignore_index = forward.ignore_index;
+  backend_for(logits.device()).cross_entropy_backward(args);
+  return grad;
+}
+
 }  // namespace
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
@@ -602,9 +685,9 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore
            ": argument 'targets' has shape ", shape_str(targets.shape()),
            " but logits of shape ", shape_str(logits.shape()), " need targets of shape ",
            shape_str(expected_targets));
-  // The fused kernels never read outside a position's classes: the CPU's are checked here
-  // (synchronously); a device kernel records a bad target as an asynchronous error raised
-  // at the next synchronization (see check_async_errors) and makes that loss NaN.
+  // The fused kernels never read outside a position's classes: host targets are checked
+  // here (synchronously); a device kernel records a bad target as an asynchronous error
+  // raised at the next synchronization (KernelBackend::cross_entropy, "Bad targets").
   op_util::check_index_bounds(target, logits.dim() == 1 ? logits.size(0) : logits.size(1), kOp,
                               "targets", "num_classes C", ignore_index);
 
@@ -612,69 +695,34 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore
   // = d1 * d2 * ..., 1 for [N, C]): the kernels take the class stride, so the spatial form
   // costs no permuted copy. The forward pass keeps each position's logsumexp (in the
   // accumulation dtype) for the backward pass, which needs neither the probabilities nor a
-  // second softmax.
+  // second softmax. The forward's arguments are built once and reused by the backward.
   const DType dtype = logits.dtype();
   const DType acc = accumulation_dtype(dtype);
-  const int64_t num_classes = logits.dim() == 1 ? logits.size(0) : logits.size(1);
-  const int64_t rows = target.numel();
-  int64_t inner = 1;  // the class stride: the product of the dims after C
-  for (int64_t d = 2; d < logits.dim(); ++d) inner *= logits.size(d);
   Tensor logits_c = logits.detach().contiguous();
   Tensor target_c = target.contiguous();
   Tensor losses = empty(expected_targets, options_like(logits, acc));
   Tensor lse = empty(expected_targets, options_like(logits, acc));
-  const auto* target_data = static_cast<const int64_t*>(contiguous_data(target_c, kOp));
-  if (rows > 0) {
-    backend_for(logits.device())
-        .cross_entropy(contiguous_data(losses, kOp), contiguous_data(lse, kOp),
-                       contiguous_data(logits_c, kOp), target_data, dtype, rows, num_classes,
-                       inner, ignore_index);
-  }
+  kernels::CrossEntropyArgs args;
+  args.loss = contiguous_data(losses, kOp);
+  args.lse = contiguous_data(lse, kOp);
+  args.logits = contiguous_data(logits_c, kOp);
+  args.targets = static_cast<const int64_t*>(contiguous_data(target_c, kOp));
+  args.dtype = dtype;
+  args.rows = target.numel();
+  args.cols = logits.dim() == 1 ? logits.size(0) : logits.size(1);
+  for (int64_t d = 2; d < logits.dim(); ++d) args.inner *= logits.size(d);
+  args.ignore_index = ignore_index;
+  if (args.rows > 0) backend_for(logits.device()).cross_entropy(args);
 
-  // The reduction in the accumulation dtype; kMean divides by the count of targets not
-  // ignored (0/0 gives NaN, as PyTorch), which a 16-bit count would round above 256.
   Tensor count;  // kMean only
-  Tensor loss;
-  switch (reduction) {
-    case Reduction::kNone:
-      loss = losses;
-      break;
-    case Reduction::kSum:
-      loss = sum(losses);
-      break;
-    case Reduction::kMean:
-      count = sum(ne(target_c, static_cast<double>(ignore_index)).to(acc));
-      loss = div(sum(losses), count);
-      break;
-    default:
-      RD_FAIL(kInvalidArgument, kOp, ": unknown reduction ", static_cast<int>(reduction));
-  }
-  Tensor out = loss.to(dtype);
+  Tensor out = reduce_losses(losses, target_c, reduction, ignore_index, &count).to(dtype);
   if (!autograd::needs_grad({&logits})) return out;
-
-  autograd::record(
-      out, kOp, {logits},
-      [logits_c, target_c, lse, count, reduction, ignore_index, acc, rows, num_classes,
-       inner](const Tensor& g) {
-        // grad_loss per position: g itself for kNone; for kSum and kMean one value (the
-        // mean's 1/count folded in) broadcast to every position through stride 0.
-        Tensor grad_loss = g.to(acc).contiguous();
-        int64_t grad_loss_stride = 1;
-        if (reduction != Reduction::kNone) {
-          if (reduction == Reduction::kMean) grad_loss = div(grad_loss, count).contiguous();
-          grad_loss_stride = 0;
-        }
-        Tensor grad = empty(logits_c.shape(), options_like(logits_c));
-        if (grad.numel() > 0) {
-          backend_for(logits_c.device())
-              .cross_entropy_backward(
-                  contiguous_data(grad, kOp), contiguous_data(grad_loss, kOp), grad_loss_stride,
-                  contiguous_data(logits_c, kOp), contiguous_data(lse, kOp),
-                  static_cast<const int64_t*>(contiguous_data(target_c, kOp)), logits_c.dtype(),
-                  rows, num_classes, inner, ignore_index);
-        }
-        return std::vector<Tensor>{grad};
-      });
+  // The closure keeps logits_c, target_c and lse alive: args points into them.
+  autograd::record(out, kOp, {logits},
+                   [args, logits_c, target_c, lse, count, reduction](const Tensor& g) {
+                     return std::vector<Tensor>{
+                         cross_entropy_grad(g, args, logits_c, count, reduction)};
+                   });
   return out;
 }
 

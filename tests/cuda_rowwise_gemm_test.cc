@@ -450,14 +450,31 @@ TEST_F(CudaRowwiseGemmTest, SoftmaxAndLogSoftmaxWithBackwardMatchCpu) {
         const HostBuffer x = random_buffer(t, n, -3, 3, 11 + n);
         const HostBuffer g = random_buffer(t, n, -1, 1, 12 + n);
         HostBuffer y(t, n), gi(t, n);
-        cpu_backend().softmax(y.data(), x.data(), t, c.rows, c.cols, log);
-        cpu_backend().softmax_backward(gi.data(), g.data(), y.data(), t, c.rows, c.cols, log);
+        cpu_backend().softmax({.out = y.data(),
+                               .in = x.data(),
+                               .dtype = t,
+                               .rows = c.rows,
+                               .cols = c.cols,
+                               .log = log});
+        cpu_backend().softmax_backward({.grad_in = gi.data(),
+                                        .grad_out = g.data(),
+                                        .out = y.data(),
+                                        .dtype = t,
+                                        .rows = c.rows,
+                                        .cols = c.cols,
+                                        .log = log});
 
         DeviceBuffer dx(t, n, c.offset), dy(t, n, c.offset), dg(t, n, c.offset),
             dgi(t, n, c.offset);
         dx.upload(x);
         dy.poison();
-        gpu::softmax(dy.get(), dx.get(), t, c.rows, c.cols, log, stream());
+        gpu::softmax({.out = dy.get(),
+                      .in = dx.get(),
+                      .dtype = t,
+                      .rows = c.rows,
+                      .cols = c.cols,
+                      .log = log},
+                     stream());
         sync();
         const double out_eps = 2 * unit_roundoff(t), acc = 64 * compute_roundoff(t);
         std::vector<double> row_max_abs(c.rows, 0);
@@ -477,7 +494,14 @@ TEST_F(CudaRowwiseGemmTest, SoftmaxAndLogSoftmaxWithBackwardMatchCpu) {
         dy.upload(y);
         dg.upload(g);
         dgi.poison();
-        gpu::softmax_backward(dgi.get(), dg.get(), dy.get(), t, c.rows, c.cols, log, stream());
+        gpu::softmax_backward({.grad_in = dgi.get(),
+                               .grad_out = dg.get(),
+                               .out = dy.get(),
+                               .dtype = t,
+                               .rows = c.rows,
+                               .cols = c.cols,
+                               .log = log},
+                              stream());
         sync();
         // Error scale: sum|g * y| (softmax) or sum|g| (log-softmax) per row.
         std::vector<double> row_scale(c.rows, 0);
@@ -504,11 +528,15 @@ TEST_F(CudaRowwiseGemmTest, SoftmaxIsBitwiseReproducible) {
   const HostBuffer x = random_buffer(t, rows * cols, -3, 3, 5);
   DeviceBuffer dx(t, rows * cols), dy(t, rows * cols);
   dx.upload(x);
-  gpu::softmax(dy.get(), dx.get(), t, rows, cols, false, stream());
+  gpu::softmax(
+      {.out = dy.get(), .in = dx.get(), .dtype = t, .rows = rows, .cols = cols, .log = false},
+      stream());
   sync();
   const HostBuffer a = dy.download();
   dy.poison();
-  gpu::softmax(dy.get(), dx.get(), t, rows, cols, false, stream());
+  gpu::softmax(
+      {.out = dy.get(), .in = dx.get(), .dtype = t, .rows = rows, .cols = cols, .log = false},
+      stream());
   sync();
   const HostBuffer b = dy.download();
   EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size_bytes()), 0);
@@ -549,14 +577,32 @@ class NormReference {
     const bool residual = in.residual != nullptr;
     const void* const wp = affine ? in.weight.data() : nullptr;
     const void* const bp = affine && !rms ? in.bias.data() : nullptr;
-    cpu_backend().norm(y.data(), elements<float>(mean), elements<float>(rstd), in.x.data(),
-                       residual ? in.residual->data() : nullptr, residual ? sum.data() : nullptr,
-                       wp, bp, t, c.rows, c.cols, eps, rms);
-    cpu_backend().norm_backward(grad_in.data(), elements<float>(grad_weight),
-                                elements<float>(grad_bias), in.grad_out.data(),
-                                in.grad_sum != nullptr ? in.grad_sum->data() : nullptr,
-                                normalized().data(), elements<float>(mean), elements<float>(rstd),
-                                wp, t, c.rows, c.cols, rms);
+    cpu_backend().norm({.out = y.data(),
+                        .in = in.x.data(),
+                        .residual = residual ? in.residual->data() : nullptr,
+                        .sum = residual ? sum.data() : nullptr,
+                        .weight = wp,
+                        .bias = bp,
+                        .mean = elements<float>(mean),
+                        .rstd = elements<float>(rstd),
+                        .dtype = t,
+                        .rows = c.rows,
+                        .cols = c.cols,
+                        .eps = eps,
+                        .rms = rms});
+    cpu_backend().norm_backward({.grad_in = grad_in.data(),
+                                 .grad_weight = elements<float>(grad_weight),
+                                 .grad_bias = elements<float>(grad_bias),
+                                 .grad_out = in.grad_out.data(),
+                                 .grad_sum = in.grad_sum != nullptr ? in.grad_sum->data() : nullptr,
+                                 .in = normalized().data(),
+                                 .mean = elements<float>(mean),
+                                 .rstd = elements<float>(rstd),
+                                 .weight = wp,
+                                 .dtype = t,
+                                 .rows = c.rows,
+                                 .cols = c.cols,
+                                 .rms = rms});
     for (int64_t i = 0; i < c.rows * c.cols; ++i) {
       mean_abs_[i / c.cols] += std::fabs(normalized().get(i)) / c.cols;
     }
@@ -683,9 +729,18 @@ TEST_F(CudaRowwiseGemmTest, LayerAndRmsNormWithBackwardMatchCpu) {
     dy.poison();
     dmean.poison();
     drstd.poison();
-    gpu::norm(dy.get(), static_cast<float*>(dmean.get()), static_cast<float*>(drstd.get()),
-              dx.get(), nullptr, nullptr, affine ? dw.get() : nullptr,
-              affine && !rms ? db.get() : nullptr, t, c.rows, c.cols, eps, rms, stream());
+    gpu::norm({.out = dy.get(),
+               .in = dx.get(),
+               .weight = affine ? dw.get() : nullptr,
+               .bias = affine && !rms ? db.get() : nullptr,
+               .mean = static_cast<float*>(dmean.get()),
+               .rstd = static_cast<float*>(drstd.get()),
+               .dtype = t,
+               .rows = c.rows,
+               .cols = c.cols,
+               .eps = eps,
+               .rms = rms},
+              stream());
     sync();
     ref.expect_forward(dy.download(), dmean, drstd);
 
@@ -698,10 +753,19 @@ TEST_F(CudaRowwiseGemmTest, LayerAndRmsNormWithBackwardMatchCpu) {
     dgi.poison();
     dgw.poison();
     dgb.poison();
-    gpu::norm_backward(dgi.get(), static_cast<float*>(dgw.get()), static_cast<float*>(dgb.get()),
-                       dgo.get(), nullptr, dx.get(), static_cast<const float*>(dmean.get()),
-                       static_cast<const float*>(drstd.get()), affine ? dw.get() : nullptr, t,
-                       c.rows, c.cols, rms, scratch_allocator(), stream());
+    gpu::norm_backward({.grad_in = dgi.get(),
+                        .grad_weight = static_cast<float*>(dgw.get()),
+                        .grad_bias = static_cast<float*>(dgb.get()),
+                        .grad_out = dgo.get(),
+                        .in = dx.get(),
+                        .mean = static_cast<const float*>(dmean.get()),
+                        .rstd = static_cast<const float*>(drstd.get()),
+                        .weight = affine ? dw.get() : nullptr,
+                        .dtype = t,
+                        .rows = c.rows,
+                        .cols = c.cols,
+                        .rms = rms},
+                       scratch_allocator(), stream());
     sync();
     expect_scratch_returned();
     ref.expect_backward(dgi, dgw, dgb);
@@ -712,9 +776,16 @@ TEST_F(CudaRowwiseGemmTest, NormBackwardOverNoRowsZeroesTheParameterGradients) {
   DeviceBuffer dgw(DType::kFloat32, 10), dgb(DType::kFloat32, 10), dummy(DType::kFloat32, 1);
   dgw.poison();
   dgb.poison();
-  gpu::norm_backward(nullptr, static_cast<float*>(dgw.get()), static_cast<float*>(dgb.get()),
-                     dummy.get(), nullptr, dummy.get(), static_cast<const float*>(dummy.get()),
-                     static_cast<const float*>(dummy.get()), nullptr, DType::kFloat32, 0, 10, false,
+  gpu::norm_backward({.grad_weight = static_cast<float*>(dgw.get()),
+                      .grad_bias = static_cast<float*>(dgb.get()),
+                      .grad_out = dummy.get(),
+                      .in = dummy.get(),
+                      .mean = static_cast<const float*>(dummy.get()),
+                      .rstd = static_cast<const float*>(dummy.get()),
+                      .dtype = DType::kFloat32,
+                      .rows = 0,
+                      .cols = 10,
+                      .rms = false},
                      scratch_allocator(), stream());
   sync();
   for (const DeviceBuffer* b : {&dgw, &dgb}) {
@@ -954,8 +1025,20 @@ TEST_F(CudaRowwiseGemmTest, NormWithResidualAndGradSumMatchCpu) {
     for (DeviceBuffer* p : {&dsum, &dy, &dmean, &drstd}) p->poison();
     void* const dwp = affine ? dw.get() : nullptr;
     void* const dbp = affine && !rms ? db.get() : nullptr;
-    gpu::norm(dy.get(), static_cast<float*>(dmean.get()), static_cast<float*>(drstd.get()),
-              dx.get(), dres.get(), dsum.get(), dwp, dbp, t, c.rows, c.cols, eps, rms, stream());
+    gpu::norm({.out = dy.get(),
+               .in = dx.get(),
+               .residual = dres.get(),
+               .sum = dsum.get(),
+               .weight = dwp,
+               .bias = dbp,
+               .mean = static_cast<float*>(dmean.get()),
+               .rstd = static_cast<float*>(drstd.get()),
+               .dtype = t,
+               .rows = c.rows,
+               .cols = c.cols,
+               .eps = eps,
+               .rms = rms},
+              stream());
     sync();
     // Both sides add in the compute type and round once to t: the sums are identical.
     expect_close(
@@ -967,8 +1050,18 @@ TEST_F(CudaRowwiseGemmTest, NormWithResidualAndGradSumMatchCpu) {
     DeviceBuffer dstream(t, n, c.offset), dy2(t, n, c.offset);
     dstream.upload(res);
     dy2.poison();
-    gpu::norm(dy2.get(), nullptr, nullptr, dx.get(), dstream.get(), dstream.get(), dwp, dbp, t,
-              c.rows, c.cols, eps, rms, stream());
+    gpu::norm({.out = dy2.get(),
+               .in = dx.get(),
+               .residual = dstream.get(),
+               .sum = dstream.get(),
+               .weight = dwp,
+               .bias = dbp,
+               .dtype = t,
+               .rows = c.rows,
+               .cols = c.cols,
+               .eps = eps,
+               .rms = rms},
+              stream());
     sync();
     expect_close(
         dstream.download(), ref.sum, [](int64_t) { return 0.0; }, "in-place sum");
@@ -984,9 +1077,19 @@ TEST_F(CudaRowwiseGemmTest, NormWithResidualAndGradSumMatchCpu) {
     dgo.upload(go);
     dgs.upload(gs);
     for (DeviceBuffer* p : {&dgi, &dgw, &dgb}) p->poison();
-    gpu::norm_backward(dgi.get(), static_cast<float*>(dgw.get()), static_cast<float*>(dgb.get()),
-                       dgo.get(), dgs.get(), dsum.get(), static_cast<const float*>(dmean.get()),
-                       static_cast<const float*>(drstd.get()), dwp, t, c.rows, c.cols, rms,
+    gpu::norm_backward({.grad_in = dgi.get(),
+                        .grad_weight = static_cast<float*>(dgw.get()),
+                        .grad_bias = static_cast<float*>(dgb.get()),
+                        .grad_out = dgo.get(),
+                        .grad_sum = dgs.get(),
+                        .in = dsum.get(),
+                        .mean = static_cast<const float*>(dmean.get()),
+                        .rstd = static_cast<const float*>(drstd.get()),
+                        .weight = dwp,
+                        .dtype = t,
+                        .rows = c.rows,
+                        .cols = c.cols,
+                        .rms = rms},
                        scratch_allocator(), stream());
     sync();
     expect_scratch_returned();
@@ -997,11 +1100,29 @@ TEST_F(CudaRowwiseGemmTest, NormWithResidualAndGradSumMatchCpu) {
 TEST_F(CudaRowwiseGemmTest, NormNeedsResidualAndSumTogether) {
   DeviceBuffer x(DType::kFloat32, 8), y(DType::kFloat32, 8), stats(DType::kFloat32, 2);
   float* const s = static_cast<float*>(stats.get());
-  EXPECT_THROW(gpu::norm(y.get(), s, s, x.get(), x.get(), nullptr, nullptr, nullptr,
-                         DType::kFloat32, 2, 4, 1e-5, false, stream()),
+  EXPECT_THROW(gpu::norm({.out = y.get(),
+                          .in = x.get(),
+                          .residual = x.get(),
+                          .mean = s,
+                          .rstd = s,
+                          .dtype = DType::kFloat32,
+                          .rows = 2,
+                          .cols = 4,
+                          .eps = 1e-5,
+                          .rms = false},
+                         stream()),
                Error);
-  EXPECT_THROW(gpu::norm(y.get(), s, s, x.get(), nullptr, y.get(), nullptr, nullptr,
-                         DType::kFloat32, 2, 4, 1e-5, false, stream()),
+  EXPECT_THROW(gpu::norm({.out = y.get(),
+                          .in = x.get(),
+                          .sum = y.get(),
+                          .mean = s,
+                          .rstd = s,
+                          .dtype = DType::kFloat32,
+                          .rows = 2,
+                          .cols = 4,
+                          .eps = 1e-5,
+                          .rms = false},
+                         stream()),
                Error);
 }
 
@@ -1051,8 +1172,15 @@ TEST_F(CudaRowwiseGemmTest, CrossEntropyForwardAndBackwardMatchCpu) {
       const CrossEntropyInputs in = cross_entropy_inputs(t, c, 41 + n);
       const auto* targets = elements<int64_t>(in.targets);
       HostBuffer loss(acc_t, c.rows), lse(acc_t, c.rows);
-      cpu_backend().cross_entropy(loss.data(), lse.data(), in.logits.data(), targets, t, c.rows,
-                                  c.cols, 1, c.ignore_index);
+      cpu_backend().cross_entropy({.loss = loss.data(),
+                                   .lse = lse.data(),
+                                   .logits = in.logits.data(),
+                                   .targets = targets,
+                                   .dtype = t,
+                                   .rows = c.rows,
+                                   .cols = c.cols,
+                                   .inner = 1,
+                                   .ignore_index = c.ignore_index});
 
       DeviceBuffer dx(t, n, c.offset), dtargets(DType::kInt64, c.rows), dloss(acc_t, c.rows),
           dlse(acc_t, c.rows);
@@ -1061,8 +1189,16 @@ TEST_F(CudaRowwiseGemmTest, CrossEntropyForwardAndBackwardMatchCpu) {
       dloss.poison();
       dlse.poison();
       const auto* dtp = static_cast<const int64_t*>(dtargets.get());
-      gpu::cross_entropy(dloss.get(), dlse.get(), dx.get(), dtp, t, c.rows, c.cols, 1,
-                         c.ignore_index, errors(), stream());
+      gpu::cross_entropy({.loss = dloss.get(),
+                          .lse = dlse.get(),
+                          .logits = dx.get(),
+                          .targets = dtp,
+                          .dtype = t,
+                          .rows = c.rows,
+                          .cols = c.cols,
+                          .inner = 1,
+                          .ignore_index = c.ignore_index},
+                         errors(), stream());
       sync();
       const double out_eps = 2 * unit_roundoff(t), acc = 64 * compute_roundoff(t);
       // Error scale of a logsumexp: the largest |logit| and the length of the sum.
@@ -1086,13 +1222,30 @@ TEST_F(CudaRowwiseGemmTest, CrossEntropyForwardAndBackwardMatchCpu) {
       for (int64_t stride : {1, 0}) {
         SCOPED_TRACE("grad_loss_stride=" + std::to_string(stride));
         HostBuffer gx(t, n);
-        cpu_backend().cross_entropy_backward(gx.data(), grad_loss.data(), stride,
-                                             in.logits.data(), lse.data(), targets, t, c.rows,
-                                             c.cols, 1, c.ignore_index);
+        cpu_backend().cross_entropy_backward({.grad_logits = gx.data(),
+                                              .grad_loss = grad_loss.data(),
+                                              .grad_loss_stride = stride,
+                                              .logits = in.logits.data(),
+                                              .lse = lse.data(),
+                                              .targets = targets,
+                                              .dtype = t,
+                                              .rows = c.rows,
+                                              .cols = c.cols,
+                                              .inner = 1,
+                                              .ignore_index = c.ignore_index});
         dgx.poison();
-        gpu::cross_entropy_backward(dgx.get(), dgrad_loss.get(), stride, dx.get(), dlse.get(),
-                                    dtp, t, c.rows, c.cols, 1, c.ignore_index, errors(),
-                                    stream());
+        gpu::cross_entropy_backward({.grad_logits = dgx.get(),
+                                     .grad_loss = dgrad_loss.get(),
+                                     .grad_loss_stride = stride,
+                                     .logits = dx.get(),
+                                     .lse = dlse.get(),
+                                     .targets = dtp,
+                                     .dtype = t,
+                                     .rows = c.rows,
+                                     .cols = c.cols,
+                                     .inner = 1,
+                                     .ignore_index = c.ignore_index},
+                                    errors(), stream());
         sync();
         expect_close(
             dgx.download(), gx,
@@ -1133,10 +1286,26 @@ TEST_F(CudaRowwiseGemmTest, CrossEntropyWithAClassStrideMatchesCpu) {
       const auto* tp = elements<int64_t>(targets);
       HostBuffer loss(acc_t, rows), lse(acc_t, rows), gx(t, n);
       const HostBuffer grad_loss = random_buffer(acc_t, rows, -2, 2, 62 + n);
-      cpu_backend().cross_entropy(loss.data(), lse.data(), x.data(), tp, t, rows, c.cols,
-                                  c.inner, -100);
-      cpu_backend().cross_entropy_backward(gx.data(), grad_loss.data(), 1, x.data(), lse.data(),
-                                           tp, t, rows, c.cols, c.inner, -100);
+      cpu_backend().cross_entropy({.loss = loss.data(),
+                                   .lse = lse.data(),
+                                   .logits = x.data(),
+                                   .targets = tp,
+                                   .dtype = t,
+                                   .rows = rows,
+                                   .cols = c.cols,
+                                   .inner = c.inner,
+                                   .ignore_index = -100});
+      cpu_backend().cross_entropy_backward({.grad_logits = gx.data(),
+                                            .grad_loss = grad_loss.data(),
+                                            .grad_loss_stride = 1,
+                                            .logits = x.data(),
+                                            .lse = lse.data(),
+                                            .targets = tp,
+                                            .dtype = t,
+                                            .rows = rows,
+                                            .cols = c.cols,
+                                            .inner = c.inner,
+                                            .ignore_index = -100});
 
       DeviceBuffer dx(t, n), dtargets(DType::kInt64, rows), dloss(acc_t, rows),
           dlse(acc_t, rows), dgrad_loss(acc_t, rows), dgx(t, n);
@@ -1147,12 +1316,30 @@ TEST_F(CudaRowwiseGemmTest, CrossEntropyWithAClassStrideMatchesCpu) {
       dlse.poison();
       dgx.poison();
       const auto* dtp = static_cast<const int64_t*>(dtargets.get());
-      gpu::cross_entropy(dloss.get(), dlse.get(), dx.get(), dtp, t, rows, c.cols, c.inner, -100,
+      gpu::cross_entropy({.loss = dloss.get(),
+                          .lse = dlse.get(),
+                          .logits = dx.get(),
+                          .targets = dtp,
+                          .dtype = t,
+                          .rows = rows,
+                          .cols = c.cols,
+                          .inner = c.inner,
+                          .ignore_index = -100},
                          errors(), stream());
       sync();
       dlse.upload(lse);  // the backward from the CPU's lse, as in the row-major test
-      gpu::cross_entropy_backward(dgx.get(), dgrad_loss.get(), 1, dx.get(), dlse.get(), dtp, t,
-                                  rows, c.cols, c.inner, -100, errors(), stream());
+      gpu::cross_entropy_backward({.grad_logits = dgx.get(),
+                                   .grad_loss = dgrad_loss.get(),
+                                   .grad_loss_stride = 1,
+                                   .logits = dx.get(),
+                                   .lse = dlse.get(),
+                                   .targets = dtp,
+                                   .dtype = t,
+                                   .rows = rows,
+                                   .cols = c.cols,
+                                   .inner = c.inner,
+                                   .ignore_index = -100},
+                                  errors(), stream());
       sync();
       const double out_eps = 2 * unit_roundoff(t), acc = 64 * compute_roundoff(t);
       const double scale = 8 + std::log(static_cast<double>(c.cols)) + 1;
@@ -1201,10 +1388,28 @@ void CudaRowwiseGemmTest::cross_entropy_bad_targets(int64_t inner) {
   dlse.poison();
   dgx.poison();
   const auto* dtp = static_cast<const int64_t*>(dtargets.get());
-  gpu::cross_entropy(dloss.get(), dlse.get(), dx.get(), dtp, t, rows, cols, inner, -100,
+  gpu::cross_entropy({.loss = dloss.get(),
+                      .lse = dlse.get(),
+                      .logits = dx.get(),
+                      .targets = dtp,
+                      .dtype = t,
+                      .rows = rows,
+                      .cols = cols,
+                      .inner = inner,
+                      .ignore_index = -100},
                      errors(), stream());
-  gpu::cross_entropy_backward(dgx.get(), dg.get(), 0, dx.get(), dlse.get(), dtp, t, rows, cols,
-                              inner, -100, errors(), stream());
+  gpu::cross_entropy_backward({.grad_logits = dgx.get(),
+                               .grad_loss = dg.get(),
+                               .grad_loss_stride = 0,
+                               .logits = dx.get(),
+                               .lse = dlse.get(),
+                               .targets = dtp,
+                               .dtype = t,
+                               .rows = rows,
+                               .cols = cols,
+                               .inner = inner,
+                               .ignore_index = -100},
+                              errors(), stream());
   sync();
   try {
     gpu::synchronize_stream(0, stream());
@@ -1236,20 +1441,61 @@ void CudaRowwiseGemmTest::cross_entropy_bad_targets(int64_t inner) {
 TEST_F(CudaRowwiseGemmTest, CrossEntropyRejectsBadArguments) {
   DeviceBuffer x(DType::kFloat32, 6), loss(DType::kFloat32, 2), targets(DType::kInt64, 2);
   const auto* tp = static_cast<const int64_t*>(targets.get());
-  EXPECT_THROW(gpu::cross_entropy(loss.get(), loss.get(), x.get(), tp, DType::kInt32, 2, 3, 1,
-                                  -100, errors(), stream()),
+  EXPECT_THROW(gpu::cross_entropy({.loss = loss.get(),
+                                   .lse = loss.get(),
+                                   .logits = x.get(),
+                                   .targets = tp,
+                                   .dtype = DType::kInt32,
+                                   .rows = 2,
+                                   .cols = 3,
+                                   .inner = 1,
+                                   .ignore_index = -100},
+                                  errors(), stream()),
                Error);
-  EXPECT_THROW(gpu::cross_entropy(loss.get(), nullptr, x.get(), tp, DType::kFloat32, 2, 3, 1,
-                                  -100, errors(), stream()),
+  EXPECT_THROW(gpu::cross_entropy({.loss = loss.get(),
+                                   .logits = x.get(),
+                                   .targets = tp,
+                                   .dtype = DType::kFloat32,
+                                   .rows = 2,
+                                   .cols = 3,
+                                   .inner = 1,
+                                   .ignore_index = -100},
+                                  errors(), stream()),
                Error);
-  EXPECT_THROW(gpu::cross_entropy(loss.get(), loss.get(), x.get(), tp, DType::kFloat32, -1, 3, 1,
-                                  -100, errors(), stream()),
+  EXPECT_THROW(gpu::cross_entropy({.loss = loss.get(),
+                                   .lse = loss.get(),
+                                   .logits = x.get(),
+                                   .targets = tp,
+                                   .dtype = DType::kFloat32,
+                                   .rows = -1,
+                                   .cols = 3,
+                                   .inner = 1,
+                                   .ignore_index = -100},
+                                  errors(), stream()),
                Error);
-  EXPECT_THROW(gpu::cross_entropy(loss.get(), loss.get(), x.get(), tp, DType::kFloat32, 2, 3, 4,
-                                  -100, errors(), stream()),
+  EXPECT_THROW(gpu::cross_entropy({.loss = loss.get(),
+                                   .lse = loss.get(),
+                                   .logits = x.get(),
+                                   .targets = tp,
+                                   .dtype = DType::kFloat32,
+                                   .rows = 2,
+                                   .cols = 3,
+                                   .inner = 4,
+                                   .ignore_index = -100},
+                                  errors(), stream()),
                Error);
-  EXPECT_THROW(gpu::cross_entropy_backward(x.get(), loss.get(), -1, x.get(), loss.get(), tp,
-                                           DType::kFloat32, 2, 3, 1, -100, errors(), stream()),
+  EXPECT_THROW(gpu::cross_entropy_backward({.grad_logits = x.get(),
+                                            .grad_loss = loss.get(),
+                                            .grad_loss_stride = -1,
+                                            .logits = x.get(),
+                                            .lse = loss.get(),
+                                            .targets = tp,
+                                            .dtype = DType::kFloat32,
+                                            .rows = 2,
+                                            .cols = 3,
+                                            .inner = 1,
+                                            .ignore_index = -100},
+                                           errors(), stream()),
                Error);
 }
 

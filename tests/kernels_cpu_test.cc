@@ -419,8 +419,16 @@ TEST(CpuKernelsTest, FloatOnlyOpsRejectOtherDtypesNamingTheOp) {
   Buffer one(DType::kInt32, 1);
   expect_error([&] { cpu().reduce(ReduceOp::kMean, one.view({1}), ints.view({4}), 1); },
                ErrorCode::kDTypeMismatch, "mean");
-  expect_error([&] { cpu().softmax(out.data(), ints.data(), DType::kInt32, 2, 2, false); },
-               ErrorCode::kDTypeMismatch, "softmax");
+  expect_error(
+      [&] {
+        cpu().softmax({.out = out.data(),
+                       .in = ints.data(),
+                       .dtype = DType::kInt32,
+                       .rows = 2,
+                       .cols = 2,
+                       .log = false});
+      },
+      ErrorCode::kDTypeMismatch, "softmax");
   GemmArgs g;
   g.dtype = DType::kInt64;
   g.m = g.n = g.k = 1;
@@ -932,8 +940,15 @@ TEST(CpuKernelsTest, SoftmaxAndLogSoftmaxWithBackwardMatchReference) {
       Buffer x(t, rows * cols), y(t, rows * cols), g(t, rows * cols), gi(t, rows * cols);
       x.randomize(rng, -4, 4);
       g.randomize(rng);
-      cpu().softmax(y.data(), x.data(), t, rows, cols, log);
-      cpu().softmax_backward(gi.data(), g.data(), y.data(), t, rows, cols, log);
+      cpu().softmax(
+          {.out = y.data(), .in = x.data(), .dtype = t, .rows = rows, .cols = cols, .log = log});
+      cpu().softmax_backward({.grad_in = gi.data(),
+                              .grad_out = g.data(),
+                              .out = y.data(),
+                              .dtype = t,
+                              .rows = rows,
+                              .cols = cols,
+                              .log = log});
       const double tol = 4 * unit_roundoff(t) + 1e-6;
       for (int64_t r = 0; r < rows; ++r) {
         double m = -INFINITY, s = 0;
@@ -990,10 +1005,29 @@ TEST(CpuKernelsTest, NormForwardAndBackwardMatchFiniteDifferencesOfFloat64Refere
       b.randomize(rng);
       go.randomize(rng);
       std::vector<float> mean(rows), rstd(rows), gw(cols), gb(cols);
-      cpu().norm(y.data(), mean.data(), rstd.data(), x.data(), nullptr, nullptr, w.data(),
-                 rms ? nullptr : b.data(), t, rows, cols, eps, rms);
-      cpu().norm_backward(gi.data(), gw.data(), rms ? nullptr : gb.data(), go.data(), nullptr,
-                          x.data(), mean.data(), rstd.data(), w.data(), t, rows, cols, rms);
+      cpu().norm({.out = y.data(),
+                  .in = x.data(),
+                  .weight = w.data(),
+                  .bias = rms ? nullptr : b.data(),
+                  .mean = mean.data(),
+                  .rstd = rstd.data(),
+                  .dtype = t,
+                  .rows = rows,
+                  .cols = cols,
+                  .eps = eps,
+                  .rms = rms});
+      cpu().norm_backward({.grad_in = gi.data(),
+                           .grad_weight = gw.data(),
+                           .grad_bias = rms ? nullptr : gb.data(),
+                           .grad_out = go.data(),
+                           .in = x.data(),
+                           .mean = mean.data(),
+                           .rstd = rstd.data(),
+                           .weight = w.data(),
+                           .dtype = t,
+                           .rows = rows,
+                           .cols = cols,
+                           .rms = rms});
       std::vector<double> wv(cols), bv;
       for (int64_t j = 0; j < cols; ++j) wv[j] = w.get(j);
       if (!rms) {
@@ -1051,17 +1085,42 @@ TEST(CpuKernelsTest, NormBackwardWeightGradIsThreadCountIndependent) {
   x.randomize(rng);
   go.randomize(rng);
   std::vector<float> mean(rows), rstd(rows), gw1(cols), gb1(cols), gw2(cols), gb2(cols);
-  cpu().norm(y.data(), mean.data(), rstd.data(), x.data(), nullptr, nullptr, nullptr, nullptr,
-             DType::kFloat32, rows, cols, 1e-5, false);
+  cpu().norm({.out = y.data(),
+              .in = x.data(),
+              .mean = mean.data(),
+              .rstd = rstd.data(),
+              .dtype = DType::kFloat32,
+              .rows = rows,
+              .cols = cols,
+              .eps = 1e-5,
+              .rms = false});
   {
     ThreadCount threads(1);
-    cpu().norm_backward(gi.data(), gw1.data(), gb1.data(), go.data(), nullptr, x.data(),
-                        mean.data(), rstd.data(), nullptr, DType::kFloat32, rows, cols, false);
+    cpu().norm_backward({.grad_in = gi.data(),
+                         .grad_weight = gw1.data(),
+                         .grad_bias = gb1.data(),
+                         .grad_out = go.data(),
+                         .in = x.data(),
+                         .mean = mean.data(),
+                         .rstd = rstd.data(),
+                         .dtype = DType::kFloat32,
+                         .rows = rows,
+                         .cols = cols,
+                         .rms = false});
   }
   {
     ThreadCount threads(2);
-    cpu().norm_backward(gi.data(), gw2.data(), gb2.data(), go.data(), nullptr, x.data(),
-                        mean.data(), rstd.data(), nullptr, DType::kFloat32, rows, cols, false);
+    cpu().norm_backward({.grad_in = gi.data(),
+                         .grad_weight = gw2.data(),
+                         .grad_bias = gb2.data(),
+                         .grad_out = go.data(),
+                         .in = x.data(),
+                         .mean = mean.data(),
+                         .rstd = rstd.data(),
+                         .dtype = DType::kFloat32,
+                         .rows = rows,
+                         .cols = cols,
+                         .rms = false});
   }
   EXPECT_EQ(gw1, gw2);
   EXPECT_EQ(gb1, gb2);
@@ -1114,11 +1173,33 @@ TEST(CpuKernelsTest, NormWithResidualNormalizesTheStoredSumAndAddsGradSum) {
         }
         std::vector<float> mean(rows, NAN), rstd(rows, NAN), gw(cols, NAN), gb(cols, NAN);
         const void* bias = rms ? nullptr : b.data();
-        cpu().norm(y.data(), mean.data(), rstd.data(), x.data(), res.data(), sum.data(), w.data(),
-                   bias, t, rows, cols, eps, rms);
+        cpu().norm({.out = y.data(),
+                    .in = x.data(),
+                    .residual = res.data(),
+                    .sum = sum.data(),
+                    .weight = w.data(),
+                    .bias = bias,
+                    .mean = mean.data(),
+                    .rstd = rstd.data(),
+                    .dtype = t,
+                    .rows = rows,
+                    .cols = cols,
+                    .eps = eps,
+                    .rms = rms});
         // The backward pass reads the stored sum, as the tensor layer saves it.
-        cpu().norm_backward(gi.data(), gw.data(), rms ? nullptr : gb.data(), go.data(), gs.data(),
-                            sum.data(), mean.data(), rstd.data(), w.data(), t, rows, cols, rms);
+        cpu().norm_backward({.grad_in = gi.data(),
+                             .grad_weight = gw.data(),
+                             .grad_bias = rms ? nullptr : gb.data(),
+                             .grad_out = go.data(),
+                             .grad_sum = gs.data(),
+                             .in = sum.data(),
+                             .mean = mean.data(),
+                             .rstd = rstd.data(),
+                             .weight = w.data(),
+                             .dtype = t,
+                             .rows = rows,
+                             .cols = cols,
+                             .rms = rms});
         std::vector<double> wv(cols), bv;
         for (int64_t j = 0; j < cols; ++j) wv[j] = w.get(j);
         if (!rms) {
@@ -1188,8 +1269,19 @@ TEST(CpuKernelsTest, NormWithResidualNormalizesTheStoredSumAndAddsGradSum) {
         // The sum may be written over the residual (an in-place residual stream).
         Buffer in_place = res, y2(t, n);
         std::vector<float> mean2(rows), rstd2(rows);
-        cpu().norm(y2.data(), mean2.data(), rstd2.data(), x.data(), in_place.data(),
-                   in_place.data(), w.data(), bias, t, rows, cols, eps, rms);
+        cpu().norm({.out = y2.data(),
+                    .in = x.data(),
+                    .residual = in_place.data(),
+                    .sum = in_place.data(),
+                    .weight = w.data(),
+                    .bias = bias,
+                    .mean = mean2.data(),
+                    .rstd = rstd2.data(),
+                    .dtype = t,
+                    .rows = rows,
+                    .cols = cols,
+                    .eps = eps,
+                    .rms = rms});
         for (int64_t i = 0; i < n; ++i) {
           ASSERT_EQ(in_place.get(i), sum.get(i)) << "in-place sum, element " << i;
           ASSERT_EQ(y2.get(i), y.get(i)) << "in-place out, element " << i;
@@ -1204,14 +1296,30 @@ TEST(CpuKernelsTest, NormNeedsResidualAndSumTogether) {
   std::vector<float> mean(2), rstd(2);
   expect_error(
       [&] {
-        cpu().norm(y.data(), mean.data(), rstd.data(), x.data(), x.data(), nullptr, nullptr,
-                   nullptr, DType::kFloat32, 2, 4, 1e-5, false);
+        cpu().norm({.out = y.data(),
+                    .in = x.data(),
+                    .residual = x.data(),
+                    .mean = mean.data(),
+                    .rstd = rstd.data(),
+                    .dtype = DType::kFloat32,
+                    .rows = 2,
+                    .cols = 4,
+                    .eps = 1e-5,
+                    .rms = false});
       },
       ErrorCode::kInvalidArgument, "'residual' and 'sum'");
   expect_error(
       [&] {
-        cpu().norm(y.data(), mean.data(), rstd.data(), x.data(), nullptr, s.data(), nullptr,
-                   nullptr, DType::kFloat32, 2, 4, 1e-5, true);
+        cpu().norm({.out = y.data(),
+                    .in = x.data(),
+                    .sum = s.data(),
+                    .mean = mean.data(),
+                    .rstd = rstd.data(),
+                    .dtype = DType::kFloat32,
+                    .rows = 2,
+                    .cols = 4,
+                    .eps = 1e-5,
+                    .rms = true});
       },
       ErrorCode::kInvalidArgument, "'residual' and 'sum'");
 }
@@ -1262,13 +1370,30 @@ TEST(CpuKernelsTest, CrossEntropyMatchesFloat64ReferenceOnShortAndLongRows) {
         for (int64_t i = 0; i < buf->size(); ++i) buf->set(i, NAN);
       }
       const auto* tp = static_cast<const int64_t*>(targets.data());
-      cpu().cross_entropy(loss.data(), lse.data(), x.data(), tp, t, rows, cols, 1, c.ignore_index);
+      cpu().cross_entropy({.loss = loss.data(),
+                           .lse = lse.data(),
+                           .logits = x.data(),
+                           .targets = tp,
+                           .dtype = t,
+                           .rows = rows,
+                           .cols = cols,
+                           .inner = 1,
+                           .ignore_index = c.ignore_index});
 
       const double u_acc = unit_roundoff(acc);
       for (bool broadcast : {false, true}) {
         SCOPED_TRACE(broadcast ? "grad_loss stride 0" : "grad_loss stride 1");
-        cpu().cross_entropy_backward(gx.data(), g.data(), broadcast ? 0 : 1, x.data(),
-                                     lse.data(), tp, t, rows, cols, 1, c.ignore_index);
+        cpu().cross_entropy_backward({.grad_logits = gx.data(),
+                                      .grad_loss = g.data(),
+                                      .grad_loss_stride = broadcast ? 0 : 1,
+                                      .logits = x.data(),
+                                      .lse = lse.data(),
+                                      .targets = tp,
+                                      .dtype = t,
+                                      .rows = rows,
+                                      .cols = cols,
+                                      .inner = 1,
+                                      .ignore_index = c.ignore_index});
         int failures = 0;
         for (int64_t r = 0; r < rows && failures < 10; ++r) {
           std::vector<double> xr(cols);
@@ -1313,43 +1438,87 @@ TEST(CpuKernelsTest, CrossEntropyRejectsBadArguments) {
   std::vector<int64_t> targets = {1, 3};  // 3 is out of range for 3 classes
   expect_error(
       [&] {
-        cpu().cross_entropy(loss.data(), lse.data(), x.data(), targets.data(), DType::kFloat32, 2,
-                            3, 1, -100);
+        cpu().cross_entropy({.loss = loss.data(),
+                             .lse = lse.data(),
+                             .logits = x.data(),
+                             .targets = targets.data(),
+                             .dtype = DType::kFloat32,
+                             .rows = 2,
+                             .cols = 3,
+                             .inner = 1,
+                             .ignore_index = -100});
       },
       ErrorCode::kOutOfRange, "cross_entropy: target 3");
   targets[1] = -100;
   expect_error(
       [&] {
-        cpu().cross_entropy(loss.data(), lse.data(), nullptr, targets.data(), DType::kFloat32, 2,
-                            3, 1, -100);
+        cpu().cross_entropy({.loss = loss.data(),
+                             .lse = lse.data(),
+                             .targets = targets.data(),
+                             .dtype = DType::kFloat32,
+                             .rows = 2,
+                             .cols = 3,
+                             .inner = 1,
+                             .ignore_index = -100});
       },
       ErrorCode::kInvalidArgument, "'logits'");
   expect_error(
       [&] {
-        cpu().cross_entropy(loss.data(), lse.data(), x.data(), targets.data(), DType::kFloat32,
-                            -1, 3, 1, -100);
+        cpu().cross_entropy({.loss = loss.data(),
+                             .lse = lse.data(),
+                             .logits = x.data(),
+                             .targets = targets.data(),
+                             .dtype = DType::kFloat32,
+                             .rows = -1,
+                             .cols = 3,
+                             .inner = 1,
+                             .ignore_index = -100});
       },
       ErrorCode::kInvalidArgument, "cross_entropy: rows and cols");
   expect_error(
       [&] {
-        cpu().cross_entropy(loss.data(), lse.data(), x.data(), targets.data(), DType::kInt32, 2, 3,
-                            1, -100);
+        cpu().cross_entropy({.loss = loss.data(),
+                             .lse = lse.data(),
+                             .logits = x.data(),
+                             .targets = targets.data(),
+                             .dtype = DType::kInt32,
+                             .rows = 2,
+                             .cols = 3,
+                             .inner = 1,
+                             .ignore_index = -100});
       },
       ErrorCode::kDTypeMismatch, "cross_entropy");
   expect_error(
       [&] {
-        cpu().cross_entropy_backward(x.data(), loss.data(), -1, x.data(), lse.data(),
-                                     targets.data(), DType::kFloat32, 2, 3, 1, -100);
+        cpu().cross_entropy_backward({.grad_logits = x.data(),
+                                      .grad_loss = loss.data(),
+                                      .grad_loss_stride = -1,
+                                      .logits = x.data(),
+                                      .lse = lse.data(),
+                                      .targets = targets.data(),
+                                      .dtype = DType::kFloat32,
+                                      .rows = 2,
+                                      .cols = 3,
+                                      .inner = 1,
+                                      .ignore_index = -100});
       },
       ErrorCode::kInvalidArgument, "cross_entropy_backward: argument 'grad_loss_stride'");
   expect_error(
       [&] {
-        cpu().cross_entropy(loss.data(), lse.data(), x.data(), targets.data(), DType::kFloat32, 2,
-                            3, 4, -100);
+        cpu().cross_entropy({.loss = loss.data(),
+                             .lse = lse.data(),
+                             .logits = x.data(),
+                             .targets = targets.data(),
+                             .dtype = DType::kFloat32,
+                             .rows = 2,
+                             .cols = 3,
+                             .inner = 4,
+                             .ignore_index = -100});
       },
       ErrorCode::kInvalidArgument, "cross_entropy: argument 'inner'");
   // No rows: nothing is read, so null pointers are fine.
-  cpu().cross_entropy(nullptr, nullptr, nullptr, nullptr, DType::kFloat32, 0, 3, 1, -100);
+  cpu().cross_entropy(
+      {.dtype = DType::kFloat32, .rows = 0, .cols = 3, .inner = 1, .ignore_index = -100});
 }
 
 // Logits [outer, cols, inner] (classes `inner` apart) give bit for bit what the same values
@@ -1383,19 +1552,51 @@ TEST(CpuKernelsTest, CrossEntropyWithAClassStrideMatchesRowMajorBitForBit) {
       }
       const auto* tp = static_cast<const int64_t*>(targets.data());
       Buffer loss_s(acc, rows), lse_s(acc, rows), loss_r(acc, rows), lse_r(acc, rows);
-      cpu().cross_entropy(loss_s.data(), lse_s.data(), strided.data(), tp, t, rows, c.cols,
-                          c.inner, -100);
-      cpu().cross_entropy(loss_r.data(), lse_r.data(), row_major.data(), tp, t, rows, c.cols, 1,
-                          -100);
+      cpu().cross_entropy({.loss = loss_s.data(),
+                           .lse = lse_s.data(),
+                           .logits = strided.data(),
+                           .targets = tp,
+                           .dtype = t,
+                           .rows = rows,
+                           .cols = c.cols,
+                           .inner = c.inner,
+                           .ignore_index = -100});
+      cpu().cross_entropy({.loss = loss_r.data(),
+                           .lse = lse_r.data(),
+                           .logits = row_major.data(),
+                           .targets = tp,
+                           .dtype = t,
+                           .rows = rows,
+                           .cols = c.cols,
+                           .inner = 1,
+                           .ignore_index = -100});
       for (int64_t r = 0; r < rows; ++r) {
         ASSERT_EQ(lse_s.get(r), lse_r.get(r)) << "lse of position " << r;
         ASSERT_EQ(loss_s.get(r), loss_r.get(r)) << "loss of position " << r;
       }
       Buffer gx_s(t, n), gx_r(t, n);
-      cpu().cross_entropy_backward(gx_s.data(), g.data(), 1, strided.data(), lse_s.data(), tp, t,
-                                   rows, c.cols, c.inner, -100);
-      cpu().cross_entropy_backward(gx_r.data(), g.data(), 1, row_major.data(), lse_r.data(), tp,
-                                   t, rows, c.cols, 1, -100);
+      cpu().cross_entropy_backward({.grad_logits = gx_s.data(),
+                                    .grad_loss = g.data(),
+                                    .grad_loss_stride = 1,
+                                    .logits = strided.data(),
+                                    .lse = lse_s.data(),
+                                    .targets = tp,
+                                    .dtype = t,
+                                    .rows = rows,
+                                    .cols = c.cols,
+                                    .inner = c.inner,
+                                    .ignore_index = -100});
+      cpu().cross_entropy_backward({.grad_logits = gx_r.data(),
+                                    .grad_loss = g.data(),
+                                    .grad_loss_stride = 1,
+                                    .logits = row_major.data(),
+                                    .lse = lse_r.data(),
+                                    .targets = tp,
+                                    .dtype = t,
+                                    .rows = rows,
+                                    .cols = c.cols,
+                                    .inner = 1,
+                                    .ignore_index = -100});
       for (int64_t o = 0; o < c.outer; ++o) {
         for (int64_t j = 0; j < c.cols; ++j) {
           for (int64_t i = 0; i < c.inner; ++i) {

@@ -38,35 +38,22 @@ class CpuBackend final : public KernelBackend {
   void gemm(const GemmArgs& args) override;
 
   // rowwise.cc
-  void softmax(void* out, const void* in, DType dtype, int64_t rows, int64_t cols,
-               bool log) override;
-  void softmax_backward(void* grad_in, const void* grad_out, const void* out, DType dtype,
-                        int64_t rows, int64_t cols, bool log) override;
-  void norm(void* out, float* mean, float* rstd, const void* in, const void* residual, void* sum,
-            const void* weight, const void* bias, DType dtype, int64_t rows, int64_t cols,
-            double eps, bool rms) override;
-  void norm_backward(void* grad_in, float* grad_weight, float* grad_bias, const void* grad_out,
-                     const void* grad_sum, const void* in, const float* mean, const float* rstd,
-                     const void* weight, DType dtype, int64_t rows, int64_t cols,
-                     bool rms) override;
+  void softmax(const SoftmaxArgs& args) override;
+  void softmax_backward(const SoftmaxBackwardArgs& args) override;
+  void norm(const NormArgs& args) override;
+  void norm_backward(const NormBackwardArgs& args) override;
 
   // cross_entropy.cc
-  void cross_entropy(void* loss, void* lse, const void* logits, const int64_t* targets,
-                     DType dtype, int64_t rows, int64_t cols, int64_t inner,
-                     int64_t ignore_index) override;
-  void cross_entropy_backward(void* grad_logits, const void* grad_loss, int64_t grad_loss_stride,
-                              const void* logits, const void* lse, const int64_t* targets,
-                              DType dtype, int64_t rows, int64_t cols, int64_t inner,
-                              int64_t ignore_index) override;
+  void cross_entropy(const CrossEntropyArgs& args) override;
+  void cross_entropy_backward(const CrossEntropyBackwardArgs& args) override;
 
   // rotary.cc
   void rotary_embedding(const StridedView& out, const StridedView& x, int64_t position_offset,
                         double base, bool inverse) override;
 
   // swiglu.cc
-  void swiglu(void* out, const void* gate_up, DType dtype, int64_t rows, int64_t hidden) override;
-  void swiglu_backward(void* grad_gate_up, const void* grad_out, const void* gate_up, DType dtype,
-                       int64_t rows, int64_t hidden) override;
+  void swiglu(const SwigluArgs& args) override;
+  void swiglu_backward(const SwigluBackwardArgs& args) override;
 
   // attention_backend.cc (the math kernels of kernels/cpu/attention.cc)
   bool attention_supports(AttentionKernel kernel, const AttentionForwardArgs& forward,

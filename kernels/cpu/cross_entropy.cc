@@ -6,9 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <initializer_list>
 #include <limits>
-#include <utility>
 
 #include "ringdilated/kernels/cpu/backend.h"
 #include "ringdilated/kernels/cpu/dispatch_types.h"
@@ -138,37 +136,17 @@ void for_each_tile(const ClassLayout& layout, const Body& body) {
   });
 }
 
-using NamedPointers = std::initializer_list<std::pair<const char*, const void*>>;
-
-// Rows run in parallel bodies that must not throw, so every check happens before them.
-// Pointers read or written per row must be set when there are rows; per element, when
-// there are elements.
-ClassLayout check_args(const char* op, int64_t rows, int64_t cols, int64_t inner,
-                       const int64_t* targets, int64_t ignore_index, NamedPointers per_row,
-                       NamedPointers per_element) {
-  RD_CHECK(rows >= 0 && cols >= 0, kInvalidArgument, op,
-           ": rows and cols must be non-negative, got rows=", rows, " cols=", cols);
-  RD_CHECK(inner >= 1 && rows % inner == 0, kInvalidArgument, op,
-           ": argument 'inner' must be positive and divide rows=", rows, ", got ", inner);
-  RD_CHECK(rows == 0 || targets != nullptr, kInvalidArgument, op,
-           ": argument 'targets' must not be null for ", rows, " rows");
-  for (const auto& [name, p] : per_row) {
-    RD_CHECK(rows == 0 || p != nullptr, kInvalidArgument, op, ": argument '", name,
-             "' must not be null for ", rows, " rows");
-  }
-  for (const auto& [name, p] : per_element) {
-    RD_CHECK(rows * cols == 0 || p != nullptr, kInvalidArgument, op, ": argument '", name,
-             "' must not be null for ", rows, " x ", cols, " logits");
-  }
-  // The caller bounds-checks too; this O(rows) pass keeps a bad target from reading outside
-  // its row here.
+// The host-side target check (KernelBackend::cross_entropy, "Bad targets"): every target is
+// checked before any work, so a bad one throws from the call with nothing written. Rows run
+// in parallel bodies that must not throw, which is another reason to check first.
+void check_targets(const char* op, const int64_t* targets, int64_t rows, int64_t cols,
+                   int64_t ignore_index) {
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t t = targets[r];
-    RD_CHECK(t == ignore_index || (t >= 0 && t < cols), kOutOfRange, op, ": target ", t,
-             " of row ", r, " is out of range for ", cols, " classes (ignore_index ",
-             ignore_index, ")");
+    if (t != ignore_index && (t < 0 || t >= cols)) {
+      RD_FAIL(kOutOfRange, cross_entropy_target_message(op, t, r, cols));
+    }
   }
-  return ClassLayout{rows, cols, inner};
 }
 
 template <class T>
@@ -218,38 +196,30 @@ void cross_entropy_backward_rows(T* grad_logits, const Compute<T>* grad_loss,
 
 }  // namespace
 
-void CpuBackend::cross_entropy(void* loss, void* lse, const void* logits, const int64_t* targets,
-                               DType dtype, int64_t rows, int64_t cols, int64_t inner,
-                               int64_t ignore_index) {
+void CpuBackend::cross_entropy(const CrossEntropyArgs& a) {
   constexpr const char* kOp = "cross_entropy";
-  const ClassLayout layout = check_args(kOp, rows, cols, inner, targets, ignore_index,
-                                        {{"loss", loss}, {"lse", lse}}, {{"logits", logits}});
-  dispatch_floating(dtype, kOp, [&](auto tag) {
+  check_cross_entropy_args(a);
+  check_targets(kOp, a.targets, a.rows, a.cols, a.ignore_index);
+  const ClassLayout layout{a.rows, a.cols, a.inner};
+  dispatch_floating(a.dtype, kOp, [&](auto tag) {
     using T = typename decltype(tag)::type;
     using A = Compute<T>;
-    cross_entropy_rows(static_cast<A*>(loss), static_cast<A*>(lse), static_cast<const T*>(logits),
-                       targets, layout, ignore_index);
+    cross_entropy_rows(static_cast<A*>(a.loss), static_cast<A*>(a.lse),
+                       static_cast<const T*>(a.logits), a.targets, layout, a.ignore_index);
   });
 }
 
-void CpuBackend::cross_entropy_backward(void* grad_logits, const void* grad_loss,
-                                        int64_t grad_loss_stride, const void* logits,
-                                        const void* lse, const int64_t* targets, DType dtype,
-                                        int64_t rows, int64_t cols, int64_t inner,
-                                        int64_t ignore_index) {
+void CpuBackend::cross_entropy_backward(const CrossEntropyBackwardArgs& a) {
   constexpr const char* kOp = "cross_entropy_backward";
-  const ClassLayout layout =
-      check_args(kOp, rows, cols, inner, targets, ignore_index,
-                 {{"grad_loss", grad_loss}, {"lse", lse}},
-                 {{"grad_logits", grad_logits}, {"logits", logits}});
-  RD_CHECK(grad_loss_stride >= 0, kInvalidArgument, kOp,
-           ": argument 'grad_loss_stride' must be >= 0, got ", grad_loss_stride);
-  dispatch_floating(dtype, kOp, [&](auto tag) {
+  check_cross_entropy_backward_args(a);
+  check_targets(kOp, a.targets, a.rows, a.cols, a.ignore_index);
+  const ClassLayout layout{a.rows, a.cols, a.inner};
+  dispatch_floating(a.dtype, kOp, [&](auto tag) {
     using T = typename decltype(tag)::type;
     using A = Compute<T>;
-    cross_entropy_backward_rows(static_cast<T*>(grad_logits), static_cast<const A*>(grad_loss),
-                                grad_loss_stride, static_cast<const T*>(logits),
-                                static_cast<const A*>(lse), targets, layout, ignore_index);
+    cross_entropy_backward_rows(static_cast<T*>(a.grad_logits), static_cast<const A*>(a.grad_loss),
+                                a.grad_loss_stride, static_cast<const T*>(a.logits),
+                                static_cast<const A*>(a.lse), a.targets, layout, a.ignore_index);
   });
 }
 

@@ -14,11 +14,6 @@
 namespace rd::kernels::cpu {
 namespace {
 
-void check_rows(const char* op, int64_t rows, int64_t cols) {
-  RD_CHECK(rows >= 0 && cols >= 0, kInvalidArgument, op,
-           ": rows and cols must be non-negative, got rows=", rows, " cols=", cols);
-}
-
 // Loads element j of a row of T in the compute type.
 template <class T>
 Compute<T> at(const void* row, int64_t j) {
@@ -26,11 +21,13 @@ Compute<T> at(const void* row, int64_t j) {
 }
 
 template <class T>
-void softmax_rows(T* out, const T* in, int64_t rows, int64_t cols, bool log) {
+void softmax_rows(const SoftmaxArgs& a) {
   using A = Compute<T>;
-  parallel_items(rows, cols, [&](int64_t r) {
-    const T* x = in + r * cols;
-    T* y = out + r * cols;
+  const int64_t cols = a.cols;
+  const bool log = a.log;
+  parallel_items(a.rows, cols, [&](int64_t r) {
+    const T* x = static_cast<const T*>(a.in) + r * cols;
+    T* y = static_cast<T*>(a.out) + r * cols;
     A m = -std::numeric_limits<A>::infinity();
     for (int64_t j = 0; j < cols; ++j) m = std::max(m, at<T>(x, j));
     Summer<A> sum;
@@ -60,13 +57,14 @@ void softmax_rows(T* out, const T* in, int64_t rows, int64_t cols, bool log) {
 }
 
 template <class T>
-void softmax_backward_rows(T* grad_in, const T* grad_out, const T* out, int64_t rows,
-                           int64_t cols, bool log) {
+void softmax_backward_rows(const SoftmaxBackwardArgs& a) {
   using A = Compute<T>;
-  parallel_items(rows, cols, [&](int64_t r) {
-    const T* g = grad_out + r * cols;
-    const T* y = out + r * cols;
-    T* gi = grad_in + r * cols;
+  const int64_t cols = a.cols;
+  const bool log = a.log;
+  parallel_items(a.rows, cols, [&](int64_t r) {
+    const T* g = static_cast<const T*>(a.grad_out) + r * cols;
+    const T* y = static_cast<const T*>(a.out) + r * cols;
+    T* gi = static_cast<T*>(a.grad_in) + r * cols;
     Summer<A> sum;
     if (log) {  // y is log-softmax: grad = g - softmax * sum(g)
       sum.add_many(cols, [&](int64_t j) { return at<T>(g, j); });
@@ -82,25 +80,13 @@ void softmax_backward_rows(T* grad_in, const T* grad_out, const T* out, int64_t 
   });
 }
 
-struct NormArgs {
-  float* mean;
-  float* rstd;
-  const void* residual;  // null: the row normalized is `in` itself
-  void* sum;             // in + residual, written when residual is set
-  const void* weight;
-  const void* bias;
-  int64_t rows, cols;
-  double eps;
-  bool rms;
-};
-
 template <class T>
-void norm_rows(T* out, const T* in, const NormArgs& a) {
+void norm_rows(const NormArgs& a) {
   using A = Compute<T>;
   const int64_t cols = a.cols;
   parallel_items(a.rows, cols, [&](int64_t r) {
-    const T* x = in + r * cols;
-    T* y = out + r * cols;
+    const T* x = static_cast<const T*>(a.in) + r * cols;
+    T* y = static_cast<T*>(a.out) + r * cols;
     if (a.residual != nullptr) {
       // The row normalized is the sum as stored (rounded to T): what the caller keeps and
       // the backward pass reads. Each element is read before it is written, so `sum` may
@@ -133,25 +119,17 @@ void norm_rows(T* out, const T* in, const NormArgs& a) {
   });
 }
 
-struct NormBackwardArgs {
-  float* grad_weight;
-  float* grad_bias;
-  const void* grad_sum;  // may be null; added into grad_in
-  const float* mean;
-  const float* rstd;
-  const void* weight;
-  int64_t rows, cols;
-  bool rms;
-};
-
 // Row blocks for the weight/bias gradient sums: a count fixed by the shape alone, so the
 // per-block partial sums (and their in-order total) do not depend on the thread count.
 constexpr int64_t kMaxRowBlocks = 64;
 
 template <class T>
-void norm_backward_rows(T* grad_in, const T* grad_out, const T* in, const NormBackwardArgs& a) {
+void norm_backward_rows(const NormBackwardArgs& a) {
   using A = Compute<T>;
   const int64_t rows = a.rows, cols = a.cols;
+  T* grad_in = static_cast<T*>(a.grad_in);
+  const T* grad_out = static_cast<const T*>(a.grad_out);
+  const T* in = static_cast<const T*>(a.in);
   const bool param_grads = a.grad_weight || a.grad_bias;
   const int64_t blocks = std::clamp<int64_t>((rows * cols + kGrain - 1) / kGrain, 1,
                                              std::min(kMaxRowBlocks, std::max<int64_t>(rows, 1)));
@@ -209,52 +187,31 @@ void norm_backward_rows(T* grad_in, const T* grad_out, const T* in, const NormBa
 
 }  // namespace
 
-void CpuBackend::softmax(void* out, const void* in, DType dtype, int64_t rows, int64_t cols,
-                         bool log) {
-  check_rows("softmax", rows, cols);
-  dispatch_floating(dtype, "softmax", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    softmax_rows(static_cast<T*>(out), static_cast<const T*>(in), rows, cols, log);
+void CpuBackend::softmax(const SoftmaxArgs& args) {
+  check_softmax_args(args);
+  dispatch_floating(args.dtype, "softmax", [&](auto tag) {
+    softmax_rows<typename decltype(tag)::type>(args);
   });
 }
 
-void CpuBackend::softmax_backward(void* grad_in, const void* grad_out, const void* out,
-                                  DType dtype, int64_t rows, int64_t cols, bool log) {
-  check_rows("softmax_backward", rows, cols);
-  dispatch_floating(dtype, "softmax_backward", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    softmax_backward_rows(static_cast<T*>(grad_in), static_cast<const T*>(grad_out),
-                          static_cast<const T*>(out), rows, cols, log);
+void CpuBackend::softmax_backward(const SoftmaxBackwardArgs& args) {
+  check_softmax_backward_args(args);
+  dispatch_floating(args.dtype, "softmax_backward", [&](auto tag) {
+    softmax_backward_rows<typename decltype(tag)::type>(args);
   });
 }
 
-void CpuBackend::norm(void* out, float* mean, float* rstd, const void* in, const void* residual,
-                      void* sum, const void* weight, const void* bias, DType dtype, int64_t rows,
-                      int64_t cols, double eps, bool rms) {
-  check_rows("norm", rows, cols);
-  RD_CHECK((residual == nullptr) == (sum == nullptr), kInvalidArgument,
-           "norm: arguments 'residual' and 'sum' must be both null or both set, got residual ",
-           residual == nullptr ? "null" : "set", " and sum ", sum == nullptr ? "null" : "set");
-  const NormArgs args{mean, rstd, residual, sum, weight, bias, rows, cols, eps, rms};
-  dispatch_floating(dtype, "norm", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    norm_rows(static_cast<T*>(out), static_cast<const T*>(in), args);
+void CpuBackend::norm(const NormArgs& args) {
+  check_norm_args(args);
+  dispatch_floating(args.dtype, "norm", [&](auto tag) {
+    norm_rows<typename decltype(tag)::type>(args);
   });
 }
 
-void CpuBackend::norm_backward(void* grad_in, float* grad_weight, float* grad_bias,
-                               const void* grad_out, const void* grad_sum, const void* in,
-                               const float* mean, const float* rstd, const void* weight,
-                               DType dtype, int64_t rows, int64_t cols, bool rms) {
-  check_rows("norm_backward", rows, cols);
-  RD_CHECK(rstd && (rms || mean), kInvalidArgument,
-           "norm_backward: arguments 'rstd' (and 'mean' for layer norm) must not be null");
-  const NormBackwardArgs args{grad_weight, grad_bias, grad_sum, mean, rstd,
-                              weight,      rows,      cols,     rms};
-  dispatch_floating(dtype, "norm_backward", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    norm_backward_rows(static_cast<T*>(grad_in), static_cast<const T*>(grad_out),
-                       static_cast<const T*>(in), args);
+void CpuBackend::norm_backward(const NormBackwardArgs& args) {
+  check_norm_backward_args(args);
+  dispatch_floating(args.dtype, "norm_backward", [&](auto tag) {
+    norm_backward_rows<typename decltype(tag)::type>(args);
   });
 }
 

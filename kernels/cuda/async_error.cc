@@ -4,6 +4,7 @@
 
 #include "ringdilated/kernels/cuda/runtime.h"
 #include "ringdilated/kernels/error.h"
+#include "ringdilated/kernels/rowwise.h"
 
 namespace rd::kernels::cuda {
 
@@ -26,7 +27,7 @@ AsyncErrors::AsyncErrors(int device) : device_(device) {
   RD_CUDA_CHECK(cudaHostAlloc(&host, sizeof(AsyncErrorRecord),
                               cudaHostAllocMapped | cudaHostAllocPortable));
   host_record_ = static_cast<AsyncErrorRecord*>(host);
-  *host_record_ = AsyncErrorRecord{0, 0, static_cast<int32_t>(AsyncErrorOp::kNone)};
+  *host_record_ = AsyncErrorRecord{0, 0, -1, static_cast<int32_t>(AsyncErrorOp::kNone)};
   void* device_record = nullptr;
   RD_CUDA_CHECK(cudaHostGetDevicePointer(&device_record, host, 0));
   device_record_ = static_cast<AsyncErrorRecord*>(device_record);
@@ -52,6 +53,7 @@ void AsyncErrors::raise_pending(cudaStream_t stream) {
   if (op == AsyncErrorOp::kNone) return;
   const int64_t value = record->value;
   const int64_t limit = record->limit;
+  const int64_t position = record->position;
   record->op = static_cast<int32_t>(AsyncErrorOp::kNone);
   {
     DeviceGuard guard(device_);
@@ -61,9 +63,9 @@ void AsyncErrors::raise_pending(cudaStream_t stream) {
                       op == AsyncErrorOp::kCrossEntropyBackward;
   const char* where = " (found by a kernel on cuda:";
   if (target) {
-    RD_FAIL(kOutOfRange, async_error_op_name(op), ": target ", value,
-            " is out of range for ", limit, " classes", where, device_,
-            ", raised at the next synchronization)");
+    RD_FAIL(kOutOfRange,
+            cross_entropy_target_message(async_error_op_name(op), value, position, limit), where,
+            device_, ", raised at the next synchronization)");
   }
   RD_FAIL(kOutOfRange, async_error_op_name(op), ": index ", value,
           " is out of range for a dim of size ", limit, where, device_,

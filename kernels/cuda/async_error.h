@@ -32,9 +32,10 @@ const char* async_error_op_name(AsyncErrorOp op);
 // error path), and the host reads them after a synchronization without a copy. `op` is
 // written last, after a system-wide fence.
 struct AsyncErrorRecord {
-  int64_t value;  // the offending index
-  int64_t limit;  // valid values are [0, limit)
-  int32_t op;     // an AsyncErrorOp; kNone while nothing is recorded
+  int64_t value;     // the offending index
+  int64_t limit;     // valid values are [0, limit)
+  int64_t position;  // the row (cross-entropy position) that held it, or -1 when not told
+  int32_t op;        // an AsyncErrorOp; kNone while nothing is recorded
 };
 
 // What a kernel reports through, passed by value.
@@ -43,15 +44,16 @@ struct AsyncErrorSink {
   AsyncErrorRecord* record = nullptr;  // the record's device address
   AsyncErrorOp op = AsyncErrorOp::kNone;
 
-  // Records (value, limit) unless an error is recorded already (the first claim wins; which
-  // of several bad values of one launch wins is unspecified). The caller then skips the
-  // access: nothing is read or written out of bounds.
-  RD_HOST_DEVICE void report(int64_t value, int64_t limit) const {
+  // Records (value, limit, position) unless an error is recorded already (the first claim
+  // wins; which of several bad values of one launch wins is unspecified). The caller then
+  // skips the access: nothing is read or written out of bounds.
+  RD_HOST_DEVICE void report(int64_t value, int64_t limit, int64_t position = -1) const {
 #if defined(__CUDA_ARCH__)
     if (atomicCAS(claim, 0u, 1u) != 0u) return;
     volatile AsyncErrorRecord* r = record;
     r->value = value;
     r->limit = limit;
+    r->position = position;
     __threadfence_system();
     r->op = static_cast<int32_t>(op);
 #else  // host emulation of kernel bodies (strided_index.cuh): runs in order
@@ -59,6 +61,7 @@ struct AsyncErrorSink {
     *claim = 1u;
     record->value = value;
     record->limit = limit;
+    record->position = position;
     record->op = static_cast<int32_t>(op);
 #endif
   }
@@ -72,7 +75,8 @@ struct AsyncErrorSink {
 // writes 0, a scatter writes nothing, cross_entropy makes the loss NaN); the host goes on.
 // The next synchronization the library makes with the device (rd::synchronize,
 // Stream/Event::synchronize, a device-to-host copy, rd::check_async_errors) raises it as
-// rd::Error kOutOfRange naming the op and the index, and clears it. Work on another stream
+// rd::Error kOutOfRange naming the op and the index (for cross-entropy, the message of
+// kernels/rowwise.h's cross_entropy_target_message, row included), and clears it. Work on another stream
 // that has not finished at that point reports at a later synchronization.
 class AsyncErrors {
  public:

@@ -72,59 +72,42 @@ class CudaBackend final : public KernelBackend {
     Scope s(device_);
     cuda::gemm(args, scratch(), s.stream);
   }
-  void softmax(void* out, const void* in, DType dtype, int64_t rows, int64_t cols,
-               bool log) override {
+  void softmax(const SoftmaxArgs& args) override {
     Scope s(device_);
-    cuda::softmax(out, in, dtype, rows, cols, log, s.stream);
+    cuda::softmax(args, s.stream);
   }
-  void softmax_backward(void* grad_in, const void* grad_out, const void* out, DType dtype,
-                        int64_t rows, int64_t cols, bool log) override {
+  void softmax_backward(const SoftmaxBackwardArgs& args) override {
     Scope s(device_);
-    cuda::softmax_backward(grad_in, grad_out, out, dtype, rows, cols, log, s.stream);
+    cuda::softmax_backward(args, s.stream);
   }
-  void norm(void* out, float* mean, float* rstd, const void* in, const void* residual, void* sum,
-            const void* weight, const void* bias, DType dtype, int64_t rows, int64_t cols,
-            double eps, bool rms) override {
+  void norm(const NormArgs& args) override {
     Scope s(device_);
-    cuda::norm(out, mean, rstd, in, residual, sum, weight, bias, dtype, rows, cols, eps, rms,
-               s.stream);
+    cuda::norm(args, s.stream);
   }
-  void norm_backward(void* grad_in, float* grad_weight, float* grad_bias, const void* grad_out,
-                     const void* grad_sum, const void* in, const float* mean, const float* rstd,
-                     const void* weight, DType dtype, int64_t rows, int64_t cols,
-                     bool rms) override {
+  void norm_backward(const NormBackwardArgs& args) override {
     Scope s(device_);
-    cuda::norm_backward(grad_in, grad_weight, grad_bias, grad_out, grad_sum, in, mean, rstd,
-                        weight, dtype, rows, cols, rms, scratch(), s.stream);
+    cuda::norm_backward(args, scratch(), s.stream);
   }
-  void cross_entropy(void* loss, void* lse, const void* logits, const int64_t* targets,
-                     DType dtype, int64_t rows, int64_t cols, int64_t inner,
-                     int64_t ignore_index) override {
+  void cross_entropy(const CrossEntropyArgs& args) override {
     Scope s(device_);
-    cuda::cross_entropy(loss, lse, logits, targets, dtype, rows, cols, inner, ignore_index,
-                        errors_, s.stream);
+    cuda::cross_entropy(args, errors_, s.stream);
   }
-  void cross_entropy_backward(void* grad_logits, const void* grad_loss, int64_t grad_loss_stride,
-                              const void* logits, const void* lse, const int64_t* targets,
-                              DType dtype, int64_t rows, int64_t cols, int64_t inner,
-                              int64_t ignore_index) override {
+  void cross_entropy_backward(const CrossEntropyBackwardArgs& args) override {
     Scope s(device_);
-    cuda::cross_entropy_backward(grad_logits, grad_loss, grad_loss_stride, logits, lse, targets,
-                                 dtype, rows, cols, inner, ignore_index, errors_, s.stream);
+    cuda::cross_entropy_backward(args, errors_, s.stream);
   }
   void rotary_embedding(const StridedView& out, const StridedView& x, int64_t position_offset,
                         double base, bool inverse) override {
     Scope s(device_);
     cuda::rotary_embedding(out, x, position_offset, base, inverse, s.stream);
   }
-  void swiglu(void* out, const void* gate_up, DType dtype, int64_t rows, int64_t hidden) override {
+  void swiglu(const SwigluArgs& args) override {
     Scope s(device_);
-    cuda::swiglu(out, gate_up, dtype, rows, hidden, s.stream);
+    cuda::swiglu(args, s.stream);
   }
-  void swiglu_backward(void* grad_gate_up, const void* grad_out, const void* gate_up, DType dtype,
-                       int64_t rows, int64_t hidden) override {
+  void swiglu_backward(const SwigluBackwardArgs& args) override {
     Scope s(device_);
-    cuda::swiglu_backward(grad_gate_up, grad_out, gate_up, dtype, rows, hidden, s.stream);
+    cuda::swiglu_backward(args, s.stream);
   }
   bool attention_supports(AttentionKernel kernel, const AttentionForwardArgs& forward,
                           const AttentionBackwardArgs* backward, std::string* why_not) override {

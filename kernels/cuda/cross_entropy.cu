@@ -18,12 +18,9 @@
 // ignore_index) is recorded in the device's AsyncErrors (raised at the next host
 // synchronization) and makes that position's loss and gradient NaN instead of reading
 // outside its classes.
-#include <cstdint>
-#include <initializer_list>
-#include <limits>
-#include <utility>
-
 #include <algorithm>
+#include <cstdint>
+#include <limits>
 
 #include "ringdilated/kernels/cuda/async_error.h"
 #include "ringdilated/kernels/cuda/kernels.h"
@@ -48,11 +45,11 @@ struct CrossEntropyParams {
 // The loss of a position from its logsumexp: NaN (and a recorded error) for a target
 // outside [0, cols), 0 for ignore_index. `logit(t)` reads class t's logit.
 template <class A, class Logit>
-__device__ __forceinline__ A position_loss(A row_lse, int64_t target, const CrossEntropyParams& p,
-                                           const Logit& logit) {
+__device__ __forceinline__ A position_loss(A row_lse, int64_t row, int64_t target,
+                                           const CrossEntropyParams& p, const Logit& logit) {
   if (target == p.ignore_index) return A(0);
   if (target < 0 || target >= p.cols) {
-    p.errors.report(target, p.cols);
+    p.errors.report(target, p.cols, row);
     return std::numeric_limits<A>::quiet_NaN();
   }
   return row_lse - logit(target);
@@ -79,7 +76,7 @@ __global__ void __launch_bounds__(kMaxRowThreads)
   if (r.t != 0 || !r.active) return;
   const A row_lse = state.max + log_of(state.sum);
   lse[r.row] = row_lse;
-  loss[r.row] = position_loss(row_lse, targets[r.row], p,
+  loss[r.row] = position_loss(row_lse, r.row, targets[r.row], p,
                               [&](int64_t t) { return to_compute(x[t]); });
 }
 
@@ -98,7 +95,7 @@ __global__ void __launch_bounds__(kMaxRowThreads)
   const int64_t target = targets[r.row];
   const bool ignored = target == p.ignore_index;
   const bool in_range = target >= 0 && target < r.cols;
-  if (!ignored && !in_range && r.t == 0) p.errors.report(target, r.cols);
+  if (!ignored && !in_range && r.t == 0) p.errors.report(target, r.cols, r.row);
   const A g = in_range ? grad_loss[r.row * grad_loss_stride] : std::numeric_limits<A>::quiet_NaN();
   const A row_lse = lse[r.row];
   Values<T> v;
@@ -163,7 +160,7 @@ __global__ void __launch_bounds__(kStridedThreads)
     }
     const A row_lse = state.max + log_of(state.sum);
     lse[r] = row_lse;
-    loss[r] = position_loss(row_lse, targets[r], p,
+    loss[r] = position_loss(row_lse, r, targets[r], p,
                             [&](int64_t t) { return to_compute(x[t * pos.inner]); });
   }
 }
@@ -181,7 +178,7 @@ __global__ void __launch_bounds__(kStridedThreads)
     const int64_t target = targets[r];
     const bool ignored = target == p.ignore_index;
     const bool in_range = target >= 0 && target < p.cols;
-    if (!ignored && !in_range) p.errors.report(target, p.cols);
+    if (!ignored && !in_range) p.errors.report(target, p.cols, r);
     const A g = ignored ? A(0)
                 : in_range ? grad_loss[r * grad_loss_stride]
                            : std::numeric_limits<A>::quiet_NaN();
@@ -200,95 +197,66 @@ unsigned strided_blocks(int64_t rows) {
       std::min<int64_t>((rows + kStridedThreads - 1) / kStridedThreads, int64_t{1} << 20));
 }
 
-using NamedPointers = std::initializer_list<std::pair<const char*, const void*>>;
-
-// Pointers read or written per row must be set when there are rows; per element, when
-// there are elements.
-void check_cross_entropy_args(const char* op, int64_t rows, int64_t cols, NamedPointers per_row,
-                              NamedPointers per_element) {
-  check_rows(op, rows, cols);
-  for (const auto& [name, p] : per_row) {
-    RD_CHECK(rows == 0 || p != nullptr, kInvalidArgument, op, ": argument '", name,
-             "' must not be null for ", rows, " rows");
-  }
-  for (const auto& [name, p] : per_element) {
-    RD_CHECK(rows * cols == 0 || p != nullptr, kInvalidArgument, op, ": argument '", name,
-             "' must not be null for ", rows, " x ", cols, " logits");
-  }
-}
-
-// inner must be positive and divide rows (the CPU backend's check, same message).
-void check_inner(const char* op, int64_t rows, int64_t inner) {
-  RD_CHECK(inner >= 1 && rows % inner == 0, kInvalidArgument, op,
-           ": argument 'inner' must be positive and divide rows=", rows, ", got ", inner);
-}
-
 }  // namespace
 
-void cross_entropy(void* loss, void* lse, const void* logits, const int64_t* targets,
-                   DType dtype, int64_t rows, int64_t cols, int64_t inner, int64_t ignore_index,
-                   AsyncErrors& errors, cudaStream_t stream) {
+// Targets are not read on the host (KernelBackend::cross_entropy, "Bad targets"): the
+// kernels report a bad one through the sink.
+void cross_entropy(const CrossEntropyArgs& a, AsyncErrors& errors, cudaStream_t stream) {
   constexpr const char* kOp = "cross_entropy";
-  check_cross_entropy_args(kOp, rows, cols,
-                           {{"loss", loss}, {"lse", lse}, {"targets", targets}},
-                           {{"logits", logits}});
-  check_inner(kOp, rows, inner);
+  check_cross_entropy_args(a);
   const AsyncErrorSink sink = errors.sink(AsyncErrorOp::kCrossEntropy);
-  dispatch_floating(dtype, kOp, [&](auto tag) {
+  dispatch_floating(a.dtype, kOp, [&](auto tag) {
     using T = typename decltype(tag)::type;
     using A = Compute<T>;
-    if (rows == 0) return;  // cols == 0 still writes lse = -inf and the losses
-    if (inner > 1) {
-      const CrossEntropyParams p{rows, cols, ignore_index, 0, sink};
-      cross_entropy_strided_kernel<T><<<strided_blocks(rows), kStridedThreads, 0, stream>>>(
-          static_cast<A*>(loss), static_cast<A*>(lse), static_cast<const T*>(logits), targets,
-          StridedPositions{rows, inner}, p);
+    if (a.rows == 0) return;  // cols == 0 still writes lse = -inf and the losses
+    auto* loss = static_cast<A*>(a.loss);
+    auto* lse = static_cast<A*>(a.lse);
+    const auto* logits = static_cast<const T*>(a.logits);
+    if (a.inner > 1) {
+      const CrossEntropyParams p{a.rows, a.cols, a.ignore_index, 0, sink};
+      cross_entropy_strided_kernel<T><<<strided_blocks(a.rows), kStridedThreads, 0, stream>>>(
+          loss, lse, logits, a.targets, StridedPositions{a.rows, a.inner}, p);
       RD_CUDA_CHECK_LAUNCH();
       return;
     }
-    const RowLaunch l = row_launch<T>(kOp, rows, cols, {logits});
-    const CrossEntropyParams p{rows, cols, ignore_index, l.group, sink};
+    const RowLaunch l = row_launch<T>(kOp, a.rows, a.cols, {a.logits});
+    const CrossEntropyParams p{a.rows, a.cols, a.ignore_index, l.group, sink};
     with_chunk_width<T>(l, [&](auto width) {
       cross_entropy_kernel<T, decltype(width)::value><<<l.blocks, l.threads, 0, stream>>>(
-          static_cast<A*>(loss), static_cast<A*>(lse), static_cast<const T*>(logits), targets, p);
+          loss, lse, logits, a.targets, p);
     });
     RD_CUDA_CHECK_LAUNCH();
   });
 }
 
-void cross_entropy_backward(void* grad_logits, const void* grad_loss, int64_t grad_loss_stride,
-                            const void* logits, const void* lse, const int64_t* targets,
-                            DType dtype, int64_t rows, int64_t cols, int64_t inner,
-                            int64_t ignore_index, AsyncErrors& errors, cudaStream_t stream) {
+void cross_entropy_backward(const CrossEntropyBackwardArgs& a, AsyncErrors& errors,
+                            cudaStream_t stream) {
   constexpr const char* kOp = "cross_entropy_backward";
-  check_cross_entropy_args(kOp, rows, cols,
-                           {{"grad_loss", grad_loss}, {"lse", lse}, {"targets", targets}},
-                           {{"grad_logits", grad_logits}, {"logits", logits}});
-  check_inner(kOp, rows, inner);
-  RD_CHECK(grad_loss_stride >= 0, kInvalidArgument, kOp,
-           ": argument 'grad_loss_stride' must be >= 0, got ", grad_loss_stride);
+  check_cross_entropy_backward_args(a);
   const AsyncErrorSink sink = errors.sink(AsyncErrorOp::kCrossEntropyBackward);
-  dispatch_floating(dtype, kOp, [&](auto tag) {
+  dispatch_floating(a.dtype, kOp, [&](auto tag) {
     using T = typename decltype(tag)::type;
     using A = Compute<T>;
-    if (rows == 0 || cols == 0) return;
-    if (inner > 1) {
-      const CrossEntropyParams p{rows, cols, ignore_index, 0, sink};
+    if (a.rows == 0 || a.cols == 0) return;
+    auto* grad_logits = static_cast<T*>(a.grad_logits);
+    const auto* grad_loss = static_cast<const A*>(a.grad_loss);
+    const auto* logits = static_cast<const T*>(a.logits);
+    const auto* lse = static_cast<const A*>(a.lse);
+    if (a.inner > 1) {
+      const CrossEntropyParams p{a.rows, a.cols, a.ignore_index, 0, sink};
       cross_entropy_strided_backward_kernel<T>
-          <<<strided_blocks(rows), kStridedThreads, 0, stream>>>(
-              static_cast<T*>(grad_logits), static_cast<const A*>(grad_loss), grad_loss_stride,
-              static_cast<const T*>(logits), static_cast<const A*>(lse), targets,
-              StridedPositions{rows, inner}, p);
+          <<<strided_blocks(a.rows), kStridedThreads, 0, stream>>>(
+              grad_logits, grad_loss, a.grad_loss_stride, logits, lse, a.targets,
+              StridedPositions{a.rows, a.inner}, p);
       RD_CUDA_CHECK_LAUNCH();
       return;
     }
-    const RowLaunch l = row_launch<T>(kOp, rows, cols, {grad_logits, logits});
-    const CrossEntropyParams p{rows, cols, ignore_index, l.group, sink};
+    const RowLaunch l = row_launch<T>(kOp, a.rows, a.cols, {a.grad_logits, a.logits});
+    const CrossEntropyParams p{a.rows, a.cols, a.ignore_index, l.group, sink};
     with_chunk_width<T>(l, [&](auto width) {
       cross_entropy_backward_kernel<T, decltype(width)::value>
-          <<<l.blocks, l.threads, 0, stream>>>(
-              static_cast<T*>(grad_logits), static_cast<const A*>(grad_loss), grad_loss_stride,
-              static_cast<const T*>(logits), static_cast<const A*>(lse), targets, p);
+          <<<l.blocks, l.threads, 0, stream>>>(grad_logits, grad_loss, a.grad_loss_stride,
+                                               logits, lse, a.targets, p);
     });
     RD_CUDA_CHECK_LAUNCH();
   });

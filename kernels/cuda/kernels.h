@@ -47,37 +47,24 @@ void reduce(ReduceOp op, const StridedView& out, const StridedView& in, uint32_t
             Allocator& scratch, cudaStream_t stream);
 
 // rowwise.cu
-void softmax(void* out, const void* in, DType dtype, int64_t rows, int64_t cols, bool log,
-             cudaStream_t stream);
-void softmax_backward(void* grad_in, const void* grad_out, const void* out, DType dtype,
-                      int64_t rows, int64_t cols, bool log, cudaStream_t stream);
-void norm(void* out, float* mean, float* rstd, const void* in, const void* residual, void* sum,
-          const void* weight, const void* bias, DType dtype, int64_t rows, int64_t cols,
-          double eps, bool rms, cudaStream_t stream);
-void norm_backward(void* grad_in, float* grad_weight, float* grad_bias, const void* grad_out,
-                   const void* grad_sum, const void* in, const float* mean, const float* rstd,
-                   const void* weight, DType dtype, int64_t rows, int64_t cols, bool rms,
-                   Allocator& scratch, cudaStream_t stream);
+void softmax(const SoftmaxArgs& args, cudaStream_t stream);
+void softmax_backward(const SoftmaxBackwardArgs& args, cudaStream_t stream);
+void norm(const NormArgs& args, cudaStream_t stream);
+void norm_backward(const NormBackwardArgs& args, Allocator& scratch, cudaStream_t stream);
 
 // cross_entropy.cu: out-of-range targets are recorded in `errors` (their losses and
 // gradients are NaN), with no host synchronization.
-void cross_entropy(void* loss, void* lse, const void* logits, const int64_t* targets,
-                   DType dtype, int64_t rows, int64_t cols, int64_t inner, int64_t ignore_index,
-                   AsyncErrors& errors, cudaStream_t stream);
-void cross_entropy_backward(void* grad_logits, const void* grad_loss, int64_t grad_loss_stride,
-                            const void* logits, const void* lse, const int64_t* targets,
-                            DType dtype, int64_t rows, int64_t cols, int64_t inner,
-                            int64_t ignore_index, AsyncErrors& errors, cudaStream_t stream);
+void cross_entropy(const CrossEntropyArgs& args, AsyncErrors& errors, cudaStream_t stream);
+void cross_entropy_backward(const CrossEntropyBackwardArgs& args, AsyncErrors& errors,
+                            cudaStream_t stream);
 
 // rotary.cu
 void rotary_embedding(const StridedView& out, const StridedView& x, int64_t position_offset,
                       double base, bool inverse, cudaStream_t stream);
 
 // swiglu.cu
-void swiglu(void* out, const void* gate_up, DType dtype, int64_t rows, int64_t hidden,
-            cudaStream_t stream);
-void swiglu_backward(void* grad_gate_up, const void* grad_out, const void* gate_up, DType dtype,
-                     int64_t rows, int64_t hidden, cudaStream_t stream);
+void swiglu(const SwigluArgs& args, cudaStream_t stream);
+void swiglu_backward(const SwigluBackwardArgs& args, cudaStream_t stream);
 
 // adamw.cu (one launch for the whole tensor list)
 void adamw(std::span<const AdamWTensor> tensors, DType dtype, const AdamWStep& step,

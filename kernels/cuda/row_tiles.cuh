@@ -297,11 +297,6 @@ __device__ __forceinline__ S row_fold(S v, int width, S* smem, const Op& op, S i
 // ---------------------------------------------------------------------------------------
 // Host side.
 
-inline void check_rows(const char* op, int64_t rows, int64_t cols) {
-  RD_CHECK(rows >= 0 && cols >= 0, kInvalidArgument, op,
-           ": rows and cols must be non-negative, got rows=", rows, " cols=", cols);
-}
-
 struct RowLaunch {
   int group;    // threads per row
   int threads;  // per block

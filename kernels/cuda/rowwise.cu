@@ -172,25 +172,14 @@ __global__ void __launch_bounds__(kMaxRowThreads)
 // ---------------------------------------------------------------------------------------
 // Layer / RMS norm.
 
-struct NormParams {
-  float* mean;
-  float* rstd;
-  const void* residual;  // null: the row normalized is `in` itself
-  void* sum;             // in + residual, written when residual is set
-  const void* weight;
-  const void* bias;
-  double eps;
-  bool rms;
-};
-
+// The kernels take kernels/rowwise.h's NormArgs by value, the struct the CPU backend reads.
 template <class T, int W>
-__device__ void norm_row(T* out, const T* in, const RowThread& r, const NormParams& p,
-                         FoldScratch& scratch) {
+__device__ void norm_row(const RowThread& r, const NormArgs& p, FoldScratch& scratch) {
   using A = Compute<T>;
   using Tile = PackedTile<T, W>;
   constexpr int kChunks = Tile::kChunks;
   const int64_t offset = r.row * r.cols;
-  const T* x = in + offset;
+  const T* x = static_cast<const T*>(p.in) + offset;
   const T* weight = static_cast<const T*>(p.weight);
   const T* bias = static_cast<const T*>(p.bias);
   const int64_t capacity = int64_t{Tile::kSlotsT} * r.group;
@@ -253,7 +242,7 @@ __device__ void norm_row(T* out, const T* in, const RowThread& r, const NormPara
   // Pass 3: the output, (x - mean) * rstd * weight + bias, a chunk at a time. (Storing each
   // chunk as it is done measured faster here than completing the tile first: the weight and
   // bias loads hit the cache, and the whole tile's outputs need not stay live.)
-  T* y = out + offset;
+  T* y = static_cast<T*>(p.out) + offset;
   for (int64_t base = 0; base < r.cols; base += capacity) {
     if (!cached) load_tile<T, W>(x, r, base, v, A(0));
     for_each_chunk<T, W, kChunks>(r, base, [&](int q, int64_t e) {
@@ -274,41 +263,35 @@ __device__ void norm_row(T* out, const T* in, const RowThread& r, const NormPara
 
 template <class T, int W>
 __global__ void __launch_bounds__(kMaxRowThreads)
-    norm_kernel(T* out, const T* in, int64_t rows, int64_t cols, int group, NormParams p) {
+    norm_kernel(NormArgs p, int group) {
   __shared__ FoldScratch scratch;
-  const RowThread r = row_thread(rows, cols, group);
-  norm_row<T, W>(out, in, r, p, scratch);
+  const RowThread r = row_thread(p.rows, p.cols, group);
+  norm_row<T, W>(r, p, scratch);
 }
 
 // Vectorized 16-bit rows fit in 80 registers a thread without spilling (the bound above
 // lets the compiler take ~88): three 256-thread blocks an SM instead of two.
 template <class T, int W>
 __global__ void __maxnreg__(80)
-    norm_packed_half_kernel(T* out, const T* in, int64_t rows, int64_t cols, int group,
-                            NormParams p) {
+    norm_packed_half_kernel(NormArgs p, int group) {
   __shared__ FoldScratch scratch;
-  const RowThread r = row_thread(rows, cols, group);
-  norm_row<T, W>(out, in, r, p, scratch);
+  const RowThread r = row_thread(p.rows, p.cols, group);
+  norm_row<T, W>(r, p, scratch);
 }
 
 // ---------------------------------------------------------------------------------------
 // Norm backward.
 
-struct NormBackwardParams {
-  const float* mean;
-  const float* rstd;
-  const void* weight;
-  const void* grad_sum;  // may be null
-  bool rms;
-};
-
 // grad_in = rstd * (g - mean(g) - xhat * mean(g * xhat)) + grad_sum with
 // g = grad_out * weight, xhat = (x - mean) * rstd (mean(g) dropped for RMS norm, grad_sum
 // when absent). The unfused path: any alignment, any row length.
 template <class T, int W>
-__device__ void norm_backward_row(T* grad_in, const T* grad_out, const T* in, const RowThread& r,
-                                  const NormBackwardParams& p, FoldScratch& scratch) {
+__device__ void norm_backward_row(const RowThread& r, const NormBackwardArgs& p,
+                                  FoldScratch& scratch) {
   using A = Compute<T>;
+  T* grad_in = static_cast<T*>(p.grad_in);
+  const T* grad_out = static_cast<const T*>(p.grad_out);
+  const T* in = static_cast<const T*>(p.in);
   const int64_t offset = r.row * r.cols;
   const T* weight = static_cast<const T*>(p.weight);
   const T* grad_sum = static_cast<const T*>(p.grad_sum);
@@ -354,11 +337,10 @@ __device__ void norm_backward_row(T* grad_in, const T* grad_out, const T* in, co
 
 template <class T, int W>
 __global__ void __launch_bounds__(kMaxRowThreads)
-    norm_backward_kernel(T* grad_in, const T* grad_out, const T* in, int64_t rows, int64_t cols,
-                         int group, NormBackwardParams p) {
+    norm_backward_kernel(NormBackwardArgs p, int group) {
   __shared__ FoldScratch scratch;
-  const RowThread r = row_thread(rows, cols, group);
-  norm_backward_row<T, W>(grad_in, grad_out, in, r, p, scratch);
+  const RowThread r = row_thread(p.rows, p.cols, group);
+  norm_backward_row<T, W>(r, p, scratch);
 }
 
 // Weight/bias gradients of the unfused path: column sums over rows of grad_out * xhat and
@@ -806,14 +788,15 @@ void norm_param_grads(float* grad_weight, float* grad_bias, const T* grad_out, c
 // as the block stays within kFusedMaxThreads. The grid is the number of blocks the device
 // holds at once, so the partial sums (and their order) are fixed for a given device.
 template <class T>
-bool norm_backward_fused(void* grad_in, float* grad_weight, float* grad_bias,
-                         const void* grad_out, const void* grad_sum, const void* in,
-                         const float* mean, const float* rstd, const void* weight, int64_t rows,
-                         int64_t cols, bool rms, Allocator& scratch, cudaStream_t stream) {
+bool norm_backward_fused(const NormBackwardArgs& a, Allocator& scratch, cudaStream_t stream) {
   using A = Compute<T>;
+  const int64_t rows = a.rows, cols = a.cols;
+  float* grad_weight = a.grad_weight;
+  float* grad_bias = a.grad_bias;
   constexpr int64_t W = kVecWidth<T>;
   bool aligned = (cols * static_cast<int64_t>(sizeof(T))) % 16 == 0;
-  for (const void* ptr : {static_cast<const void*>(grad_in), grad_out, grad_sum, in, weight}) {
+  for (const void* ptr : {static_cast<const void*>(a.grad_in), a.grad_out, a.grad_sum, a.in,
+                          a.weight}) {
     if (ptr != nullptr && reinterpret_cast<uintptr_t>(ptr) % 16 != 0) aligned = false;
   }
   const int64_t chunks = cols / W;
@@ -846,8 +829,9 @@ bool norm_backward_fused(void* grad_in, float* grad_weight, float* grad_bias,
     const size_t partial_bytes = static_cast<size_t>(blocks * cols) * sizeof(A);
     ScratchBuffer weight_partial(scratch, grad_weight != nullptr ? partial_bytes : 0);
     ScratchBuffer bias_partial(scratch, grad_bias != nullptr ? partial_bytes : 0);
-    const FusedBackwardParams p{grad_out, in,   weight, grad_sum, grad_in, mean, rstd,
-                                weight_partial.get(), bias_partial.get(), rows, cols, rms};
+    const FusedBackwardParams p{a.grad_out, a.in,   a.weight, a.grad_sum,
+                                a.grad_in,  a.mean, a.rstd,   weight_partial.get(),
+                                bias_partial.get(), rows, cols, a.rms};
     kernel<<<static_cast<unsigned>(blocks), threads, smem, stream>>>(p);
     RD_CUDA_CHECK_LAUNCH();
     sum_column_partials<A>(weight_partial.get(), bias_partial.get(), blocks, cols, grad_weight,
@@ -864,56 +848,47 @@ bool norm_backward_fused(void* grad_in, float* grad_weight, float* grad_bias,
 
 }  // namespace
 
-void softmax(void* out, const void* in, DType dtype, int64_t rows, int64_t cols, bool log,
-             cudaStream_t stream) {
-  check_rows("softmax", rows, cols);
-  dispatch_floating(dtype, "softmax", [&](auto tag) {
+void softmax(const SoftmaxArgs& a, cudaStream_t stream) {
+  check_softmax_args(a);
+  dispatch_floating(a.dtype, "softmax", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    if (rows == 0 || cols == 0) return;
-    const RowLaunch l = row_launch<T>("softmax", rows, cols, {out, in});
+    if (a.rows == 0 || a.cols == 0) return;
+    const RowLaunch l = row_launch<T>("softmax", a.rows, a.cols, {a.out, a.in});
     with_chunk_width<T>(l, [&](auto width) {
       softmax_kernel<T, decltype(width)::value><<<l.blocks, l.threads, 0, stream>>>(
-          static_cast<T*>(out), static_cast<const T*>(in), rows, cols, l.group, log);
+          static_cast<T*>(a.out), static_cast<const T*>(a.in), a.rows, a.cols, l.group, a.log);
     });
     RD_CUDA_CHECK_LAUNCH();
   });
 }
 
-void softmax_backward(void* grad_in, const void* grad_out, const void* out, DType dtype,
-                      int64_t rows, int64_t cols, bool log, cudaStream_t stream) {
-  check_rows("softmax_backward", rows, cols);
-  dispatch_floating(dtype, "softmax_backward", [&](auto tag) {
+void softmax_backward(const SoftmaxBackwardArgs& a, cudaStream_t stream) {
+  check_softmax_backward_args(a);
+  dispatch_floating(a.dtype, "softmax_backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    if (rows == 0 || cols == 0) return;
-    const RowLaunch l = row_launch<T>("softmax_backward", rows, cols, {grad_in, grad_out, out});
+    if (a.rows == 0 || a.cols == 0) return;
+    const RowLaunch l =
+        row_launch<T>("softmax_backward", a.rows, a.cols, {a.grad_in, a.grad_out, a.out});
     with_chunk_width<T>(l, [&](auto width) {
       softmax_backward_kernel<T, decltype(width)::value><<<l.blocks, l.threads, 0, stream>>>(
-          static_cast<T*>(grad_in), static_cast<const T*>(grad_out), static_cast<const T*>(out),
-          rows, cols, l.group, log);
+          static_cast<T*>(a.grad_in), static_cast<const T*>(a.grad_out),
+          static_cast<const T*>(a.out), a.rows, a.cols, l.group, a.log);
     });
     RD_CUDA_CHECK_LAUNCH();
   });
 }
 
-void norm(void* out, float* mean, float* rstd, const void* in, const void* residual, void* sum,
-          const void* weight, const void* bias, DType dtype, int64_t rows, int64_t cols,
-          double eps, bool rms, cudaStream_t stream) {
-  check_rows("norm", rows, cols);
-  RD_CHECK((residual == nullptr) == (sum == nullptr), kInvalidArgument,
-           "norm: arguments 'residual' and 'sum' must be both null or both set, got residual ",
-           residual == nullptr ? "null" : "set", " and sum ", sum == nullptr ? "null" : "set");
-  dispatch_floating(dtype, "norm", [&](auto tag) {
+void norm(const NormArgs& a, cudaStream_t stream) {
+  check_norm_args(a);
+  dispatch_floating(a.dtype, "norm", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    if (rows == 0) return;  // cols == 0 still writes each row's (NaN) mean and rstd
-    const RowLaunch l = row_launch<T>("norm", rows, cols, {out, in, residual, sum, weight, bias},
+    if (a.rows == 0) return;  // cols == 0 still writes each row's (NaN) mean and rstd
+    const RowLaunch l = row_launch<T>("norm", a.rows, a.cols,
+                                      {a.out, a.in, a.residual, a.sum, a.weight, a.bias},
                                       /*packed=*/true);
-    const NormParams p{mean, rstd, residual, sum, weight, bias, eps, rms};
     with_chunk_width<T>(l, [&](auto width) {
       constexpr int W = decltype(width)::value;
-      auto run = [&](auto* kernel) {
-        kernel<<<l.blocks, l.threads, 0, stream>>>(static_cast<T*>(out), static_cast<const T*>(in),
-                                                   rows, cols, l.group, p);
-      };
+      auto run = [&](auto* kernel) { kernel<<<l.blocks, l.threads, 0, stream>>>(a, l.group); };
       if constexpr (kIsHalf<T> && W > 1) {
         run(norm_packed_half_kernel<T, W>);
       } else {
@@ -924,40 +899,31 @@ void norm(void* out, float* mean, float* rstd, const void* in, const void* resid
   });
 }
 
-void norm_backward(void* grad_in, float* grad_weight, float* grad_bias, const void* grad_out,
-                   const void* grad_sum, const void* in, const float* mean, const float* rstd,
-                   const void* weight, DType dtype, int64_t rows, int64_t cols, bool rms,
-                   Allocator& scratch, cudaStream_t stream) {
-  check_rows("norm_backward", rows, cols);
-  RD_CHECK(rstd && (rms || mean), kInvalidArgument,
-           "norm_backward: arguments 'rstd' (and 'mean' for layer norm) must not be null");
-  dispatch_floating(dtype, "norm_backward", [&](auto tag) {
+void norm_backward(const NormBackwardArgs& a, Allocator& scratch, cudaStream_t stream) {
+  check_norm_backward_args(a);
+  dispatch_floating(a.dtype, "norm_backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    if (cols == 0) return;
-    if (rows == 0) {  // the gradients are overwritten: sums over no rows are 0
-      for (float* g : {grad_weight, grad_bias}) {
-        if (g != nullptr) RD_CUDA_CHECK(cudaMemsetAsync(g, 0, cols * sizeof(float), stream));
+    if (a.cols == 0) return;
+    if (a.rows == 0) {  // the gradients are overwritten: sums over no rows are 0
+      for (float* g : {a.grad_weight, a.grad_bias}) {
+        if (g != nullptr) RD_CUDA_CHECK(cudaMemsetAsync(g, 0, a.cols * sizeof(float), stream));
       }
       return;
     }
-    if (norm_backward_fused<T>(grad_in, grad_weight, grad_bias, grad_out, grad_sum, in, mean,
-                               rstd, weight, rows, cols, rms, scratch, stream)) {
-      return;
-    }
-    if (grad_in != nullptr) {
-      const RowLaunch l =
-          row_launch<T>("norm_backward", rows, cols, {grad_in, grad_out, grad_sum, in, weight});
-      const NormBackwardParams p{mean, rstd, weight, grad_sum, rms};
+    if (norm_backward_fused<T>(a, scratch, stream)) return;
+    if (a.grad_in != nullptr) {
+      const RowLaunch l = row_launch<T>("norm_backward", a.rows, a.cols,
+                                        {a.grad_in, a.grad_out, a.grad_sum, a.in, a.weight});
       with_chunk_width<T>(l, [&](auto width) {
-        norm_backward_kernel<T, decltype(width)::value><<<l.blocks, l.threads, 0, stream>>>(
-            static_cast<T*>(grad_in), static_cast<const T*>(grad_out), static_cast<const T*>(in),
-            rows, cols, l.group, p);
+        norm_backward_kernel<T, decltype(width)::value>
+            <<<l.blocks, l.threads, 0, stream>>>(a, l.group);
       });
       RD_CUDA_CHECK_LAUNCH();
     }
-    if (grad_weight != nullptr || grad_bias != nullptr) {
-      norm_param_grads<T>(grad_weight, grad_bias, static_cast<const T*>(grad_out),
-                          static_cast<const T*>(in), mean, rstd, rows, cols, rms, scratch, stream);
+    if (a.grad_weight != nullptr || a.grad_bias != nullptr) {
+      norm_param_grads<T>(a.grad_weight, a.grad_bias, static_cast<const T*>(a.grad_out),
+                          static_cast<const T*>(a.in), a.mean, a.rstd, a.rows, a.cols, a.rms,
+                          scratch, stream);
     }
   });
 }

@@ -101,32 +101,34 @@ void launch_swiglu(SwigluShape shape, std::initializer_list<const void*> pointer
 
 }  // namespace
 
-void swiglu(void* out, const void* gate_up, DType dtype, int64_t rows, int64_t hidden,
-            cudaStream_t stream) {
-  const SwigluShape shape{rows, hidden};
+void swiglu(const SwigluArgs& a, cudaStream_t stream) {
+  check_swiglu_args(a);
+  const SwigluShape shape{a.rows, a.hidden};
   if (shape.items() == 0) return;
-  dispatch_floating(dtype, "swiglu", [&](auto tag) {
+  dispatch_floating(a.dtype, "swiglu", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    launch_swiglu<T>(shape, {out, gate_up}, [&](auto lanes, unsigned blocks) {
+    launch_swiglu<T>(shape, {a.out, a.gate_up}, [&](auto lanes, unsigned blocks) {
       swiglu_kernel<T, decltype(lanes)::value><<<blocks, kSwigluThreads, 0, stream>>>(
-          static_cast<T*>(out), static_cast<const T*>(gate_up), shape);
+          static_cast<T*>(a.out), static_cast<const T*>(a.gate_up), shape);
       RD_CUDA_CHECK_LAUNCH();
     });
   });
 }
 
-void swiglu_backward(void* grad_gate_up, const void* grad_out, const void* gate_up, DType dtype,
-                     int64_t rows, int64_t hidden, cudaStream_t stream) {
-  const SwigluShape shape{rows, hidden};
+void swiglu_backward(const SwigluBackwardArgs& a, cudaStream_t stream) {
+  check_swiglu_backward_args(a);
+  const SwigluShape shape{a.rows, a.hidden};
   if (shape.items() == 0) return;
-  dispatch_floating(dtype, "swiglu_backward", [&](auto tag) {
+  dispatch_floating(a.dtype, "swiglu_backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    launch_swiglu<T>(shape, {grad_gate_up, grad_out, gate_up}, [&](auto lanes, unsigned blocks) {
-      swiglu_backward_kernel<T, decltype(lanes)::value><<<blocks, kSwigluThreads, 0, stream>>>(
-          static_cast<T*>(grad_gate_up), static_cast<const T*>(grad_out),
-          static_cast<const T*>(gate_up), shape);
-      RD_CUDA_CHECK_LAUNCH();
-    });
+    launch_swiglu<T>(shape, {a.grad_gate_up, a.grad_out, a.gate_up},
+                     [&](auto lanes, unsigned blocks) {
+                       swiglu_backward_kernel<T, decltype(lanes)::value>
+                           <<<blocks, kSwigluThreads, 0, stream>>>(
+                               static_cast<T*>(a.grad_gate_up), static_cast<const T*>(a.grad_out),
+                               static_cast<const T*>(a.gate_up), shape);
+                       RD_CUDA_CHECK_LAUNCH();
+                     });
   });
 }
 
