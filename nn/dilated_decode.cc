@@ -83,6 +83,12 @@ void DilatedKVCache::append(const Tensor& k, const Tensor& v) {
   length_ += rows;
 }
 
+void DilatedKVCache::truncate(int64_t length) {
+  RD_CHECK(length >= 0 && length <= length_, kInvalidArgument,
+           "DilatedKVCache::truncate: length must be in [0, ", length_, "], got ", length);
+  length_ = length;
+}
+
 DilatedAttentionResult dilated_attention_decode_step(const Tensor& q, const DilatedKVCache& cache,
                                                      const DilatedAttentionOptions& options,
                                                      const AttentionCallContext& context) {

@@ -25,6 +25,8 @@ class DilatedKVCache {
   // Appends k and v rows [B, T, H, D] (any strides) at positions length() .. length() + T - 1.
   void append(const Tensor& k, const Tensor& v);
   void clear() { length_ = 0; }
+  // Forgets the positions from `length` on (e.g. to roll a draft back); keeps the capacity.
+  void truncate(int64_t length);
 
   int64_t length() const { return length_; }
   int64_t capacity() const { return keys_.size(1); }

@@ -177,6 +177,25 @@ TEST(DecodeStepCuda, EveryPathMatchesTheFloat64Reference) {
   }
 }
 
+// Truncating rolls positions back: re-appending other rows gives their step, not a mix.
+TEST(DecodeCache, TruncateRollsPositionsBack) {
+  const DilatedAttentionOptions o = causal_options(HeadMixing::kAllHeads, OffsetRule::kConstant);
+  Generator gen(35);
+  const TensorOptions f64(DType::kFloat64);
+  const Tensor k = randn({1, 12, kHeads, kDim}, gen, f64), v = randn({1, 12, kHeads, kDim}, gen, f64);
+  const Tensor other = randn({1, 12, kHeads, kDim}, gen, f64);
+  const Tensor q = randn({1, 1, kHeads, kDim}, gen, f64);
+  DilatedKVCache fresh(1, 4, kHeads, kDim, f64), rolled(1, 4, kHeads, kDim, f64);
+  fresh.append(k, v);
+  rolled.append(k.narrow(1, 0, 7), v.narrow(1, 0, 7));
+  rolled.append(other.narrow(1, 7, 5), other.narrow(1, 7, 5));  // a draft, then rolled back
+  rolled.truncate(7);
+  rolled.append(k.narrow(1, 7, 5), v.narrow(1, 7, 5));
+  const std::vector<double> want = nn::dilated_attention_decode_step(q, fresh, o).out.to_vector<double>();
+  const std::vector<double> got = nn::dilated_attention_decode_step(q, rolled, o).out.to_vector<double>();
+  EXPECT_EQ(got, want);
+}
+
 TEST(DecodeCache, BadInputIsNamed) {
   DilatedAttentionOptions o = causal_options(HeadMixing::kHeadGroups, OffsetRule::kConstant);
   DilatedKVCache cache(1, 8, kHeads, kDim, TensorOptions(DType::kFloat32));
@@ -196,6 +215,8 @@ TEST(DecodeCache, BadInputIsNamed) {
                            {ErrorCode::kUnimplemented}, {"global variant", "recomputing"}));
   EXPECT_TRUE(test::raises([&] { cache.append(randn({1, 1, kHeads + 1, kDim}, gen), row); },
                            {ErrorCode::kShapeMismatch}, {"append", "'k'"}));
+  EXPECT_TRUE(test::raises([&] { cache.truncate(2); }, {ErrorCode::kInvalidArgument},
+                           {"truncate", "[0, 1]", "2"}));
   EXPECT_TRUE(test::raises([&] { DilatedKVCache(1, 0, kHeads, kDim, TensorOptions()); },
                            {ErrorCode::kInvalidArgument}, {"DilatedKVCache", "capacity"}));
 }
