@@ -13,6 +13,7 @@
 #include "ringdilated/nn/key_exchange.h"
 #include "ringdilated/nn/rank_plan.h"
 #include "ringdilated/tensor/autograd.h"
+#include "ringdilated/tensor/dispatch.h"
 #include "ringdilated/tensor/ops.h"
 #include "ringdilated/tensor/shape_util.h"
 
@@ -42,7 +43,7 @@ RankLayout rank_layout(const char* op, const Tensor& q, const DilatedAttentionOp
   const int rank = split.comm != nullptr ? split.comm->rank() : 0;
   const bool zigzag = ranks > 1 && resolve_layout_for(op, split.layout, &options, q.size(1) * ranks,
                                                       ranks) == SequenceLayout::kZigzag;
-  return {q.size(0), q.size(1), q.size(2), q.size(3), rank, ranks, zigzag};
+  return {q.size(0), q.size(1), q.size(2), q.size(3), rank, ranks, zigzag, 0};
 }
 
 // A variant's backward: adds the gradients of q, k and v into the buffers, given the
@@ -58,14 +59,14 @@ void record_node(const char* op, const AttentionInputs& in, const RankAttention&
   if (!autograd::needs_grad(in.differentiated)) return;
   autograd::record(
       {result.out, result.lse}, op, in.differentiated,
-      [backward = std::move(backward), packed = in.packed, grad_dtype, out = forward.out.detach(),
-       lse = forward.lse.detach()](const std::vector<Tensor>& grads) {
+      [backward = std::move(backward), packed = in.packed, grad_dtype, kv_heads = in.k.size(2),
+       out = forward.out.detach(), lse = forward.lse.detach()](const std::vector<Tensor>& grads) {
         const Tensor grad_out =
             grads[0].defined() ? grads[0].to(out.dtype()).contiguous() : zeros_like(out);
         const Tensor grad_lse =
             grads[1].defined() ? grads[1].to(lse.dtype()).contiguous() : Tensor();
         const GradBuffers buffers =
-            GradBuffers::zeroed(out.shape(), grad_dtype, out.device(), packed);
+            GradBuffers::zeroed(out.shape(), kv_heads, grad_dtype, out.device(), packed);
         backward(out, lse, grad_out, grad_lse, buffers);
         return buffers.input_grads(out.dtype());
       });
@@ -90,54 +91,108 @@ AttentionInputs packed_inputs(const Tensor& qkv, const char* op, const char* sha
   return {base.select(2, 0), base.select(2, 1), base.select(2, 2), {qkv}, true};
 }
 
+namespace {
+
+// One variant's forward on this rank, the dtype its gradients are built in, and its
+// backward (for the autograd node).
+struct VariantRun {
+  RankAttention forward;
+  DType grad_dtype = DType::kFloat32;
+  VariantBackward backward;
+};
+
+VariantRun run_fixed(const DilatedAttentionOptions& options, const RankLayout& layout,
+                     const std::shared_ptr<AttentionRunner>& runner, const AttentionInputs& in,
+                     const SequenceSplit& split, RingAttentionResult* result) {
+  dist::Communicator* comm = split.comm;
+  auto plan = std::make_shared<const RankPlan>(make_rank_plan(
+      options, layout, split.strategy, static_cast<int64_t>(dtype_size(in.q.dtype()))));
+  const int64_t before = exchange_bytes_sent(comm, *plan);
+  VariantRun run;
+  run.forward = fixed_forward(*runner, *plan, in.q, in.k, in.v, comm);
+  result->ring_steps = plan->ring_steps;
+  result->ring_pairs = static_cast<int>(plan->ring.units.size());
+  result->gathered_pairs = plan->gathered_units();
+  result->forward_bytes_sent = exchange_bytes_sent(comm, *plan) - before;
+  // Head groups without grouped-query attention write disjoint elements: q's dtype is exact.
+  // Shared key/value heads (or all-heads mixing) add up shares: the accumulation dtype.
+  const bool disjoint = !plan->merged && layout.kv_group() == 1;
+  run.grad_dtype = disjoint ? in.q.dtype() : accumulation_dtype(in.q.dtype());
+  run.backward = [runner, plan, q = in.q, k = in.k, v = in.v, comm](
+                     const Tensor& out, const Tensor& lse, const Tensor& grad_out,
+                     const Tensor& grad_lse, const GradBuffers& grads) {
+    fixed_backward(*runner, *plan, q, k, v, out, lse, grad_out, grad_lse, comm, grads);
+  };
+  return run;
+}
+
+// The key/value head of each query head, as an int64 index on `device`.
+Tensor kv_head_index(int64_t heads, int64_t group, Device device) {
+  std::vector<int64_t> index;
+  for (int64_t h = 0; h < heads; ++h) index.push_back(h / group);
+  return from_vector<int64_t>(index, {heads}).to(device);
+}
+
+// The global variant gathers copies of its rows anyway: under grouped-query attention it
+// reads key/value heads repeated to the query heads (a copy), and folds their gradients back.
+VariantRun run_global(const DilatedAttentionOptions& options, const RankLayout& layout,
+                      const std::shared_ptr<AttentionRunner>& runner, const AttentionInputs& in,
+                      const SequenceSplit& split, RingAttentionResult* result) {
+  dist::Communicator* comm = split.comm;
+  const int64_t group = layout.kv_group();
+  const Tensor kv_index = group > 1 ? kv_head_index(layout.heads, group, in.q.device()) : Tensor();
+  const Tensor k = group > 1 ? index_select(in.k, 2, kv_index) : in.k;
+  const Tensor v = group > 1 ? index_select(in.v, 2, kv_index) : in.v;
+  auto plan =
+      std::make_shared<const GlobalPlan>(make_global_plan(options, layout, *runner, in.q.device()));
+  const int64_t before = comm != nullptr ? comm->stats().bytes_sent : 0;
+  VariantRun run;
+  run.forward = global_forward(*runner, *plan, in.q, k, v, comm);
+  if (comm != nullptr) {
+    result->gathered_pairs = static_cast<int>(options.segment_lengths.size());
+    result->forward_bytes_sent = comm->stats().bytes_sent - before;
+  }
+  run.grad_dtype = accumulation_dtype(in.q.dtype());
+  run.backward = [runner, plan, q = in.q, k, v, kv_index, comm](
+                     const Tensor& out, const Tensor& lse, const Tensor& grad_out,
+                     const Tensor& grad_lse, const GradBuffers& grads) {
+    if (!kv_index.defined()) {
+      global_backward(*runner, *plan, q, k, v, out, lse, grad_out, grad_lse, comm, grads);
+      return;
+    }
+    const GradBuffers repeated = GradBuffers::zeroed(q.shape(), q.size(2), grads.qkv[0].dtype(),
+                                                     q.device(), /*packed=*/false);
+    global_backward(*runner, *plan, q, k, v, out, lse, grad_out, grad_lse, comm, repeated);
+    kernels::KernelBackend& backend = backend_for(q.device());
+    backend.accumulate(kernel_view(grads.qkv[0], runner->op()),
+                       kernel_view(repeated.qkv[0], runner->op()));
+    for (size_t t = 1; t < 3; ++t) {
+      backend.index_add(kernel_view(grads.qkv[t], runner->op()), 2,
+                        kernel_view(kv_index, runner->op()),
+                        kernel_view(repeated.qkv[t], runner->op()));
+    }
+  };
+  return run;
+}
+
+}  // namespace
+
 RingAttentionResult run_dilated_attention(const char* op, const AttentionInputs& in,
                                           const DilatedAttentionOptions& options,
                                           const AttentionCallContext& context,
                                           const SequenceSplit& split) {
   check_call(op, in, options, context, split);
-  const RankLayout layout = rank_layout(op, in.q, options, split);
+  RankLayout layout = rank_layout(op, in.q, options, split);
+  layout.kv_heads = in.k.size(2);
   auto runner = std::make_shared<AttentionRunner>(op, options, context, in.q, layout.seq_len());
-  dist::Communicator* comm = split.comm;
-  const DType acc_dtype = accumulation_dtype(in.q.dtype());
   RingAttentionResult result;
-  RankAttention forward;
-  DType grad_dtype = acc_dtype;
-  VariantBackward backward;
-  if (options.variant == DilationVariant::kSegmentLocal) {
-    auto plan = std::make_shared<const RankPlan>(make_rank_plan(
-        options, layout, split.strategy, static_cast<int64_t>(dtype_size(in.q.dtype()))));
-    const int64_t before = exchange_bytes_sent(comm, *plan);
-    forward = fixed_forward(*runner, *plan, in.q, in.k, in.v, comm);
-    result.ring_steps = plan->ring_steps;
-    result.ring_pairs = static_cast<int>(plan->ring.units.size());
-    result.gathered_pairs = plan->gathered_units();
-    result.forward_bytes_sent = exchange_bytes_sent(comm, *plan) - before;
-    // Head groups write disjoint elements: q's dtype is exact.
-    if (!plan->merged) grad_dtype = in.q.dtype();
-    backward = [runner, plan, q = in.q, k = in.k, v = in.v, comm](
-                   const Tensor& out, const Tensor& lse, const Tensor& grad_out,
-                   const Tensor& grad_lse, const GradBuffers& grads) {
-      fixed_backward(*runner, *plan, q, k, v, out, lse, grad_out, grad_lse, comm, grads);
-    };
-  } else {
-    auto plan = std::make_shared<const GlobalPlan>(
-        make_global_plan(options, layout, *runner, in.q.device()));
-    const int64_t before = comm != nullptr ? comm->stats().bytes_sent : 0;
-    forward = global_forward(*runner, *plan, in.q, in.k, in.v, comm);
-    if (comm != nullptr) {
-      result.gathered_pairs = static_cast<int>(options.segment_lengths.size());
-      result.forward_bytes_sent = comm->stats().bytes_sent - before;
-    }
-    backward = [runner, plan, q = in.q, k = in.k, v = in.v, comm](
-                   const Tensor& out, const Tensor& lse, const Tensor& grad_out,
-                   const Tensor& grad_lse, const GradBuffers& grads) {
-      global_backward(*runner, *plan, q, k, v, out, lse, grad_out, grad_lse, comm, grads);
-    };
-  }
-  result.attention.out = forward.out;
-  result.attention.lse = forward.lse.to(DType::kFloat32);  // float64 data keeps float64 inside
+  VariantRun run = options.variant == DilationVariant::kSegmentLocal
+                       ? run_fixed(options, layout, runner, in, split, &result)
+                       : run_global(options, layout, runner, in, split, &result);
+  result.attention.out = run.forward.out;
+  result.attention.lse = run.forward.lse.to(DType::kFloat32);  // float64 data keeps float64
   result.attention.path_used = runner->path_used();
-  record_node(op, in, forward, result.attention, grad_dtype, std::move(backward));
+  record_node(op, in, run.forward, result.attention, run.grad_dtype, std::move(run.backward));
   return result;
 }
 

@@ -162,14 +162,16 @@ kernels::AttentionBackwardArgs backward_args(const char* op,
   return b;
 }
 
-GradBuffers GradBuffers::zeroed(const Shape& bnhd, DType dtype, Device device, bool packed) {
+GradBuffers GradBuffers::zeroed(const Shape& bnhd, int64_t kv_heads, DType dtype, Device device,
+                                bool packed) {
   const TensorOptions opts = TensorOptions(dtype).with_device(device);
   GradBuffers g;
   if (packed) {
     g.packed = rd::zeros({bnhd[0], bnhd[1], 3, bnhd[2], bnhd[3]}, opts);
     for (int64_t i = 0; i < 3; ++i) g.qkv.push_back(g.packed.select(2, i));
   } else {
-    for (int i = 0; i < 3; ++i) g.qkv.push_back(rd::zeros(bnhd, opts));
+    const Shape kv_shape{bnhd[0], bnhd[1], kv_heads, bnhd[3]};
+    g.qkv = {rd::zeros(bnhd, opts), rd::zeros(kv_shape, opts), rd::zeros(kv_shape, opts)};
   }
   return g;
 }

@@ -96,9 +96,11 @@ struct RankAttention {
 // tensor when the inputs came packed (then no gradient-sized copy is ever made to pack them).
 struct GradBuffers {
   Tensor packed;            // [B, N, 3, H, D], or undefined
-  std::vector<Tensor> qkv;  // [B, N, H, D] each
+  std::vector<Tensor> qkv;  // q [B, N, H, D], k and v [B, N, H_kv, D]
 
-  static GradBuffers zeroed(const Shape& bnhd, DType dtype, Device device, bool packed);
+  // `kv_heads`: H_kv (grouped-query attention; packed inputs have H_kv = H).
+  static GradBuffers zeroed(const Shape& bnhd, int64_t kv_heads, DType dtype, Device device,
+                            bool packed);
   // The gradients of the autograd inputs (q, k, v; or the packed qkv) in `dtype`.
   std::vector<Tensor> input_grads(DType dtype) const;
 };

@@ -25,9 +25,13 @@ void check_qkv_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const c
     RD_CHECK(is_floating(t->dtype()), kDTypeMismatch, op, ": argument '", name,
              "' must be floating, got ", dtype_name(t->dtype()));
   }
-  RD_CHECK(k.shape() == q.shape() && v.shape() == q.shape(), kShapeMismatch, op,
-           ": q, k and v must have one shape, got ", shape_str(q.shape()), ", ",
-           shape_str(k.shape()), " and ", shape_str(v.shape()));
+  // Grouped-query attention: k and v may have fewer heads, a divisor of q's.
+  const bool same_but_heads = k.shape() == v.shape() && k.size(0) == q.size(0) &&
+                              k.size(1) == q.size(1) && k.size(3) == q.size(3);
+  RD_CHECK(same_but_heads && k.size(2) >= 1 && q.size(2) % k.size(2) == 0, kShapeMismatch, op,
+           ": q must be [B, N, H, D] and k and v [B, N, H_kv, D] of one shape with H_kv dividing "
+           "H, got ",
+           shape_str(q.shape()), ", ", shape_str(k.shape()), " and ", shape_str(v.shape()));
   RD_CHECK(k.dtype() == q.dtype() && v.dtype() == q.dtype(), kDTypeMismatch, op,
            ": q, k and v must have one dtype, got ", dtype_name(q.dtype()), ", ",
            dtype_name(k.dtype()), " and ", dtype_name(v.dtype()));

@@ -86,8 +86,10 @@ struct DilatedAttentionResult {
   AttentionPath path_used = AttentionPath::kMath;
 };
 
-// q, k, v: [B, N, H, D] of one floating dtype and device, any strides. Differentiable in q,
-// k and v (through out and lse).
+// q: [B, N, H, D]; k, v: [B, N, H_kv, D] with H_kv dividing H (grouped-query attention:
+// query head h reads key/value head h / (H / H_kv); H_kv = 1 is multi-query attention); one
+// floating dtype and device, any strides. Differentiable in q, k and v (through out and lse);
+// a shared key/value head's gradient sums those of the query heads that read it.
 DilatedAttentionResult dilated_attention_with_lse(const Tensor& q, const Tensor& k,
                                                   const Tensor& v,
                                                   const DilatedAttentionOptions& options,
@@ -107,8 +109,8 @@ DilatedAttentionResult dilated_attention_qkv_with_lse(const Tensor& qkv,
                                                       const AttentionCallContext& context = {});
 
 // Throws rd::Error naming `op` and the argument unless q, k and v are defined floating
-// [B, N, H, D] tensors (`layout` names that shape in the message) of one shape, dtype and
-// device.
+// [B, N, H, D] tensors (`layout` names that shape in the message) of one dtype and device, k
+// and v of one shape with H_kv heads dividing q's H (otherwise q's shape).
 void check_qkv_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const char* op,
                       const char* layout);
 

@@ -21,10 +21,10 @@ constexpr const char* kOp = "dilated_attention_decode_step";
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 
 // The selected positions at or before `position` in its segment of pair (w, r) for a head
-// set of base offset `offset`: a selection of the cache's rows, or an empty one when the
-// pattern does not select `position` (then it has no query in this pair).
-Selection step_keys(const DilatedAttentionOptions& o, int pair, const Heads& heads,
-                    int64_t offset, int64_t position) {
+// set of base offset `offset`: a selection of the cache's rows (heads set by the caller), or
+// an empty one when the pattern does not select `position` (then it has no query in this
+// pair).
+Selection step_keys(const DilatedAttentionOptions& o, int pair, int64_t offset, int64_t position) {
   const int64_t w = o.segment_lengths[static_cast<size_t>(pair)];
   const int64_t r = o.dilation_rates[static_cast<size_t>(pair)];
   const int64_t segment = position / w, start = segment * w;
@@ -33,7 +33,36 @@ Selection step_keys(const DilatedAttentionOptions& o, int pair, const Heads& hea
   const int64_t first = o.offset_rule == OffsetRule::kConstant ? offset : (offset + segment) % r;
   const int64_t into = position - start - first;
   if (into < 0 || into % r != 0) return {};
-  return {heads.first, heads.stride, heads.count, start + first, 0, 1, r, into / r + 1};
+  return {0, 1, 1, start + first, 0, 1, r, into / r + 1};
+}
+
+// The step's call for one head block (kv_head_blocks): `keys` positioned, heads from the
+// block (the cache holds key/value heads, q query heads).
+kernels::AttentionForwardArgs step_args(const HeadBlock& block, Selection keys, const Tensor& q,
+                                        const DilatedKVCache& cache, const Tensor& out,
+                                        const Tensor& lse) {
+  const Selection query{block.q.first,
+                        block.q.stride,
+                        block.q.count,
+                        0,
+                        0,
+                        1,
+                        1,
+                        1,
+                        block.repeat,
+                        block.repeat == 1 ? 0 : block.repeat_stride};
+  keys.first_head = block.kv_first;
+  keys.head_stride = block.kv_stride;
+  keys.head_count = block.q.count;
+  keys.head_repeat = block.repeat;
+  keys.repeat_stride = 0;
+  kernels::AttentionForwardArgs args;
+  args.q = kernel_view(select_bnhd(q, query), kOp);
+  args.k = kernel_view(select_bnhd(cache.keys(), keys), kOp);
+  args.v = kernel_view(select_bnhd(cache.values(), keys), kOp);
+  args.out = kernel_view(select_bnhd(out, query), kOp);
+  args.lse = kernel_view(select_bhn(lse, query), kOp);
+  return args;
 }
 
 }  // namespace
@@ -68,8 +97,8 @@ void DilatedKVCache::append(const Tensor& k, const Tensor& v) {
   for (const auto& [t, name] : {std::pair{&k, "k"}, std::pair{&v, "v"}}) {
     RD_CHECK(t->defined() && t->dim() == 4 && t->size(0) == want[0] && t->size(2) == want[2] &&
                  t->size(3) == want[3],
-             kShapeMismatch, "DilatedKVCache::append: argument '", name, "' must be [",
-             want[0], ", T, ", want[2], ", ", want[3], "], got ",
+             kShapeMismatch, "DilatedKVCache::append: argument '", name, "' must be [", want[0],
+             ", T, ", want[2], ", ", want[3], "], got ",
              t->defined() ? shape_str(t->shape()) : std::string("undefined"));
   }
   RD_CHECK(k.size(1) == v.size(1), kShapeMismatch,
@@ -92,13 +121,14 @@ void DilatedKVCache::truncate(int64_t length) {
 DilatedAttentionResult dilated_attention_decode_step(const Tensor& q, const DilatedKVCache& cache,
                                                      const DilatedAttentionOptions& options,
                                                      const AttentionCallContext& context) {
+  const int64_t kv_heads = cache.keys().size(2);
   RD_CHECK(q.defined() && q.dim() == 4 && q.size(1) == 1 && q.size(0) == cache.keys().size(0) &&
-               q.size(2) == cache.keys().size(2) && q.size(3) == cache.keys().size(3),
-           kShapeMismatch, kOp, ": argument 'q' must be [", cache.keys().size(0), ", 1, ",
-           cache.keys().size(2), ", ", cache.keys().size(3), "] (the cache's batch and heads), got ",
-           q.defined() ? shape_str(q.shape()) : std::string("undefined"));
-  RD_CHECK(q.dtype() == cache.keys().dtype() && q.device() == cache.keys().device(),
-           kDTypeMismatch, kOp, ": q (", dtype_name(q.dtype()), " on ", q.device().str(),
+               q.size(2) % kv_heads == 0 && q.size(3) == cache.keys().size(3),
+           kShapeMismatch, kOp, ": argument 'q' must be [", cache.keys().size(0), ", 1, H, ",
+           cache.keys().size(3), "] with H a multiple of the cache's ", kv_heads,
+           " key/value heads, got ", q.defined() ? shape_str(q.shape()) : std::string("undefined"));
+  RD_CHECK(q.dtype() == cache.keys().dtype() && q.device() == cache.keys().device(), kDTypeMismatch,
+           kOp, ": q (", dtype_name(q.dtype()), " on ", q.device().str(),
            ") must match the cache (", dtype_name(cache.keys().dtype()), " on ",
            cache.keys().device().str(), ")");
   RD_CHECK(cache.length() >= 1, kInvalidArgument, kOp,
@@ -115,7 +145,7 @@ DilatedAttentionResult dilated_attention_decode_step(const Tensor& q, const Dila
   eval.training = false;  // no dropout when decoding
   const Tensor qd = q.detach();
   AttentionRunner runner(kOp, options, eval, qd, cache.length());
-  const int64_t position = cache.length() - 1, heads = q.size(2);
+  const int64_t position = cache.length() - 1, heads = q.size(2), group = heads / kv_heads;
   const TensorOptions acc_options =
       TensorOptions(accumulation_dtype(q.dtype())).with_device(q.device());
   const bool merged = options.mixing == HeadMixing::kAllHeads;
@@ -129,20 +159,18 @@ DilatedAttentionResult dilated_attention_decode_step(const Tensor& q, const Dila
       part_lse.fill_(kNegInf);
     }
     for (const PairHeads& ph : fixed_pair_heads(options, heads, pair)) {
-      const Selection keys = step_keys(options, pair, ph.heads, ph.offset, position);
+      const Selection keys = step_keys(options, pair, ph.offset, position);
       if (keys.empty()) continue;
-      const Selection query{ph.heads.first, ph.heads.stride, ph.heads.count, 0, 0, 1, 1, 1};
-      kernels::AttentionForwardArgs args;
-      args.q = kernel_view(select_bnhd(qd, query), kOp);
-      args.k = kernel_view(select_bnhd(cache.keys(), keys), kOp);
-      args.v = kernel_view(select_bnhd(cache.values(), keys), kOp);
-      args.out = kernel_view(select_bnhd(part, query), kOp);
-      args.lse = kernel_view(select_bhn(part_lse, query), kOp);
-      // Every selected key is at or before the query: no mask.
-      args.params = runner.call_params(pair, /*causal=*/false, {});
       const Tensor order = runner.key_order(keys.count, q.device());
-      if (order.defined()) args.params.key_order = static_cast<const int64_t*>(kernel_view(order, kOp).data);
-      runner.forward(args);
+      for (const HeadBlock& block : kv_head_blocks(ph.heads, group)) {
+        kernels::AttentionForwardArgs args = step_args(block, keys, qd, cache, part, part_lse);
+        // Every selected key is at or before the query: no mask.
+        args.params = runner.call_params(pair, /*causal=*/false, {});
+        if (order.defined()) {
+          args.params.key_order = static_cast<const int64_t*>(kernel_view(order, kOp).data);
+        }
+        runner.forward(args);
+      }
     }
     if (merged) attention_merge_(acc_out, lse, part, part_lse);
   }

@@ -42,7 +42,8 @@ class DilatedKVCache {
 };
 
 // The attention of the cache's last position p = cache.length() - 1, whose query is q
-// [B, 1, H, D] (its key and value already appended), to positions 0 .. p: equal to row p of
+// [B, 1, H, D] (its key and value already appended; the cache may hold fewer key/value heads,
+// a divisor of H: grouped-query attention), to positions 0 .. p: equal to row p of
 // dilated_attention_with_lse(q, k, v, options) over the whole sequence so far, options
 // causal (required), segment-local variant (kGlobal is kUnimplemented: its cycled lists
 // change with N, so decode by recomputing the prefix). A pair whose pattern does not select

@@ -11,17 +11,85 @@ namespace rd::nn {
 
 Tensor select_bnhd(const Tensor& t, const Selection& s) {
   const Shape& st = t.strides();
-  return t.as_strided(
-      {t.size(0), s.segments, s.head_count, s.count, t.size(3)},
-      {st[0], s.segment_stride * st[1], s.head_stride * st[2], s.rate * st[1], st[3]},
-      t.offset() + s.first_head * st[2] + s.first_position * st[1]);
+  const int64_t offset = t.offset() + s.first_head * st[2] + s.first_position * st[1];
+  if (s.head_repeat == 1) {
+    return t.as_strided(
+        {t.size(0), s.segments, s.head_count, s.count, t.size(3)},
+        {st[0], s.segment_stride * st[1], s.head_stride * st[2], s.rate * st[1], st[3]}, offset);
+  }
+  return t.as_strided({t.size(0), s.segments, s.head_count, s.head_repeat, s.count, t.size(3)},
+                      {st[0], s.segment_stride * st[1], s.head_stride * st[2],
+                       s.repeat_stride * st[2], s.rate * st[1], st[3]},
+                      offset);
 }
 
 Tensor select_bhn(const Tensor& t, const Selection& s) {
   const Shape& st = t.strides();
-  return t.as_strided({t.size(0), s.segments, s.head_count, s.count},
-                      {st[0], s.segment_stride * st[2], s.head_stride * st[1], s.rate * st[2]},
-                      t.offset() + s.first_head * st[1] + s.first_position * st[2]);
+  const int64_t offset = t.offset() + s.first_head * st[1] + s.first_position * st[2];
+  if (s.head_repeat == 1) {
+    return t.as_strided({t.size(0), s.segments, s.head_count, s.count},
+                        {st[0], s.segment_stride * st[2], s.head_stride * st[1], s.rate * st[2]},
+                        offset);
+  }
+  return t.as_strided({t.size(0), s.segments, s.head_count, s.head_repeat, s.count},
+                      {st[0], s.segment_stride * st[2], s.head_stride * st[1],
+                       s.repeat_stride * st[1], s.rate * st[2]},
+                      offset);
+}
+
+Selection without_repeat(const Selection& s) {
+  Selection distinct = s;
+  distinct.head_repeat = 1;
+  distinct.repeat_stride = 0;
+  return distinct;
+}
+
+std::vector<HeadBlock> kv_head_blocks(const Heads& q, int64_t group) {
+  if (q.count == 0) return {};
+  if (q.stride % group == 0) {  // every query head has its own key/value head
+    return {{q, 1, 0, q.first / group, q.stride / group}};
+  }
+  // The query heads that share each key/value head (non-decreasing in the head index).
+  struct Share {
+    int64_t first_head, count, kv;
+  };
+  std::vector<Share> shares;
+  for (int64_t t = 0; t < q.count; ++t) {
+    const int64_t head = q.first + q.stride * t, kv = head / group;
+    if (!shares.empty() && shares.back().kv == kv) {
+      ++shares.back().count;
+    } else {
+      shares.push_back({head, 1, kv});
+    }
+  }
+  // Consecutive shares of one size on consecutive key/value heads: one block.
+  std::vector<HeadBlock> blocks;
+  for (const Share& share : shares) {
+    if (!blocks.empty()) {
+      HeadBlock& b = blocks.back();
+      const Share last{b.q.first + b.q.stride * (b.q.count - 1), b.repeat,
+                       b.kv_first + b.kv_stride * (b.q.count - 1)};
+      const bool continues = share.count == b.repeat && share.kv == last.kv + 1 &&
+                             share.first_head == last.first_head + q.stride * b.repeat &&
+                             (b.q.count == 1 || b.kv_stride == 1);
+      if (continues) {
+        b.q.stride = q.stride * b.repeat;
+        b.kv_stride = 1;
+        ++b.q.count;
+        continue;
+      }
+    }
+    blocks.push_back(
+        {{share.first_head, q.stride * share.count, 1}, share.count, q.stride, share.kv, 1});
+  }
+  return blocks;
+}
+
+Heads kv_heads_of(const Heads& q, int64_t group) {
+  if (q.count == 0) return {};
+  if (q.stride % group == 0) return {q.first / group, q.stride / group, q.count};
+  const int64_t first = q.first / group, last = (q.first + q.stride * (q.count - 1)) / group;
+  return {first, 1, last - first + 1};
 }
 
 Tensor hilbert_indices(PatternCache& cache, int64_t n, Device device) {
@@ -154,12 +222,32 @@ class CallBatcher {
 
 }  // namespace
 
+namespace {
+
+// A call's query and key selections for one head block, positions set by the caller.
+void set_heads(const HeadBlock& block, Selection* q, Selection* k) {
+  q->first_head = block.q.first;
+  q->head_stride = block.q.stride;
+  q->head_count = block.q.count;
+  q->head_repeat = block.repeat;
+  q->repeat_stride = block.repeat == 1 ? 0 : block.repeat_stride;
+  k->first_head = block.kv_first;
+  k->head_stride = block.kv_stride;
+  k->head_count = block.q.count;
+  k->head_repeat = block.repeat;
+  k->repeat_stride = 0;
+}
+
+}  // namespace
+
 std::vector<BlockCall> plan_block_calls(const DilatedAttentionOptions& options, int64_t seq_len,
-                                        int64_t num_heads, Block qb, Block kb) {
+                                        int64_t num_heads, Block qb, Block kb, int64_t kv_group) {
   const bool diagonal = qb.begin == kb.begin && qb.end == kb.end;
   RD_CHECK(diagonal || qb.end <= kb.begin || kb.end <= qb.begin, kInvalidArgument,
            "plan_block_calls: blocks [", qb.begin, ", ", qb.end, ") and [", kb.begin, ", ", kb.end,
            ") must be equal or disjoint");
+  RD_CHECK(kv_group >= 1 && num_heads % kv_group == 0, kInvalidArgument,
+           "plan_block_calls: kv_group ", kv_group, " must divide the ", num_heads, " heads");
   std::vector<BlockCall> calls;
   if (qb.size() <= 0 || kb.size() <= 0) return calls;
   if (options.causal && kb.begin > qb.begin) return calls;  // keys all after the queries
@@ -168,22 +256,27 @@ std::vector<BlockCall> plan_block_calls(const DilatedAttentionOptions& options, 
     const int64_t r = options.dilation_rates[static_cast<size_t>(pair)];
     const int64_t s_lo = std::max(qb.begin, kb.begin) / w;
     const int64_t s_hi = (std::min(qb.end, kb.end) - 1) / w;
-    for (const PairHeads& ph : fixed_pair_heads(options, num_heads, pair)) {
-      CallBatcher batcher(&calls);
-      for (int64_t s = s_lo; s <= s_hi; ++s) {
-        const int64_t start = s * w, length = std::min(w, seq_len - start);
-        const int64_t o_s =
-            options.offset_rule == OffsetRule::kConstant ? ph.offset : (ph.offset + s) % r;
-        const Run qr = clipped_run(start, length, o_s, r, qb);
-        const Run kr = clipped_run(start, length, o_s, r, kb);
-        if (qr.count == 0 || kr.count == 0) continue;
-        const Heads& h = ph.heads;
-        BlockCall call;
-        call.q = {h.first, h.stride, h.count, qr.first - qb.begin, 0, 1, r, qr.count};
-        call.k = {h.first, h.stride, h.count, kr.first - kb.begin, 0, 1, r, kr.count};
-        call.pair = pair;
-        call.causal = options.causal && diagonal;
-        batcher.add(call, o_s);
+    const std::vector<PairHeads> head_sets = fixed_pair_heads(options, num_heads, pair);
+    for (size_t set = 0; set < head_sets.size(); ++set) {
+      const PairHeads& ph = head_sets[set];
+      for (const HeadBlock& block : kv_head_blocks(ph.heads, kv_group)) {
+        CallBatcher batcher(&calls);
+        for (int64_t s = s_lo; s <= s_hi; ++s) {
+          const int64_t start = s * w, length = std::min(w, seq_len - start);
+          const int64_t o_s =
+              options.offset_rule == OffsetRule::kConstant ? ph.offset : (ph.offset + s) % r;
+          const Run qr = clipped_run(start, length, o_s, r, qb);
+          const Run kr = clipped_run(start, length, o_s, r, kb);
+          if (qr.count == 0 || kr.count == 0) continue;
+          BlockCall call;
+          call.q = {0, 1, 0, qr.first - qb.begin, 0, 1, r, qr.count};
+          call.k = {0, 1, 0, kr.first - kb.begin, 0, 1, r, kr.count};
+          set_heads(block, &call.q, &call.k);
+          call.pair = pair;
+          call.head_set = static_cast<int>(set);
+          call.causal = options.causal && diagonal;
+          batcher.add(call, o_s);
+        }
       }
     }
   }
@@ -212,14 +305,16 @@ std::vector<uint64_t> draw_dropout_pair_offsets(Generator& generator, int num_pa
 
 kernels::DropoutIndexing dropout_indexing(const Selection& q, const Selection& k, int64_t seq_len,
                                           int64_t num_heads) {
-  RD_CHECK(q.first_head == k.first_head && q.head_stride == k.head_stride &&
-               q.head_count == k.head_count && q.segments == k.segments,
-           kInvalidArgument,
-           "dropout_indexing: q and k must select the same heads and segments, "
-           "got heads (",
-           q.first_head, ", ", q.head_stride, ", ", q.head_count, ") x ", q.segments, " and (",
-           k.first_head, ", ", k.head_stride, ", ", k.head_count, ") x ", k.segments);
-  // uint64 arithmetic wraps around, as the kernels' does.
+  RD_CHECK(
+      q.head_count == k.head_count && q.head_repeat == k.head_repeat && q.segments == k.segments,
+      kInvalidArgument,
+      "dropout_indexing: q and k must select as many heads in the same blocks and "
+      "segments, got ",
+      q.head_count, " x ", q.head_repeat, " heads x ", q.segments, " and ", k.head_count, " x ",
+      k.head_repeat, " x ", k.segments);
+  // Elements are numbered by the QUERY head (a key/value head shared by several query heads
+  // under grouped-query attention draws each query head's own mask). uint64 arithmetic
+  // wraps around, as the kernels' does.
   const auto n = static_cast<uint64_t>(seq_len);
   const uint64_t head_stride = n * n;
   kernels::DropoutIndexing ix;
@@ -230,6 +325,10 @@ kernels::DropoutIndexing dropout_indexing(const Selection& q, const Selection& k
   ix.batch_strides[1] = static_cast<int64_t>(static_cast<uint64_t>(q.segment_stride) * n +
                                              static_cast<uint64_t>(k.segment_stride));
   ix.batch_strides[2] = static_cast<int64_t>(static_cast<uint64_t>(q.head_stride) * head_stride);
+  if (q.head_repeat > 1) {
+    ix.batch_strides[3] =
+        static_cast<int64_t>(static_cast<uint64_t>(q.repeat_stride) * head_stride);
+  }
   ix.row_stride = static_cast<int64_t>(static_cast<uint64_t>(q.rate) * n);
   ix.col_stride = k.rate;
   return ix;

@@ -19,20 +19,47 @@ struct Heads {
   int64_t first = 0, stride = 1, count = 0;
 };
 
-// One attention call's share of a [B, N, H, D] tensor: heads first_head + head_stride * t
-// (t < head_count) and, in each of `segments` segments, positions
-// first_position + s * segment_stride + rate * u (u < count). On one device queries and keys
-// use the same selection, so the causal mask is the kernel's plain j <= i.
+// One attention call's share of a [B, N, H, D] tensor: heads
+// first_head + head_stride * a + repeat_stride * b (a < head_count, b < head_repeat) and, in
+// each of `segments` segments, positions first_position + s * segment_stride + rate * u
+// (u < count). head_repeat > 1 only under grouped-query attention: a query selection's
+// head_repeat heads that share one key/value head, and the key selection of the same call
+// with repeat_stride 0 (each key head read head_repeat times, never copied). On one device
+// queries and keys use the same positions, so the causal mask is the kernel's plain j <= i.
 struct Selection {
   int64_t first_head = 0, head_stride = 1, head_count = 0;
   int64_t first_position = 0, segment_stride = 0, segments = 0, rate = 1, count = 0;
+  int64_t head_repeat = 1, repeat_stride = 0;
   bool empty() const { return head_count == 0 || segments == 0 || count == 0; }
 };
 
-// The [B, S, hc, n, D] view of a selection of a [B, N, H, D] tensor, and the [B, S, hc, n]
-// view of the same selection of a [B, H, N] row statistic (an LSE): no copies.
+// The [B, S, head_count, n, D] view of a selection of a [B, N, H, D] tensor
+// ([B, S, head_count, head_repeat, n, D] when head_repeat > 1), and the [B, S, head_count,
+// (head_repeat,) n] view of the same selection of a [B, H, N] row statistic (an LSE): no
+// copies.
 Tensor select_bnhd(const Tensor& t, const Selection& s);
 Tensor select_bhn(const Tensor& t, const Selection& s);
+
+// The selection's heads without the repeat (a key selection's distinct heads: what its
+// gradient adds into).
+Selection without_repeat(const Selection& s);
+
+// Grouped-query attention: how the query heads `q` (every `group` consecutive query heads
+// share one key/value head: query head h reads key/value head h / group) cut into blocks that
+// are each one call: query heads first + stride * a + repeat_stride * b, key/value heads
+// kv_first + kv_stride * a (a < count, b < repeat). One block with repeat 1 when group is 1
+// or divides q.stride; otherwise blocks of the query heads that share a key/value head,
+// consecutive ones of one size merged.
+struct HeadBlock {
+  Heads q;  // first, stride (between blocks' first heads), count
+  int64_t repeat = 1, repeat_stride = 0;
+  int64_t kv_first = 0, kv_stride = 1;
+};
+std::vector<HeadBlock> kv_head_blocks(const Heads& q, int64_t group);
+
+// The key/value heads the query heads `q` read (group as above): an arithmetic run that
+// covers them (stride q.stride / group when group divides q.stride, else 1).
+Heads kv_heads_of(const Heads& q, int64_t group);
 
 // The Hilbert order of n keys (nn/hilbert.h) as an int64 tensor on `device`, cached per
 // (n, device) in `cache`.
@@ -82,15 +109,19 @@ struct Block {
 struct BlockCall {
   Selection q, k;
   int pair = 0;
+  int head_set = 0;  // which of the pair's head sets (fixed_pair_heads) the call serves
   bool causal = false;
 };
 
 // The calls of the fixed variant between query block `qb` and key block `kb` of a sequence
 // of `seq_len` positions: every segment that has selected positions in both, the segments
 // of equal shape batched into one call as on one device. Empty when the blocks share no
-// segment (or, causal, when kb comes after qb).
+// segment (or, causal, when kb comes after qb). With kv_group > 1 (grouped-query attention:
+// num_heads / kv_group key/value heads) the key selections name key/value heads
+// (kv_head_blocks).
 std::vector<BlockCall> plan_block_calls(const DilatedAttentionOptions& options, int64_t seq_len,
-                                        int64_t num_heads, Block qb, Block kb);
+                                        int64_t num_heads, Block qb, Block kb,
+                                        int64_t kv_group = 1);
 
 // Whether query block qb needs anything from key block kb: plan_block_calls is not empty.
 bool blocks_interact(const DilatedAttentionOptions& options, int64_t seq_len, int64_t num_heads,

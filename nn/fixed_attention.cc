@@ -44,7 +44,7 @@ Keys exchanged_keys(const AttentionRunner& runner, const RankPlan& plan, const L
   const int unit = plan.unit_of(call);
   const ExchangeUnit& u = plan.units[static_cast<size_t>(unit)];
   auto [k, v] = packed_rows(plan, group, group.index_of(unit), flat, src);
-  const Selection sel = in_unit(call.k, u, u.rows(plan.layout, src));
+  const Selection sel = in_unit(call.k, u.kv_heads, u.rows(plan.layout, src));
   return {k, v, sel, runner.key_order(sel.count, k.device())};
 }
 
@@ -126,9 +126,10 @@ UnitAcc& unit_acc(const RankPlan& plan, ForwardState& state, int unit, DType q_d
   acc.unit = unit;
   acc.rows = u.rows(l, l.rank);
   // Head groups start from the local calls' (rounded) rows; all heads merge in place.
-  acc.out = plan.merged ? unit_rows(state.acc_out, u, acc.rows)
-                        : unit_rows(state.out, u, acc.rows).to(state.lse.dtype()).contiguous();
-  acc.lse = unit_stat(state.lse, u, acc.rows);
+  acc.out = plan.merged
+                ? unit_rows(state.acc_out, u.heads, acc.rows)
+                : unit_rows(state.out, u.heads, acc.rows).to(state.lse.dtype()).contiguous();
+  acc.lse = unit_stat(state.lse, u.heads, acc.rows);
   acc.part_out = empty({l.batch, acc.rows.count, u.heads.count, l.head_dim},
                        TensorOptions(q_dtype).with_device(state.lse.device()));
   acc.part_lse = empty({l.batch, u.heads.count, acc.rows.count}, options_like(state.lse));
@@ -181,8 +182,9 @@ void remote_forward(AttentionRunner& runner, const RankPlan& plan, int src, cons
       for (const LocalCall* call : mine) {
         if (call->key_piece != piece) continue;
         const Keys keys = exchanged_keys(runner, plan, *call, src, group, flat);
-        runner.forward(forward_args(runner, plan.layout, q, *call, keys,
-                                    {acc.part_out, acc.part_lse, in_unit(call->q, u, acc.rows)}));
+        runner.forward(
+            forward_args(runner, plan.layout, q, *call, keys,
+                         {acc.part_out, acc.part_lse, in_unit(call->q, u.heads, acc.rows)}));
         any = true;
       }
       if (any) attention_merge_(acc.out, acc.lse, acc.part_out, acc.part_lse);
@@ -211,7 +213,8 @@ RankAttention fixed_forward(AttentionRunner& runner, const RankPlan& plan, const
     state.out = state.acc_out.to(q.dtype()).contiguous();
   } else {
     for (const UnitAcc& acc : state.units) {
-      unit_rows(state.out, plan.units[static_cast<size_t>(acc.unit)], acc.rows).copy_(acc.out);
+      unit_rows(state.out, plan.units[static_cast<size_t>(acc.unit)].heads, acc.rows)
+          .copy_(acc.out);
     }
   }
   return {state.out, state.lse.contiguous()};
@@ -242,8 +245,9 @@ class FixedBackward {
     for (const LocalCall& call : plan_.local_calls) {
       for (const LocalCall& piece :
            backward_pieces(call, plan_.layout, runner_.backward_piece_elements())) {
+        // Disjoint selections of zeros only for head groups without shared key/value heads.
         run(piece, local_keys(runner_, piece, k, v), grads_.qkv[0], piece.q, grads_.qkv[1],
-            grads_.qkv[2], /*start_at_zero=*/!plan_.merged);
+            grads_.qkv[2], /*start_at_zero=*/!plan_.merged && plan_.layout.kv_group() == 1);
       }
     }
   }
@@ -258,7 +262,7 @@ class FixedBackward {
            plan_.calls_of_unit(plan_.calls[static_cast<size_t>(src)], unit)) {
         const Keys keys = exchanged_keys(runner_, plan_, *call, src, group, flat);
         auto [grad_k, grad_v] = packed_rows(plan_, group, group.index_of(unit), key_grads, src);
-        run(*call, keys, unit_dq(unit, rows), in_unit(call->q, u, rows), grad_k, grad_v,
+        run(*call, keys, unit_dq(unit, rows), in_unit(call->q, u.heads, rows), grad_k, grad_v,
             /*start_at_zero=*/false);
       }
     }
@@ -268,7 +272,7 @@ class FixedBackward {
   void finish() {
     for (const auto& [unit, dq] : unit_dq_) {
       const ExchangeUnit& u = plan_.units[static_cast<size_t>(unit)];
-      add_into(unit_rows(grads_.qkv[0], u, u.rows(plan_.layout, plan_.layout.rank)), dq);
+      add_into(unit_rows(grads_.qkv[0], u.heads, u.rows(plan_.layout, plan_.layout.rank)), dq);
     }
   }
 
@@ -277,12 +281,30 @@ class FixedBackward {
            const Tensor& grad_k, const Tensor& grad_v, bool start_at_zero) {
     const AttentionForwardArgs fwd =
         forward_args(runner_, plan_.layout, q_, call, keys, {out_, lse_, call.q});
-    AttentionBackwardArgs args = backward_args(
-        runner_.op(), fwd, select_bnhd(grad_out_, call.q),
-        grad_lse_.defined() ? select_bhn(grad_lse_, call.q) : Tensor(), select_bnhd(grad_q, q_sel),
-        select_bnhd(grad_k, keys.sel), select_bnhd(grad_v, keys.sel));
+    const Tensor grad_out = select_bnhd(grad_out_, call.q);
+    const Tensor grad_lse = grad_lse_.defined() ? select_bhn(grad_lse_, call.q) : Tensor();
+    if (keys.sel.head_repeat == 1) {
+      AttentionBackwardArgs args =
+          backward_args(runner_.op(), fwd, grad_out, grad_lse, select_bnhd(grad_q, q_sel),
+                        select_bnhd(grad_k, keys.sel), select_bnhd(grad_v, keys.sel));
+      args.grads_start_at_zero = start_at_zero;
+      runner_.backward(fwd, args);
+      return;
+    }
+    // Grouped-query attention: head_repeat query heads read each key/value head through a
+    // zero stride, which a gradient may not be written through. Each query head's dK/dV go to
+    // scratch, then add up into the shared head's rows.
+    const TensorOptions acc_opts =
+        TensorOptions(accumulation_dtype(q_.dtype())).with_device(q_.device());
+    const Shape key_shape = select_bnhd(keys.k, keys.sel).shape();
+    const Tensor scratch_k = zeros(key_shape, acc_opts), scratch_v = zeros(key_shape, acc_opts);
+    AttentionBackwardArgs args = backward_args(runner_.op(), fwd, grad_out, grad_lse,
+                                               select_bnhd(grad_q, q_sel), scratch_k, scratch_v);
     args.grads_start_at_zero = start_at_zero;
     runner_.backward(fwd, args);
+    const Selection distinct = without_repeat(keys.sel);
+    add_into(select_bnhd(grad_k, distinct), sum(scratch_k, {3}));
+    add_into(select_bnhd(grad_v, distinct), sum(scratch_v, {3}));
   }
 
   // dQ of this rank's rows of `unit` from remote keys, in the accumulation dtype.

@@ -41,8 +41,8 @@ void pack(const RankPlan& p, const ExchangeGroup& group, const Tensor& flat, con
     const ExchangeUnit& u = p.units[static_cast<size_t>(group.units[i])];
     const RowRun mine = u.rows(p.layout, p.layout.rank);
     auto [kc, vc] = packed_rows(p, group, i, flat, p.layout.rank);
-    kc.copy_(unit_rows(k, u, mine));
-    vc.copy_(unit_rows(v, u, mine));
+    kc.copy_(unit_rows(k, u.kv_heads, mine));
+    vc.copy_(unit_rows(v, u.kv_heads, mine));
   }
 }
 
@@ -194,8 +194,8 @@ void unpack_key_grads(const RankPlan& p, const ExchangeGroup& group, const Tenso
     const ExchangeUnit& u = p.units[static_cast<size_t>(group.units[i])];
     const RowRun mine = u.rows(p.layout, p.layout.rank);
     auto [dk, dv] = packed_rows(p, group, i, flat, p.layout.rank);
-    add_into(unit_rows(grad_k, u, mine), dk);
-    add_into(unit_rows(grad_v, u, mine), dv);
+    add_into(unit_rows(grad_k, u.kv_heads, mine), dk);
+    add_into(unit_rows(grad_v, u.kv_heads, mine), dv);
   }
 }
 

@@ -22,10 +22,9 @@ size_t ExchangeGroup::index_of(int unit) const {
 
 int RankPlan::unit_of(const BlockCall& c) const {
   for (size_t u = 0; u < units.size(); ++u) {
-    if (units[u].pair == c.pair && units[u].heads.first == c.k.first_head)
-      return static_cast<int>(u);
+    if (units[u].pair == c.pair && units[u].head_set == c.head_set) return static_cast<int>(u);
   }
-  RD_FAIL(kInternal, "rank plan: no exchange unit for pair ", c.pair, " head ", c.k.first_head);
+  RD_FAIL(kInternal, "rank plan: no exchange unit for pair ", c.pair, " head set ", c.head_set);
 }
 
 int RankPlan::gathered_units() const {
@@ -44,18 +43,19 @@ std::vector<const LocalCall*> RankPlan::calls_of_unit(const std::vector<LocalCal
 }
 
 // The [B, count, hc, D] rows of a unit in a [B, C, H, D] block tensor (a strided view).
-Tensor unit_rows(const Tensor& t, const ExchangeUnit& u, const RowRun& run) {
+Tensor unit_rows(const Tensor& t, const Heads& heads, const RowRun& run) {
   const Shape& st = t.strides();
-  return t.as_strided({t.size(0), run.count, u.heads.count, t.size(3)},
-                      {st[0], run.stride * st[1], u.heads.stride * st[2], st[3]},
-                      t.offset() + run.first * st[1] + u.heads.first * st[2]);
+  return t.as_strided({t.size(0), run.count, heads.count, t.size(3)},
+                      {st[0], run.stride * st[1], heads.stride * st[2], st[3]},
+                      t.offset() + run.first * st[1] + heads.first * st[2]);
 }
 
 // A call's key selection (block coordinates) in the coordinates of a unit's packed rows.
-Selection in_unit(const Selection& s, const ExchangeUnit& u, const RowRun& run) {
+Selection in_unit(const Selection& s, const Heads& heads, const RowRun& run) {
   Selection c = s;
-  c.first_head = (s.first_head - u.heads.first) / u.heads.stride;
-  c.head_stride = s.head_stride / u.heads.stride;
+  c.first_head = (s.first_head - heads.first) / heads.stride;
+  c.head_stride = s.head_stride / heads.stride;
+  c.repeat_stride = s.repeat_stride / heads.stride;
   c.first_position = (s.first_position - run.first) / run.stride;
   c.segment_stride = s.segment_stride / run.stride;
   c.rate = s.rate / run.stride;
@@ -70,7 +70,7 @@ namespace {
 constexpr int64_t kAutoGatherMaxBytes = int64_t{4} << 20;
 
 int64_t unit_elements(const RankLayout& l, const ExchangeUnit& u, int rank) {
-  return l.batch * u.rows(l, rank).count * u.heads.count * l.head_dim;
+  return l.batch * u.rows(l, rank).count * u.kv_heads.count * l.head_dim;
 }
 
 // The units that travel around the ring (span 0), or the all-gathered units of one span.
@@ -117,7 +117,7 @@ std::vector<LocalCall> piece_calls(const DilatedAttentionOptions& o, const RankL
   const Block qb = l.piece(a, i), kb = l.piece(b, j);
   const int64_t q_shift = i * l.piece_len(), k_shift = j * l.piece_len();
   std::vector<LocalCall> result;
-  for (const BlockCall& c : plan_block_calls(o, l.seq_len(), l.heads, qb, kb)) {
+  for (const BlockCall& c : plan_block_calls(o, l.seq_len(), l.heads, qb, kb, l.kv_group())) {
     LocalCall lc;
     static_cast<BlockCall&>(lc) = c;
     lc.q.first_position += q_shift;
@@ -204,8 +204,12 @@ RankPlan make_rank_plan(const DilatedAttentionOptions& o, const RankLayout& l,
     // otherwise whole rows of its heads travel.
     const bool strided =
         o.offset_rule == OffsetRule::kConstant && (!l.zigzag || l.piece_len() % r == 0);
-    for (const PairHeads& ph : fixed_pair_heads(o, l.heads, pair)) {
-      plan.units.push_back({pair, ph.heads, ph.offset, strided ? r : 1});
+    const std::vector<PairHeads> head_sets = fixed_pair_heads(o, l.heads, pair);
+    for (size_t set = 0; set < head_sets.size(); ++set) {
+      ExchangeUnit unit{pair, head_sets[set].heads, head_sets[set].offset, strided ? r : 1};
+      unit.head_set = static_cast<int>(set);
+      unit.kv_heads = kv_heads_of(unit.heads, l.kv_group());
+      plan.units.push_back(unit);
     }
   }
   choose_exchange(plan_calls(o, plan), strategy, element_bytes, plan);
@@ -218,18 +222,18 @@ std::pair<Tensor, Tensor> packed_rows(const RankPlan& p, const ExchangeGroup& gr
   const RankLayout& l = p.layout;
   const ExchangeUnit& u = p.units[static_cast<size_t>(group.units[i])];
   const int64_t n = u.rows(l, block).count;
-  const int64_t len = l.batch * n * u.heads.count * l.head_dim;
+  const int64_t len = l.batch * n * u.kv_heads.count * l.head_dim;
   const int64_t at = group.offsets[static_cast<size_t>(block)][i];
-  const Shape shape{l.batch, n, u.heads.count, l.head_dim};
+  const Shape shape{l.batch, n, u.kv_heads.count, l.head_dim};
   return {flat.narrow(0, at, len).view(shape), flat.narrow(0, at + len, len).view(shape)};
 }
 
 // The [B, hc, count] view of a unit's rows in a [B, H, C] row statistic (an LSE).
-Tensor unit_stat(const Tensor& t, const ExchangeUnit& u, const RowRun& run) {
+Tensor unit_stat(const Tensor& t, const Heads& heads, const RowRun& run) {
   const Shape& st = t.strides();
-  return t.as_strided({t.size(0), u.heads.count, run.count},
-                      {st[0], u.heads.stride * st[1], run.stride * st[2]},
-                      t.offset() + u.heads.first * st[1] + run.first * st[2]);
+  return t.as_strided({t.size(0), heads.count, run.count},
+                      {st[0], heads.stride * st[1], run.stride * st[2]},
+                      t.offset() + heads.first * st[1] + run.first * st[2]);
 }
 
 }  // namespace rd::nn

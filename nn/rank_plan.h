@@ -24,7 +24,7 @@ struct RowRun {
 // selected; 1 otherwise: the whole block).
 struct ExchangeUnit {
   int pair = 0;
-  Heads heads;
+  Heads heads;  // the query heads (this rank's out, lse and dQ rows of the unit)
   int64_t offset = 0;
   int64_t stride = 1;
   bool gathered = false;  // all-gather rather than ring
@@ -33,6 +33,10 @@ struct ExchangeUnit {
   // unit reads a block of its own aligned run of g ranks [g * (rank / g), + g) (the ranks
   // sharing its segments). P when the segments do not align with the blocks.
   int span = 0;
+  int head_set = 0;  // which of the pair's head sets (fixed_pair_heads)
+  // The key/value heads its calls read: `heads` without grouped-query attention, else those
+  // the query heads share (kv_heads_of). Only these rows travel.
+  Heads kv_heads;
 
   // The unit's rows among rank `r`'s rows: one arithmetic run, also over both pieces of the
   // zigzag layout (whose units keep stride r only where r divides the piece length).
@@ -89,13 +93,15 @@ struct RankPlan {
 RankPlan make_rank_plan(const DilatedAttentionOptions& options, const RankLayout& layout,
                         DistStrategy strategy, int64_t element_bytes);
 
-// The [B, count, hc, D] rows of a unit in a [B, C, H, D] block tensor, and the [B, hc, count]
-// rows of a [B, H, C] row statistic (an LSE): strided views.
-Tensor unit_rows(const Tensor& t, const ExchangeUnit& unit, const RowRun& rows);
-Tensor unit_stat(const Tensor& t, const ExchangeUnit& unit, const RowRun& rows);
+// The [B, count, hc, D] rows of heads `heads` (a unit's query or key/value heads) in a
+// [B, C, H, D] block tensor, and the [B, hc, count] rows of a [B, H, C] row statistic (an
+// LSE): strided views.
+Tensor unit_rows(const Tensor& t, const Heads& heads, const RowRun& rows);
+Tensor unit_stat(const Tensor& t, const Heads& heads, const RowRun& rows);
 
-// A call's selection (rank-local rows) in the coordinates of a unit's packed rows.
-Selection in_unit(const Selection& s, const ExchangeUnit& unit, const RowRun& rows);
+// A call's selection (rank-local rows) in the coordinates of a unit's rows of `heads`: its
+// query selection in the unit's query heads, its key selection in its key/value heads.
+Selection in_unit(const Selection& s, const Heads& heads, const RowRun& rows);
 
 // The K and V rows [B, count, hc, D] of the i-th unit of `group` in block `block`'s flat
 // buffer `flat`.

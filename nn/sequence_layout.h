@@ -65,6 +65,10 @@ struct RankLayout {
   int64_t batch = 0, rows_per_rank = 0, heads = 0, head_dim = 0;
   int rank = 0, ranks = 1;
   bool zigzag = false;
+  int64_t kv_heads = 0;  // key/value heads (grouped-query attention); 0: as many as heads
+
+  // Query heads per key/value head.
+  int64_t kv_group() const { return kv_heads > 0 ? heads / kv_heads : 1; }
 
   int64_t seq_len() const { return rows_per_rank * ranks; }
   int pieces() const { return zigzag ? 2 : 1; }

@@ -205,7 +205,7 @@ TEST(DecodeCache, BadInputIsNamed) {
                            {ErrorCode::kInvalidArgument}, {"dilated_attention_decode_step", "empty"}));
   cache.append(row, row);
   EXPECT_TRUE(test::raises([&] { nn::dilated_attention_decode_step(randn({1, 2, kHeads, kDim}, gen), cache, o); },
-                           {ErrorCode::kShapeMismatch}, {"'q'", "[1, 1, 6, 5]"}));
+                           {ErrorCode::kShapeMismatch}, {"'q'", "[1, 1, H, 5]", "6 key/value heads", "[1, 2, 6, 5]"}));
   o.causal = false;
   EXPECT_TRUE(test::raises([&] { nn::dilated_attention_decode_step(row, cache, o); },
                            {ErrorCode::kInvalidArgument}, {"causal"}));

@@ -30,10 +30,11 @@ FullSequence single_device(const nn::DilatedAttentionOptions& o, DType dtype, ui
   Generator gen(seed);
   const TensorOptions opts(dtype);
   const Shape bnhd{d.batch, d.seq, d.heads, d.dim};
+  const Shape kv_shape{d.batch, d.seq, d.kv_heads > 0 ? d.kv_heads : d.heads, d.dim};
   FullSequence f;
   f.q = randn(bnhd, gen, opts).to(device);
-  f.k = randn(bnhd, gen, opts).to(device);
-  f.v = randn(bnhd, gen, opts).to(device);
+  f.k = randn(kv_shape, gen, opts).to(device);
+  f.v = randn(kv_shape, gen, opts).to(device);
   f.w_out = randn(bnhd, gen, opts).to(device);
   f.w_lse = randn({d.batch, d.heads, d.seq}, gen, DType::kFloat32).to(device);
   for (Tensor* t : {&f.q, &f.k, &f.v}) t->set_requires_grad(true);

@@ -18,6 +18,7 @@ namespace rd::test {
 
 struct RingDims {
   int64_t batch, seq, heads, dim;
+  int64_t kv_heads = 0;  // grouped-query attention: k and v heads; 0: as many as q's
 };
 
 // The dropout generator's seed: the single device and every rank hold one seeded alike.

@@ -1,0 +1,279 @@
+// Grouped-query attention (k and v with H_kv heads dividing q's H): on one device every
+// mode equals the same call on key/value heads repeated to the query heads (an independent
+// path: index_select copies, whose autograd sums the shared heads' gradients), in float64,
+// forward and backward, with dropout and the Hilbert order too; across ranks the result
+// equals one device's (every strategy, both layouts); the decoding step too. Bad head counts
+// are named.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "ringdilated/kernels/error.h"
+#include "ringdilated/nn/dilated_attention.h"
+#include "ringdilated/nn/dilated_decode.h"
+#include "ringdilated/nn/ring_dilated_attention.h"
+#include "ringdilated/tensor/autograd.h"
+#include "ringdilated/tensor/device.h"
+#include "ringdilated/tensor/ops.h"
+#include "testing/raises.h"
+#include "testing/ring_invariance.h"
+
+namespace rd {
+namespace {
+
+using nn::DilatedAttentionOptions;
+using nn::DilationVariant;
+using nn::HeadMixing;
+using nn::OffsetRule;
+
+struct GqaShape {
+  int64_t heads, kv_heads;
+};
+
+DilatedAttentionOptions options_for(DilationVariant variant, HeadMixing mixing, OffsetRule rule,
+                                    bool causal, int pairs) {
+  DilatedAttentionOptions o;
+  o.segment_lengths = {4, 10, 24, 8};
+  o.dilation_rates = {1, 2, 4, 2};
+  o.segment_lengths.resize(static_cast<size_t>(pairs));
+  o.dilation_rates.resize(static_cast<size_t>(pairs));
+  o.variant = variant;
+  o.mixing = mixing;
+  o.offset_rule = rule;
+  o.causal = causal;
+  return o;
+}
+
+Tensor kv_index(int64_t heads, int64_t kv_heads) {
+  std::vector<int64_t> index;
+  for (int64_t h = 0; h < heads; ++h) index.push_back(h / (heads / kv_heads));
+  return from_vector<int64_t>(index, {heads});
+}
+
+struct CallResult {
+  Tensor out, lse, grad_q, grad_k, grad_v;
+};
+
+// One call and the backward of a loss reading out and lse. `repeat`: the reference path,
+// k and v repeated to the query heads by index_select before an ordinary call.
+CallResult run(const DilatedAttentionOptions& o, GqaShape shape, bool repeat, uint64_t seed,
+               DType dtype = DType::kFloat64, Device device = Device::cpu(),
+               DType rounded_to = DType::kFloat64) {
+  constexpr int64_t kB = 2, kN = 24, kD = 8;
+  Generator gen(seed);
+  const TensorOptions f64(DType::kFloat64);
+  // Drawn in float64 and rounded to `rounded_to`: a float64 run can see a bfloat16 run's values.
+  auto draw = [&](Shape s) {
+    return randn(std::move(s), gen, f64).to(rounded_to).to(dtype).to(device).detach();
+  };
+  Tensor q = draw({kB, kN, shape.heads, kD});
+  Tensor k = draw({kB, kN, shape.kv_heads, kD});
+  Tensor v = draw({kB, kN, shape.kv_heads, kD});
+  const Tensor w_out = draw({kB, kN, shape.heads, kD});
+  const Tensor w_lse = randn({kB, shape.heads, kN}, gen, f64).to(device);
+  for (Tensor* t : {&q, &k, &v}) t->set_requires_grad(true);
+  const Tensor index = kv_index(shape.heads, shape.kv_heads).to(device);
+  const Tensor kk = repeat ? index_select(k, 2, index) : k;
+  const Tensor vv = repeat ? index_select(v, 2, index) : v;
+  Generator dropout_gen(99);
+  nn::AttentionCallContext context;
+  context.training = o.dropout > 0;
+  context.generator = &dropout_gen;
+  const nn::DilatedAttentionResult r = nn::dilated_attention_with_lse(q, kk, vv, o, context);
+  const Tensor finite_lse =
+      where(gt(r.lse.to(DType::kFloat64), -1e300), r.lse.to(DType::kFloat64), 0.0);
+  add(sum(mul(r.out.to(DType::kFloat64), w_out.to(DType::kFloat64))), sum(mul(finite_lse, w_lse)))
+      .backward();
+  auto host = [](const Tensor& t) { return t.detach().to(Device::cpu()).to(DType::kFloat64); };
+  return {host(r.out), host(r.lse), host(q.grad()), host(k.grad()), host(v.grad())};
+}
+
+void expect_close(const Tensor& got, const Tensor& want, const std::string& what,
+                  double tol = 1e-10) {
+  ASSERT_EQ(got.shape(), want.shape()) << what;
+  const std::vector<double> g = got.to(DType::kFloat64).contiguous().to_vector<double>();
+  const std::vector<double> w = want.to(DType::kFloat64).contiguous().to_vector<double>();
+  for (size_t i = 0; i < w.size(); ++i) {
+    if (std::isinf(w[i])) {
+      ASSERT_EQ(g[i], w[i]) << what << " at " << i;
+    } else {
+      ASSERT_NEAR(g[i], w[i], tol * std::max(1.0, std::abs(w[i]))) << what << " at " << i;
+    }
+  }
+}
+
+// Variant, mixing, offset rule, causal.
+using Mode = std::tuple<DilationVariant, HeadMixing, OffsetRule, bool>;
+
+class GroupedQuery : public ::testing::TestWithParam<Mode> {};
+
+TEST_P(GroupedQuery, EqualsRepeatedKeyValueHeads) {
+  const auto [variant, mixing, rule, causal] = GetParam();
+  // Groups of 4 aligned with head groups; multi-query; 3 heads per group against groups of 4
+  // (head groups straddle key/value heads); 2 of 4 under 3 pairs.
+  const std::vector<std::pair<GqaShape, int>> shapes = {
+      {{8, 2}, 4}, {{8, 1}, 4}, {{12, 3}, 4}, {{8, 4}, 3}};
+  for (const auto& [shape, pairs] : shapes) {
+    for (const double dropout : {0.0, 0.25}) {
+      SCOPED_TRACE("H " + std::to_string(shape.heads) + ", H_kv " + std::to_string(shape.kv_heads) +
+                   ", dropout " + std::to_string(dropout));
+      DilatedAttentionOptions o = options_for(variant, mixing, rule, causal, pairs);
+      if (variant == DilationVariant::kGlobal) o.mixing = HeadMixing::kHeadGroups;
+      o.dropout = dropout;
+      const CallResult got = run(o, shape, /*repeat=*/false, 7);
+      const CallResult want = run(o, shape, /*repeat=*/true, 7);
+      expect_close(got.out, want.out, "out");
+      expect_close(got.lse, want.lse, "lse");
+      expect_close(got.grad_q, want.grad_q, "grad_q");
+      expect_close(got.grad_k, want.grad_k, "grad_k");
+      expect_close(got.grad_v, want.grad_v, "grad_v");
+    }
+  }
+}
+
+std::string mode_name(const ::testing::TestParamInfo<Mode>& info) {
+  const auto [variant, mixing, rule, causal] = info.param;
+  return std::string(variant == DilationVariant::kGlobal ? "global" : "fixed") + "_" +
+         (mixing == HeadMixing::kAllHeads ? "allheads" : "groups") + "_" +
+         (rule == OffsetRule::kRotating ? "rotating" : "constant") + (causal ? "_causal" : "");
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Modes, GroupedQuery,
+    ::testing::Combine(::testing::Values(DilationVariant::kSegmentLocal, DilationVariant::kGlobal),
+                       ::testing::Values(HeadMixing::kHeadGroups, HeadMixing::kAllHeads),
+                       ::testing::Values(OffsetRule::kConstant, OffsetRule::kRotating),
+                       ::testing::Bool()),
+    mode_name);
+
+TEST(GroupedQueryHilbert, EqualsRepeatedKeyValueHeads) {
+  DilatedAttentionOptions o = options_for(DilationVariant::kSegmentLocal, HeadMixing::kAllHeads,
+                                          OffsetRule::kConstant, true, 3);
+  o.use_hilbert = true;
+  const CallResult got = run(o, {8, 2}, false, 8), want = run(o, {8, 2}, true, 8);
+  expect_close(got.out, want.out, "out");
+  expect_close(got.grad_k, want.grad_k, "grad_k");
+}
+
+// Across ranks (threads in this process): every strategy and layout gives one device's rows.
+using RingCase = std::tuple<int, nn::DistStrategy, HeadMixing, bool, nn::SequenceLayout>;
+
+class GroupedQueryRing : public ::testing::TestWithParam<RingCase> {};
+
+TEST_P(GroupedQueryRing, MatchesOneDevice) {
+  const auto [P, strategy, mixing, causal, layout] = GetParam();
+  const DilatedAttentionOptions o =
+      options_for(DilationVariant::kSegmentLocal, mixing, OffsetRule::kConstant, causal, 3);
+  const test::FullSequence f =
+      test::single_device(o, DType::kFloat64, 40 + static_cast<uint64_t>(P), Device::cpu(),
+                          test::RingDims{2, 24, 8, 8, /*kv_heads=*/2});
+  test::expect_ranks_match(test::run_in_process_ranks(f, o, P, strategy, layout), f,
+                           {1e-10, 1e-10, 1e-10});
+}
+
+std::string ring_case_name(const ::testing::TestParamInfo<RingCase>& info) {
+  const auto [P, strategy, mixing, causal, layout] = info.param;
+  return "P" + std::to_string(P) + "_" + nn::strategy_name(strategy) + "_" +
+         (mixing == HeadMixing::kAllHeads ? "allheads" : "groups") + (causal ? "_causal" : "") +
+         "_" + nn::layout_name(layout);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Ranks, GroupedQueryRing,
+    ::testing::Combine(::testing::Values(2, 4),
+                       ::testing::Values(nn::DistStrategy::kRing, nn::DistStrategy::kAllGather),
+                       ::testing::Values(HeadMixing::kHeadGroups, HeadMixing::kAllHeads),
+                       ::testing::Bool(),
+                       ::testing::Values(nn::SequenceLayout::kContiguous,
+                                         nn::SequenceLayout::kZigzag)),
+    ring_case_name);
+
+// Only the key/value rows travel: with head groups that each share one key/value head (16
+// heads in 4 groups, 4 key/value heads: the benchmark's shape), the ring sends H_kv / H of
+// the bytes of the same call without grouping.
+TEST(GroupedQueryRingTraffic, SendsTheKeyValueHeadsOnly) {
+  const DilatedAttentionOptions o = options_for(
+      DilationVariant::kSegmentLocal, HeadMixing::kHeadGroups, OffsetRule::kConstant, false, 4);
+  const test::FullSequence gqa =
+      test::single_device(o, DType::kFloat64, 50, Device::cpu(), test::RingDims{2, 24, 16, 8, 4});
+  const test::FullSequence full =
+      test::single_device(o, DType::kFloat64, 50, Device::cpu(), test::RingDims{2, 24, 16, 8, 16});
+  const auto gqa_ranks = test::run_in_process_ranks(gqa, o, 4, nn::DistStrategy::kRing);
+  const auto full_ranks = test::run_in_process_ranks(full, o, 4, nn::DistStrategy::kRing);
+  int64_t gqa_bytes = 0, full_bytes = 0;
+  for (const auto& r : gqa_ranks) gqa_bytes += r.info.forward_bytes_sent;
+  for (const auto& r : full_ranks) full_bytes += r.info.forward_bytes_sent;
+  ASSERT_GT(full_bytes, 0);
+  EXPECT_EQ(gqa_bytes * 4, full_bytes);
+}
+
+// The decoding step reads the shared key/value heads of the cache.
+TEST(GroupedQueryDecode, EveryStepEqualsTheFullForwardsRow) {
+  for (const HeadMixing mixing : {HeadMixing::kHeadGroups, HeadMixing::kAllHeads}) {
+    DilatedAttentionOptions o =
+        options_for(DilationVariant::kSegmentLocal, mixing, OffsetRule::kRotating, true, 4);
+    Generator gen(9);
+    const TensorOptions f64(DType::kFloat64);
+    const Tensor q = randn({1, 24, 12, 8}, gen, f64);
+    const Tensor k = randn({1, 24, 3, 8}, gen, f64), v = randn({1, 24, 3, 8}, gen, f64);
+    const std::vector<double> full = nn::dilated_attention(q, k, v, o).to_vector<double>();
+    nn::DilatedKVCache cache(1, 4, 3, 8, f64);
+    for (int64_t p = 0; p < 24; ++p) {
+      cache.append(k.narrow(1, p, 1), v.narrow(1, p, 1));
+      const std::vector<double> step =
+          nn::dilated_attention_decode_step(q.narrow(1, p, 1), cache, o).out.to_vector<double>();
+      for (size_t i = 0; i < step.size(); ++i) {
+        ASSERT_NEAR(step[i], full[static_cast<size_t>(p) * step.size() + i], 1e-12) << "p " << p;
+      }
+    }
+  }
+}
+
+// On the GPU each path (with its fallbacks) in bfloat16 gives the CPU float64 result on the
+// same rounded inputs, forward and backward, to bfloat16's rounding (a shared key/value
+// head's gradient sums several query heads', hence the looser gradient tolerance).
+TEST(GroupedQueryCuda, EveryPathMatchesTheCpu) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  for (const HeadMixing mixing : {HeadMixing::kHeadGroups, HeadMixing::kAllHeads}) {
+    for (const nn::AttentionPath path :
+         {nn::AttentionPath::kMath, nn::AttentionPath::kFlash, nn::AttentionPath::kCudnn}) {
+      SCOPED_TRACE(std::string(nn::path_name(path)) +
+                   (mixing == HeadMixing::kAllHeads ? " all heads" : " head groups"));
+      DilatedAttentionOptions o = options_for(DilationVariant::kSegmentLocal, mixing,
+                                              OffsetRule::kConstant, true, 4);
+      const CallResult want =
+          run(o, {8, 2}, false, 11, DType::kFloat64, Device::cpu(), DType::kBFloat16);
+      o.path = path;
+      const CallResult got =
+          run(o, {8, 2}, false, 11, DType::kBFloat16, Device::cuda(0), DType::kBFloat16);
+      const double unit = std::ldexp(1.0, -8);
+      expect_close(got.out, want.out, "out", 8 * unit);
+      expect_close(got.lse, want.lse, "lse", 8 * unit);
+      for (const auto& [g, w, name] : {std::tuple{&got.grad_q, &want.grad_q, "grad_q"},
+                                       std::tuple{&got.grad_k, &want.grad_k, "grad_k"},
+                                       std::tuple{&got.grad_v, &want.grad_v, "grad_v"}}) {
+        expect_close(*g, *w, name, 32 * unit);
+      }
+    }
+  }
+}
+
+TEST(GroupedQueryErrors, HeadCountsThatDoNotDivideAreNamed) {
+  Generator gen(10);
+  const Tensor q = randn({1, 8, 6, 4}, gen), k = randn({1, 8, 4, 4}, gen);
+  const DilatedAttentionOptions o = options_for(
+      DilationVariant::kSegmentLocal, HeadMixing::kAllHeads, OffsetRule::kConstant, false, 2);
+  EXPECT_TRUE(test::raises([&] { nn::dilated_attention(q, k, k, o); }, {ErrorCode::kShapeMismatch},
+                           {"dilated_attention", "H_kv dividing", "[1, 8, 6, 4]", "[1, 8, 4, 4]"}));
+  const Tensor v = randn({1, 8, 2, 4}, gen), k2 = randn({1, 8, 3, 4}, gen);
+  EXPECT_TRUE(test::raises([&] { nn::dilated_attention(q, k2, v, o); }, {ErrorCode::kShapeMismatch},
+                           {"one shape"}));
+}
+
+}  // namespace
+}  // namespace rd
