@@ -98,15 +98,21 @@ MultiheadDilatedAttention::MultiheadDilatedAttention(const char* name, int64_t e
     : name_(name),
       embed_dim_(embed_dim),
       num_heads_(num_heads),
+      num_kv_heads_(module_options.num_kv_heads > 0 ? module_options.num_kv_heads : num_heads),
       rope_base_(module_options.rope_base) {
   RD_CHECK(embed_dim >= 1 && num_heads >= 1 && embed_dim % num_heads == 0, kInvalidArgument, name,
            ": embed_dim (", embed_dim, ") must be a positive multiple of num_heads (", num_heads,
            ")");
+  RD_CHECK(module_options.num_kv_heads >= 0 && num_heads % num_kv_heads_ == 0, kInvalidArgument,
+           name, ": num_kv_heads (", module_options.num_kv_heads, ") must divide num_heads (",
+           num_heads, "), or be 0 for num_heads");
   check_rope(rope_base_, embed_dim / num_heads, name);
   validate_options(options, num_heads);
   const TensorOptions t = module_tensor_options(module_options);
+  const int64_t head_dim = embed_dim / num_heads;
   qkv_ = register_module(
-      "qkv", std::make_shared<Linear>(embed_dim, 3 * embed_dim, module_options.bias, generator, t));
+      "qkv", std::make_shared<Linear>(embed_dim, (num_heads + 2 * num_kv_heads_) * head_dim,
+                                      module_options.bias, generator, t));
   attention_ = register_module("attention", make_attention(split_seed(generator)));
   out_ = register_module(
       "out", std::make_shared<Linear>(embed_dim, embed_dim, module_options.bias, generator, t));
@@ -122,6 +128,31 @@ Tensor MultiheadDilatedAttention::projected_qkv(const Tensor& x,
   return rope_base_ > 0 ? rotary_embedding_qkv_overwrite(qkv, positions, rope_base_) : qkv;
 }
 
+Tensor MultiheadDilatedAttention::projected_gqa(const Tensor& x,
+                                                const std::vector<PositionRun>& positions) {
+  const int64_t head_dim = embed_dim_ / num_heads_;
+  const Tensor projected =
+      qkv_->forward(x).view({x.size(0), x.size(1), num_heads_ + 2 * num_kv_heads_, head_dim});
+  if (rope_base_ == 0) return projected;
+  // q's and k's heads rotate alike: as one [B, T, H + H_kv, D] tensor, run by run.
+  const Tensor qk = projected.narrow(2, 0, num_heads_ + num_kv_heads_);
+  std::vector<Tensor> rotated;
+  int64_t row = 0;
+  for (const PositionRun& run : positions) {
+    rotated.push_back(
+        rotary_embedding(qk.narrow(1, row, run.rows), run.first_position, rope_base_));
+    row += run.rows;
+  }
+  const Tensor v = projected.narrow(2, num_heads_ + num_kv_heads_, num_kv_heads_);
+  return cat({rotated.size() == 1 ? rotated[0] : cat(rotated, 1), v}, 2);
+}
+
+Tensor MultiheadDilatedAttention::attend_gqa(const Tensor& projected) {
+  return attention_->forward(projected.narrow(2, 0, num_heads_),
+                             projected.narrow(2, num_heads_, num_kv_heads_),
+                             projected.narrow(2, num_heads_ + num_kv_heads_, num_kv_heads_));
+}
+
 Tensor MultiheadDilatedAttention::forward(const Tensor& x) {
   const bool split = attention_->ranks() > 1;
   RD_CHECK(x.defined() && x.dim() == 3 && x.size(2) == embed_dim_, kShapeMismatch, name_,
@@ -133,13 +164,15 @@ Tensor MultiheadDilatedAttention::forward(const Tensor& x) {
   for (const Block& b : attention_->pieces_for(rows * attention_->ranks())) {
     positions.push_back({b.size(), b.begin});
   }
-  const Tensor attended = attention_->forward_packed(projected_qkv(x, positions));
+  const Tensor attended = num_kv_heads_ == num_heads_
+                              ? attention_->forward_packed(projected_qkv(x, positions))
+                              : attend_gqa(projected_gqa(x, positions));
   return out_->forward(attended.reshape({batch, rows, embed_dim_}));
 }
 
 DilatedKVCache MultiheadDilatedAttention::make_cache(int64_t batch, int64_t capacity) const {
   const Tensor& weight = qkv_->weight();
-  return DilatedKVCache(batch, capacity, num_heads_, embed_dim_ / num_heads_,
+  return DilatedKVCache(batch, capacity, num_kv_heads_, embed_dim_ / num_heads_,
                         TensorOptions(weight.dtype()).with_device(weight.device()));
 }
 
@@ -150,19 +183,28 @@ Tensor MultiheadDilatedAttention::forward_cached(const Tensor& x, DilatedKVCache
            ": forward_cached input must be [B, T, ", embed_dim_, "], got shape ",
            x.defined() ? shape_str(x.shape()) : std::string("(undefined)"));
   const int64_t batch = x.size(0), rows = x.size(1), start = cache.length();
-  const Tensor qkv = projected_qkv(x, {{rows, start}});
+  // q, k and v of x's rows: views of the packed projection ([B, T, 3, H, D], or
+  // [B, T, H + 2 H_kv, D] under grouped-query attention).
+  const bool grouped = num_kv_heads_ != num_heads_;
+  const Tensor projected =
+      grouped ? projected_gqa(x, {{rows, start}}) : projected_qkv(x, {{rows, start}});
+  auto part = [&](const Tensor& rows_of, int which) {
+    if (!grouped) return rows_of.select(2, which);
+    const int64_t first = which == 0 ? 0 : num_heads_ + (which - 1) * num_kv_heads_;
+    return rows_of.narrow(2, first, which == 0 ? num_heads_ : num_kv_heads_);
+  };
   Tensor attended;
   if (start == 0 && rows > 1) {
     // A prompt: one forward over it, exactly the rows the steps would give.
-    attended = attention_->forward_packed(qkv);
-    cache.append(qkv.select(2, 1), qkv.select(2, 2));
+    attended = grouped ? attend_gqa(projected) : attention_->forward_packed(projected);
+    cache.append(part(projected, 1), part(projected, 2));
   } else {
     std::vector<Tensor> steps;
     for (int64_t t = 0; t < rows; ++t) {
-      const Tensor row = qkv.narrow(1, t, 1);
-      cache.append(row.select(2, 1), row.select(2, 2));
+      const Tensor row = projected.narrow(1, t, 1);
+      cache.append(part(row, 1), part(row, 2));
       steps.push_back(
-          dilated_attention_decode_step(row.select(2, 0), cache, attention_->options()).out);
+          dilated_attention_decode_step(part(row, 0), cache, attention_->options()).out);
     }
     attended = rows == 1 ? steps[0] : cat(steps, 1);
   }

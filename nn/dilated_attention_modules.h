@@ -110,6 +110,9 @@ struct MultiheadOptions {
   // most models); 0: none. Positions are global: the sequence-parallel module offsets its
   // block's positions by rank x block length.
   double rope_base = 0.0;
+  // Grouped-query attention: key/value heads, dividing num_heads (1: multi-query); 0 means
+  // num_heads. The QKV projection is then E -> (H + 2 H_kv) E / H wide.
+  int64_t num_kv_heads = 0;
 };
 
 // [B, N, E] -> [B, N, E]: x -> (q, k, v) = split(x W_qkv^T + b) into H heads of E / H ->
@@ -137,6 +140,7 @@ class MultiheadDilatedAttention : public UnaryModule {
   DilatedKVCache make_cache(int64_t batch, int64_t capacity) const;
   int64_t embed_dim() const { return embed_dim_; }
   int64_t num_heads() const { return num_heads_; }
+  int64_t num_kv_heads() const { return num_kv_heads_; }
   const DilatedAttentionOptions& options() const { return attention_->options(); }
   AttentionPath last_path() const { return attention_->last_path(); }
   PatternCache& pattern_cache() const { return attention_->pattern_cache(); }
@@ -155,10 +159,16 @@ class MultiheadDilatedAttention : public UnaryModule {
   // The packed [B, T, 3, H, D] projection of x, q and k rotated for the global positions
   // `positions` (rows of x in order).
   Tensor projected_qkv(const Tensor& x, const std::vector<PositionRun>& positions);
+  // Grouped-query attention: the [B, T, H + 2 H_kv, D] projection, q and k rotated; q, k and
+  // v are its head ranges [0, H), [H, H + H_kv), [H + H_kv, H + 2 H_kv).
+  Tensor projected_gqa(const Tensor& x, const std::vector<PositionRun>& positions);
+  // The attention's output [B, T, H, D] of a GQA projection (projected_gqa).
+  Tensor attend_gqa(const Tensor& projected);
 
   const char* name_;
   int64_t embed_dim_;
   int64_t num_heads_;
+  int64_t num_kv_heads_;
   std::shared_ptr<Linear> qkv_;
   std::shared_ptr<DilatedAttention> attention_;
   std::shared_ptr<Linear> out_;

@@ -456,6 +456,15 @@ TEST_F(TrainerTest, ParallelGradientsEqualOneRank) {
       base, dir_, {Split{2, 2}, Split{2, 1}, Split{4, 2}, Split{4, 4}});
 }
 
+// Grouped-query attention (2 key/value heads for 4 query heads) in the model: context and
+// data parallel equal one rank, the zigzag layout's rotary positions included.
+TEST_F(TrainerTest, GroupedQueryParallelGradientsEqualOneRank) {
+  TrainConfig base = tiny("one");
+  base.batch_size = 4;
+  base.model.kv_heads = base.model.heads / 2;
+  expect_parallel_gradients_equal_one_rank(base, dir_, {Split{2, 2}, Split{4, 2}});
+}
+
 // Two micro-batches per step: the first's backward only accumulates locally, the second's
 // sums over the ranks (bucket by bucket, during backward).
 TEST_F(TrainerTest, ParallelGradientsOverMicroBatchesEqualOneRank) {
@@ -565,8 +574,12 @@ TEST(LanguageModelTest, GreedySamplingIsTopOne) {
 // segments that end inside the sequence; and generate(), which decodes so, picks the tokens
 // that recomputing the prefix picks.
 TEST(LanguageModelTest, CachedDecodingEqualsTheFullForward) {
-  for (const nn::HeadMixing mixing : {nn::HeadMixing::kHeadGroups, nn::HeadMixing::kAllHeads}) {
+  for (const auto& [mixing, kv_heads] :
+       {std::pair{nn::HeadMixing::kHeadGroups, int64_t{0}},
+        std::pair{nn::HeadMixing::kAllHeads, int64_t{0}},
+        std::pair{nn::HeadMixing::kAllHeads, int64_t{1}}}) {  // multi-query
     ModelConfig c;
+    c.kv_heads = kv_heads;
     c.vocab_size = 40;
     c.dim = 24;
     c.heads = 3;

@@ -45,6 +45,8 @@ void check_model_config(const ModelConfig& c) {
            ", depth ", c.depth);
   RD_CHECK(c.dim % c.heads == 0, kInvalidArgument, kOp, ": dim ", c.dim,
            " must be a multiple of heads ", c.heads);
+  RD_CHECK(c.kv_heads >= 0 && (c.kv_heads == 0 || c.heads % c.kv_heads == 0), kInvalidArgument,
+           kOp, ": kv_heads ", c.kv_heads, " must divide heads ", c.heads, " (or be 0: heads)");
   RD_CHECK((c.dim / c.heads) % 2 == 0, kInvalidArgument, kOp, ": the head dim dim / heads = ",
            c.dim / c.heads, " must be even for rotary positions");
   RD_CHECK(c.mlp_ratio > 0 && std::isfinite(c.mlp_ratio), kInvalidArgument, kOp,
@@ -74,6 +76,7 @@ TransformerBlock::TransformerBlock(const ModelConfig& config, Generator& generat
   mo.bias = false;
   mo.tensor_options = options;
   mo.rope_base = config.rope_base;
+  mo.num_kv_heads = config.kv_heads;
   if (sequence_comm) {
     attn_ = register_module("attn", std::make_shared<nn::RingMultiheadDilatedAttention>(
                                         config.dim, config.heads, causal_attention(config),
@@ -206,9 +209,12 @@ double train_flops_per_sequence(const ModelConfig& c, int64_t seq_len) {
   const double n = static_cast<double>(seq_len), d = static_cast<double>(c.dim);
   const double hidden = static_cast<double>(mlp_hidden(c));
   const double mlp_mats = c.mlp == nn::MLPActivation::kSwiGLU ? 3.0 : 2.0;
-  // Per token and layer: QKV (3 d^2) + out (d^2) + MLP; then the head (vocab x d).
+  // Per token and layer: QKV (d^2 + 2 d kv_width) + out (d^2) + MLP; then the head
+  // (vocab x d). kv_width = d under plain attention, d kv_heads / heads under grouped-query.
+  const double kv_width =
+      c.kv_heads > 0 ? d * static_cast<double>(c.kv_heads) / static_cast<double>(c.heads) : d;
   const double matmul_params =
-      static_cast<double>(c.depth) * (4.0 * d * d + mlp_mats * d * hidden) +
+      static_cast<double>(c.depth) * (2.0 * d * d + 2.0 * d * kv_width + mlp_mats * d * hidden) +
       static_cast<double>(c.vocab_size) * d;
   const double matmul = 2.0 * matmul_params * n;
   // Attended (query, key) pairs per head and layer, causal: per pair i, segments of w_i

@@ -25,6 +25,9 @@ struct ModelConfig {
   int64_t dim = 128;
   int64_t depth = 2;
   int64_t heads = 4;
+  // Key/value heads (grouped-query attention: every heads / kv_heads query heads share one);
+  // 0 means heads.
+  int64_t kv_heads = 0;
   // The MLP's hidden width is mlp_ratio * dim (for SwiGLU, 2/3 of that, as in Llama, so
   // both activations cost about the same), rounded up to a multiple of 8.
   double mlp_ratio = 4.0;

@@ -239,6 +239,8 @@ void visit_model_fields(Config& c, Visitor& visit) {
   visit(c.model.dim, field("dim", "model width").with_cli_default("64"));
   visit(c.model.depth, field("depth", "transformer blocks"));
   visit(c.model.heads, field("heads", "attention heads"));
+  visit(c.model.kv_heads,
+        field("kv_heads", "key/value heads (grouped-query attention), dividing heads; 0: heads"));
   visit(c.model.mlp_ratio,
         field("mlp_ratio", "MLP hidden width / model width (SwiGLU uses 2/3 of it)"));
   visit(c.model.mlp, field("mlp", "swiglu or gelu"));

@@ -79,6 +79,7 @@ RD_CONFIG_FLAG(double, val_fraction);
 RD_CONFIG_FLAG(int64_t, dim);
 RD_CONFIG_FLAG(int64_t, depth);
 RD_CONFIG_FLAG(int64_t, heads);
+RD_CONFIG_FLAG(int64_t, kv_heads);
 RD_CONFIG_FLAG(double, mlp_ratio);
 RD_CONFIG_FLAG(std::string, mlp);
 RD_CONFIG_FLAG(std::vector<std::string>, segments);
