@@ -20,6 +20,8 @@
 //       the option may fall back to the math path.
 //   mhda/fwdbwd/E768H12/N<n>/<dx|no_dx>  MultiheadDilatedAttention in bf16 (with or without
 //       the input's gradient).
+//   target/gqa_fwdbwd_over_mha.../KV<4|1>  issue 21: grouped-query attention (H_kv of 16) against
+//       the same call with 16 key/value heads, measured in the same row (ratio <= 1).
 //   target/...  issue 4's four targets at N = 262144, H = 16, D = 128, fixed, non-causal,
 //       each with its ratio, target and direction (counter target_max = 1: ratio <= target).
 //
@@ -336,13 +338,16 @@ struct DilatedResult {
 
 // One row's call on fresh random inputs: forward alone (no graph), or forward + backward
 // into q, k and v through autograd.
-DilatedResult measure_dilated(const RowSpec& s, uint64_t seed = 1) {
+// kv_heads: key/value heads (grouped-query attention); 0: as many as the query heads.
+DilatedResult measure_dilated(const RowSpec& s, uint64_t seed = 1, int64_t kv_heads = 0) {
   rd::Generator generator(seed);
   const bool backward = backward_of(s);
   const rd::Shape shape{1, s.seq_len, s.config.heads, s.config.head_dim};
+  const rd::Shape kv_shape{1, s.seq_len, kv_heads > 0 ? kv_heads : s.config.heads,
+                           s.config.head_dim};
   const Tensor q = rd::randn(shape, generator, bf16(backward));
-  const Tensor k = rd::randn(shape, generator, bf16(backward));
-  const Tensor v = rd::randn(shape, generator, bf16(backward));
+  const Tensor k = rd::randn(kv_shape, generator, bf16(backward));
+  const Tensor v = rd::randn(kv_shape, generator, bf16(backward));
   const Tensor grad_out = backward ? rd::randn(shape, generator, bf16()) : Tensor();
   const rd::nn::DilatedAttentionOptions options = options_of(s);
   DilatedResult result;
@@ -618,6 +623,25 @@ void target_peak_memory(benchmark::State& state) {
   });
 }
 
+// Issue 21: a grouped-query call (H = 16, H_kv = 4 or 1) no slower than the same call with
+// H_kv = 16, forward + backward, kAuto; both measured in this row.
+void target_gqa(benchmark::State& state, int64_t kv_heads) {
+  run_guarded(state, [&] {
+    const RowSpec s = target_spec(Direction::kForwardBackward, AttentionPath::kAuto);
+    const DilatedResult full = measure_dilated(s);
+    release_memory();
+    const DilatedResult grouped = measure_dilated(s, 1, kv_heads);
+    set_throughput_counters(state, s, grouped.timing.seconds);
+    state.counters["full_heads_s"] = full.timing.seconds;
+    set_target(state, grouped.timing.seconds / full.timing.seconds, 1.0, /*at_most=*/true);
+    state.SetLabel(rd::str_cat("paths: grouped ", rd::nn::path_name(grouped.path_used),
+                               ", full ", rd::nn::path_name(full.path_used),
+                               "; ratio = grouped time / H_kv = 16 time")
+                       .c_str());
+    return grouped.timing.seconds;
+  });
+}
+
 // (d) MultiheadDilatedAttention(E=768, H=12) forward + backward in bf16 at N = 4,194,304.
 void target_mhda(benchmark::State& state) {
   run_guarded(state, [&] {
@@ -714,6 +738,10 @@ void add_rows() {
   add("target/flash_over_cudnn_fwd_rate" + shape, target_flash_vs_cudnn);
   add("target/fixed_fwdbwd_peak_over_bound" + shape, target_peak_memory);
   add(rd::str_cat("target/mhda_fwdbwd_runs/E768H12/N", kMhdaTargetSeqLen), target_mhda);
+  for (int64_t kv_heads : {4, 1}) {
+    add(rd::str_cat("target/gqa_fwdbwd_over_mha" + shape, "/KV", kv_heads),
+        [kv_heads](benchmark::State& state) { target_gqa(state, kv_heads); });
+  }
 }
 
 #endif  // RD_WITH_CUDA
