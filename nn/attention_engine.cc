@@ -20,6 +20,25 @@
 namespace rd::nn {
 namespace {
 
+// Document starts: one list per batch row, each strictly increasing from 0 and below N.
+void check_documents(const char* op, const std::vector<std::vector<int64_t>>* documents,
+                     const DilatedAttentionOptions& options, int64_t batch, int64_t seq_len) {
+  if (documents == nullptr) return;
+  RD_CHECK(options.variant == DilationVariant::kSegmentLocal, kUnimplemented, op,
+           ": document masks need the segment-local variant (the global variant's cycled "
+           "lists mix positions of every document)");
+  RD_CHECK(static_cast<int64_t>(documents->size()) == batch, kInvalidArgument, op,
+           ": context's document_starts has ", documents->size(), " rows for a batch of ", batch);
+  for (size_t row = 0; row < documents->size(); ++row) {
+    const std::vector<int64_t>& starts = (*documents)[row];
+    for (size_t d = 0; d < starts.size(); ++d) {
+      const bool ok = d == 0 ? starts[0] == 0 : starts[d] > starts[d - 1] && starts[d] < seq_len;
+      RD_CHECK(ok, kInvalidArgument, op, ": document_starts of batch row ", row,
+               " must rise strictly from 0 below N = ", seq_len, "; entry ", d, " is ", starts[d]);
+    }
+  }
+}
+
 void check_call(const char* op, const AttentionInputs& in, const DilatedAttentionOptions& options,
                 const AttentionCallContext& context, const SequenceSplit& split) {
   check_qkv_inputs(in.q, in.k, in.v, op,
@@ -35,6 +54,8 @@ void check_call(const char* op, const AttentionInputs& in, const DilatedAttentio
            context.backward_piece_elements);
   RD_CHECK(!(context.training && options.dropout > 0) || context.generator != nullptr,
            kInvalidArgument, op, ": dropout in training needs a generator in the call context");
+  check_documents(op, context.document_starts, options, in.q.size(0),
+                  in.q.size(1) * (split.comm != nullptr ? split.comm->size() : 1));
 }
 
 RankLayout rank_layout(const char* op, const Tensor& q, const DilatedAttentionOptions& options,
@@ -103,10 +124,11 @@ struct VariantRun {
 
 VariantRun run_fixed(const DilatedAttentionOptions& options, const RankLayout& layout,
                      const std::shared_ptr<AttentionRunner>& runner, const AttentionInputs& in,
-                     const SequenceSplit& split, RingAttentionResult* result) {
+                     const SequenceSplit& split, const std::vector<std::vector<int64_t>>* documents,
+                     RingAttentionResult* result) {
   dist::Communicator* comm = split.comm;
   auto plan = std::make_shared<const RankPlan>(make_rank_plan(
-      options, layout, split.strategy, static_cast<int64_t>(dtype_size(in.q.dtype()))));
+      options, layout, split.strategy, static_cast<int64_t>(dtype_size(in.q.dtype())), documents));
   const int64_t before = exchange_bytes_sent(comm, *plan);
   VariantRun run;
   run.forward = fixed_forward(*runner, *plan, in.q, in.k, in.v, comm);
@@ -186,9 +208,10 @@ RingAttentionResult run_dilated_attention(const char* op, const AttentionInputs&
   layout.kv_heads = in.k.size(2);
   auto runner = std::make_shared<AttentionRunner>(op, options, context, in.q, layout.seq_len());
   RingAttentionResult result;
-  VariantRun run = options.variant == DilationVariant::kSegmentLocal
-                       ? run_fixed(options, layout, runner, in, split, &result)
-                       : run_global(options, layout, runner, in, split, &result);
+  VariantRun run =
+      options.variant == DilationVariant::kSegmentLocal
+          ? run_fixed(options, layout, runner, in, split, context.document_starts, &result)
+          : run_global(options, layout, runner, in, split, &result);
   result.attention.out = run.forward.out;
   result.attention.lse = run.forward.lse.to(DType::kFloat32);  // float64 data keeps float64
   result.attention.path_used = runner->path_used();

@@ -77,6 +77,11 @@ struct AttentionCallContext {
   // accumulator is twice the piece's q); with dropout the pieces draw the call's mask. Must
   // be >= 1.
   int64_t backward_piece_elements = int64_t{1} << 26;
+  // Document masks for packed sequences: per batch row, the global positions where its
+  // documents start (strictly increasing, the first 0). A query attends only keys of its own
+  // document (intersected with the pattern and the causal mask; docs/dilated-attention.md).
+  // Null, or empty rows: one document per row. Segment-local variant only.
+  const std::vector<std::vector<int64_t>>* document_starts = nullptr;
 };
 
 struct DilatedAttentionResult {

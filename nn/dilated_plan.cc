@@ -240,8 +240,39 @@ void set_heads(const HeadBlock& block, Selection* q, Selection* k) {
 
 }  // namespace
 
+namespace {
+
+// Whether some row's document starts inside [begin, end) (after `begin`).
+bool splits_documents(const std::vector<std::vector<int64_t>>* documents, int64_t begin,
+                      int64_t end) {
+  if (documents == nullptr) return false;
+  for (const std::vector<int64_t>& starts : *documents) {
+    const auto it = std::upper_bound(starts.begin(), starts.end(), begin);
+    if (it != starts.end() && *it < end) return true;
+  }
+  return false;
+}
+
+// The documents of one row that meet [begin, end), each clipped to it.
+std::vector<Block> document_pieces(const std::vector<int64_t>& starts, int64_t seq_len,
+                                   int64_t begin, int64_t end) {
+  std::vector<Block> pieces;
+  for (size_t d = 0; d < std::max<size_t>(starts.size(), 1); ++d) {
+    const int64_t ds = starts.empty() ? 0 : starts[d];
+    const int64_t de = d + 1 < starts.size() ? starts[d + 1] : seq_len;
+    const int64_t lo = std::max(ds, begin), hi = std::min(de, end);
+    if (lo < hi) pieces.push_back({lo, hi});
+  }
+  return pieces;
+}
+
+Block intersect(Block a, Block b) { return {std::max(a.begin, b.begin), std::min(a.end, b.end)}; }
+
+}  // namespace
+
 std::vector<BlockCall> plan_block_calls(const DilatedAttentionOptions& options, int64_t seq_len,
-                                        int64_t num_heads, Block qb, Block kb, int64_t kv_group) {
+                                        int64_t num_heads, Block qb, Block kb, int64_t kv_group,
+                                        const std::vector<std::vector<int64_t>>* documents) {
   const bool diagonal = qb.begin == kb.begin && qb.end == kb.end;
   RD_CHECK(diagonal || qb.end <= kb.begin || kb.end <= qb.begin, kInvalidArgument,
            "plan_block_calls: blocks [", qb.begin, ", ", qb.end, ") and [", kb.begin, ", ", kb.end,
@@ -265,17 +296,36 @@ std::vector<BlockCall> plan_block_calls(const DilatedAttentionOptions& options, 
           const int64_t start = s * w, length = std::min(w, seq_len - start);
           const int64_t o_s =
               options.offset_rule == OffsetRule::kConstant ? ph.offset : (ph.offset + s) % r;
-          const Run qr = clipped_run(start, length, o_s, r, qb);
-          const Run kr = clipped_run(start, length, o_s, r, kb);
-          if (qr.count == 0 || kr.count == 0) continue;
-          BlockCall call;
-          call.q = {0, 1, 0, qr.first - qb.begin, 0, 1, r, qr.count};
-          call.k = {0, 1, 0, kr.first - kb.begin, 0, 1, r, kr.count};
-          set_heads(block, &call.q, &call.k);
-          call.pair = pair;
-          call.head_set = static_cast<int>(set);
-          call.causal = options.causal && diagonal;
-          batcher.add(call, o_s);
+          // One call for every row, or (a segment some document starts inside) one per row
+          // and document piece, never batched.
+          auto add_call = [&](Block q_range, Block k_range, int64_t row) {
+            const Run qr = clipped_run(start, length, o_s, r, q_range);
+            const Run kr = clipped_run(start, length, o_s, r, k_range);
+            if (qr.count == 0 || kr.count == 0) return;
+            BlockCall call;
+            call.q = {0, 1, 0, qr.first - qb.begin, 0, 1, r, qr.count};
+            call.k = {0, 1, 0, kr.first - kb.begin, 0, 1, r, kr.count};
+            set_heads(block, &call.q, &call.k);
+            call.pair = pair;
+            call.head_set = static_cast<int>(set);
+            call.causal = options.causal && diagonal;
+            call.batch_row = row;
+            if (row < 0) {
+              batcher.add(call, o_s);
+            } else {
+              calls.push_back(call);
+            }
+          };
+          if (!splits_documents(documents, start, start + length)) {
+            add_call(qb, kb, -1);
+            continue;
+          }
+          for (size_t row = 0; row < documents->size(); ++row) {
+            for (const Block& doc :
+                 document_pieces((*documents)[row], seq_len, start, start + length)) {
+              add_call(intersect(qb, doc), intersect(kb, doc), static_cast<int64_t>(row));
+            }
+          }
         }
       }
     }

@@ -111,6 +111,9 @@ struct BlockCall {
   int pair = 0;
   int head_set = 0;  // which of the pair's head sets (fixed_pair_heads) the call serves
   bool causal = false;
+  // Document masks: the batch row the call is for (its selections lie in one document of
+  // that row), or -1 for every row.
+  int64_t batch_row = -1;
 };
 
 // The calls of the fixed variant between query block `qb` and key block `kb` of a sequence
@@ -119,9 +122,14 @@ struct BlockCall {
 // segment (or, causal, when kb comes after qb). With kv_group > 1 (grouped-query attention:
 // num_heads / kv_group key/value heads) the key selections name key/value heads
 // (kv_head_blocks).
-std::vector<BlockCall> plan_block_calls(const DilatedAttentionOptions& options, int64_t seq_len,
-                                        int64_t num_heads, Block qb, Block kb,
-                                        int64_t kv_group = 1);
+std::vector<BlockCall> plan_block_calls(
+    const DilatedAttentionOptions& options, int64_t seq_len, int64_t num_heads, Block qb, Block kb,
+    int64_t kv_group = 1, const std::vector<std::vector<int64_t>>* documents = nullptr);
+
+// Document masks (AttentionCallContext::document_starts): a segment that holds a document
+// start of some batch row (other than at its own start) is planned per row, one call per
+// document piece of its selected positions, so keys of other documents are never computed;
+// segments without one run for every row at once, exactly as without documents.
 
 // Whether query block qb needs anything from key block kb: plan_block_calls is not empty.
 bool blocks_interact(const DilatedAttentionOptions& options, int64_t seq_len, int64_t num_heads,

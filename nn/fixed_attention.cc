@@ -55,16 +55,20 @@ struct Target {
   Selection sel;
 };
 
+// Batch row `row` of t (dim 0) for a call of one row (document masks), else t.
+Tensor rows_of(const Tensor& t, int64_t row) { return row < 0 ? t : t.narrow(0, row, 1); }
+
 AttentionForwardArgs forward_args(const AttentionRunner& runner, const RankLayout& layout,
                                   const Tensor& q, const LocalCall& call, const Keys& keys,
                                   const Target& to) {
   const char* op = runner.op();
+  const int64_t row = call.batch_row;
   AttentionForwardArgs args;
-  args.q = kernel_view(select_bnhd(q, call.q), op);
-  args.k = kernel_view(select_bnhd(keys.k, keys.sel), op);
-  args.v = kernel_view(select_bnhd(keys.v, keys.sel), op);
-  args.out = kernel_view(select_bnhd(to.out, to.sel), op);
-  args.lse = kernel_view(select_bhn(to.lse, to.sel), op);
+  args.q = kernel_view(select_bnhd(rows_of(q, row), call.q), op);
+  args.k = kernel_view(select_bnhd(rows_of(keys.k, row), keys.sel), op);
+  args.v = kernel_view(select_bnhd(rows_of(keys.v, row), keys.sel), op);
+  args.out = kernel_view(select_bnhd(rows_of(to.out, row), to.sel), op);
+  args.lse = kernel_view(select_bhn(rows_of(to.lse, row), to.sel), op);
   // Numbered by global position: a piece of the call, or another split, draws its mask.
   const kernels::DropoutIndexing indexing =
       runner.dropout()
@@ -72,6 +76,11 @@ AttentionForwardArgs forward_args(const AttentionRunner& runner, const RankLayou
                                    {call.k_origin, call.k_origin}, layout.seq_len(), layout.heads)
           : kernels::DropoutIndexing{};
   args.params = runner.call_params(call.pair, call.causal, indexing);
+  if (row > 0 && runner.dropout()) {
+    // A call of one batch row: its batch index 0 is row `row` of the numbering.
+    args.params.dropout_indexing.base +=
+        static_cast<uint64_t>(row) * static_cast<uint64_t>(indexing.batch_strides[0]);
+  }
   if (keys.key_order.defined()) {
     args.params.key_order = static_cast<const int64_t*>(kernel_view(keys.key_order, op).data);
   }
@@ -281,12 +290,15 @@ class FixedBackward {
            const Tensor& grad_k, const Tensor& grad_v, bool start_at_zero) {
     const AttentionForwardArgs fwd =
         forward_args(runner_, plan_.layout, q_, call, keys, {out_, lse_, call.q});
-    const Tensor grad_out = select_bnhd(grad_out_, call.q);
-    const Tensor grad_lse = grad_lse_.defined() ? select_bhn(grad_lse_, call.q) : Tensor();
+    const int64_t row = call.batch_row;
+    const Tensor grad_out = select_bnhd(rows_of(grad_out_, row), call.q);
+    const Tensor grad_lse =
+        grad_lse_.defined() ? select_bhn(rows_of(grad_lse_, row), call.q) : Tensor();
+    const Tensor dq = select_bnhd(rows_of(grad_q, row), q_sel);
     if (keys.sel.head_repeat == 1) {
-      AttentionBackwardArgs args =
-          backward_args(runner_.op(), fwd, grad_out, grad_lse, select_bnhd(grad_q, q_sel),
-                        select_bnhd(grad_k, keys.sel), select_bnhd(grad_v, keys.sel));
+      AttentionBackwardArgs args = backward_args(runner_.op(), fwd, grad_out, grad_lse, dq,
+                                                 select_bnhd(rows_of(grad_k, row), keys.sel),
+                                                 select_bnhd(rows_of(grad_v, row), keys.sel));
       args.grads_start_at_zero = start_at_zero;
       runner_.backward(fwd, args);
       return;
@@ -296,15 +308,15 @@ class FixedBackward {
     // scratch, then add up into the shared head's rows.
     const TensorOptions acc_opts =
         TensorOptions(accumulation_dtype(q_.dtype())).with_device(q_.device());
-    const Shape key_shape = select_bnhd(keys.k, keys.sel).shape();
+    const Shape key_shape = select_bnhd(rows_of(keys.k, row), keys.sel).shape();
     const Tensor scratch_k = zeros(key_shape, acc_opts), scratch_v = zeros(key_shape, acc_opts);
-    AttentionBackwardArgs args = backward_args(runner_.op(), fwd, grad_out, grad_lse,
-                                               select_bnhd(grad_q, q_sel), scratch_k, scratch_v);
+    AttentionBackwardArgs args =
+        backward_args(runner_.op(), fwd, grad_out, grad_lse, dq, scratch_k, scratch_v);
     args.grads_start_at_zero = start_at_zero;
     runner_.backward(fwd, args);
     const Selection distinct = without_repeat(keys.sel);
-    add_into(select_bnhd(grad_k, distinct), sum(scratch_k, {3}));
-    add_into(select_bnhd(grad_v, distinct), sum(scratch_v, {3}));
+    add_into(select_bnhd(rows_of(grad_k, row), distinct), sum(scratch_k, {3}));
+    add_into(select_bnhd(rows_of(grad_v, row), distinct), sum(scratch_v, {3}));
   }
 
   // dQ of this rank's rows of `unit` from remote keys, in the accumulation dtype.

@@ -113,11 +113,13 @@ int exchange_span(const std::vector<std::pair<int, int>>& reads, int size) {
 // The calls between piece i of rank a's queries and piece j of rank b's keys, in the ranks'
 // local rows.
 std::vector<LocalCall> piece_calls(const DilatedAttentionOptions& o, const RankLayout& l, int a,
-                                   int i, int b, int j) {
+                                   int i, int b, int j,
+                                   const std::vector<std::vector<int64_t>>* documents) {
   const Block qb = l.piece(a, i), kb = l.piece(b, j);
   const int64_t q_shift = i * l.piece_len(), k_shift = j * l.piece_len();
   std::vector<LocalCall> result;
-  for (const BlockCall& c : plan_block_calls(o, l.seq_len(), l.heads, qb, kb, l.kv_group())) {
+  for (const BlockCall& c :
+       plan_block_calls(o, l.seq_len(), l.heads, qb, kb, l.kv_group(), documents)) {
     LocalCall lc;
     static_cast<BlockCall&>(lc) = c;
     lc.q.first_position += q_shift;
@@ -132,8 +134,9 @@ std::vector<LocalCall> piece_calls(const DilatedAttentionOptions& o, const RankL
 
 // Every rank plans every (query piece, key piece), so all agree on the units and the ring.
 // Returns, per unit, the (query rank, key rank) of every call through it.
-std::vector<std::vector<std::pair<int, int>>> plan_calls(const DilatedAttentionOptions& o,
-                                                         RankPlan& plan) {
+std::vector<std::vector<std::pair<int, int>>> plan_calls(
+    const DilatedAttentionOptions& o, RankPlan& plan,
+    const std::vector<std::vector<int64_t>>* documents) {
   const RankLayout& l = plan.layout;
   plan.calls.resize(static_cast<size_t>(l.ranks));
   std::vector<std::vector<std::pair<int, int>>> reads(plan.units.size());
@@ -142,7 +145,7 @@ std::vector<std::vector<std::pair<int, int>>> plan_calls(const DilatedAttentionO
       for (int i = 0; i < l.pieces(); ++i) {
         for (int j = 0; j < l.pieces(); ++j) {
           const bool same_piece = a == b && i == j;
-          for (LocalCall& c : piece_calls(o, l, a, i, b, j)) {
+          for (LocalCall& c : piece_calls(o, l, a, i, b, j, documents)) {
             if (!same_piece) {
               const int unit = plan.unit_of(c);
               plan.units[static_cast<size_t>(unit)].remote = true;
@@ -193,7 +196,8 @@ void choose_exchange(const std::vector<std::vector<std::pair<int, int>>>& reads,
 }  // namespace
 
 RankPlan make_rank_plan(const DilatedAttentionOptions& o, const RankLayout& l,
-                        DistStrategy strategy, int64_t element_bytes) {
+                        DistStrategy strategy, int64_t element_bytes,
+                        const std::vector<std::vector<int64_t>>* documents) {
   RankPlan plan;
   plan.layout = l;
   plan.merged = o.mixing == HeadMixing::kAllHeads;
@@ -212,7 +216,7 @@ RankPlan make_rank_plan(const DilatedAttentionOptions& o, const RankLayout& l,
       plan.units.push_back(unit);
     }
   }
-  choose_exchange(plan_calls(o, plan), strategy, element_bytes, plan);
+  choose_exchange(plan_calls(o, plan, documents), strategy, element_bytes, plan);
   return plan;
 }
 

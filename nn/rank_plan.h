@@ -91,7 +91,8 @@ struct RankPlan {
 // unit by `strategy` for elements of `element_bytes`. Every rank plans every (query piece,
 // key piece), so all agree on the units and the ring.
 RankPlan make_rank_plan(const DilatedAttentionOptions& options, const RankLayout& layout,
-                        DistStrategy strategy, int64_t element_bytes);
+                        DistStrategy strategy, int64_t element_bytes,
+                        const std::vector<std::vector<int64_t>>* documents = nullptr);
 
 // The [B, count, hc, D] rows of heads `heads` (a unit's query or key/value heads) in a
 // [B, C, H, D] block tensor, and the [B, hc, count] rows of a [B, H, C] row statistic (an

@@ -179,9 +179,36 @@ std::vector<RowPlan> row_plans(int64_t seq, const PairJob& job,
   return plans;
 }
 
-DilatedReferenceResult dilated_attention_reference(const HeadsArray& q, const HeadsArray& k,
-                                                   const HeadsArray& v,
-                                                   const nn::DilatedAttentionOptions& options) {
+namespace {
+
+// The document of `position` in a row whose documents start at `starts` (0 without any).
+int64_t document_of(const std::vector<int64_t>& starts, int64_t position) {
+  int64_t doc = 0;
+  for (size_t d = 0; d < starts.size(); ++d) {
+    if (starts[d] <= position) doc = static_cast<int64_t>(d);
+  }
+  return doc;
+}
+
+// `plan` without the keys outside the query's document.
+RowPlan within_document(RowPlan plan, const std::vector<int64_t>& starts) {
+  if (plan.query < 0) return plan;
+  const int64_t doc = document_of(starts, plan.query);
+  std::vector<int64_t> kept;
+  for (int64_t key : plan.keys) {
+    if (document_of(starts, key) == doc) kept.push_back(key);
+  }
+  plan.keys = kept;
+  if (plan.keys.empty()) plan.query = -1;
+  return plan;
+}
+
+}  // namespace
+
+DilatedReferenceResult dilated_attention_reference(
+    const HeadsArray& q, const HeadsArray& k, const HeadsArray& v,
+    const nn::DilatedAttentionOptions& options,
+    const std::vector<std::vector<int64_t>>* document_starts) {
   validate(q, k, v, options);
   const double scale = options.scale ? *options.scale : 1.0 / std::sqrt(static_cast<double>(q.dim));
   DilatedReferenceResult result;
@@ -195,7 +222,12 @@ DilatedReferenceResult dilated_attention_reference(const HeadsArray& q, const He
     for (int64_t b = 0; b < q.batch; ++b) {
       for (int64_t n = 0; n < q.seq; ++n) {
         std::vector<RowResult> parts;
-        for (const auto& plans : plans_per_job) parts.push_back(attend(q, k, v, b, h, plans[n], scale));
+        for (const auto& plans : plans_per_job) {
+          const RowPlan plan = document_starts == nullptr
+                                   ? plans[n]
+                                   : within_document(plans[n], (*document_starts)[b]);
+          parts.push_back(attend(q, k, v, b, h, plan, scale));
+        }
         RowResult row = merge(parts, q.dim);
         for (int64_t d = 0; d < q.dim; ++d) result.out.at(b, n, h, d) = row.out[d];
         result.lse[(b * q.heads + h) * q.seq + n] = row.lse;

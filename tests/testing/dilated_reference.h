@@ -71,8 +71,11 @@ std::vector<RowPlan> row_plans(int64_t seq, const PairJob& job,
 // The whole operation. Dropout, use_hilbert and path are ignored (eval mode; the Hilbert
 // order does not change the math). Throws std::invalid_argument on shapes or options the
 // specification rejects.
-DilatedReferenceResult dilated_attention_reference(const HeadsArray& q, const HeadsArray& k,
-                                                   const HeadsArray& v,
-                                                   const nn::DilatedAttentionOptions& options);
+// `document_starts` (optional, one list per batch row): a query keeps only the keys of its own
+// document, the positions from one start to the next.
+DilatedReferenceResult dilated_attention_reference(
+    const HeadsArray& q, const HeadsArray& k, const HeadsArray& v,
+    const nn::DilatedAttentionOptions& options,
+    const std::vector<std::vector<int64_t>>* document_starts = nullptr);
 
 }  // namespace rd::test

@@ -1,0 +1,208 @@
+// Document masks for packed sequences (AttentionCallContext::document_starts): every mode
+// equals the naive float64 reference that keeps only a query's own document's keys (rows of
+// one document, rows split at boundaries, documents of one position, documents crossing
+// segments); gradients match central differences; across ranks the result and gradients
+// equal one device's, documents crossing rank boundaries, both layouts; bad starts are named.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "ringdilated/dist/in_process.h"
+#include "ringdilated/kernels/error.h"
+#include "ringdilated/nn/dilated_attention.h"
+#include "ringdilated/nn/ring_dilated_attention.h"
+#include "ringdilated/tensor/ops.h"
+#include "testing/dilated_reference.h"
+#include "testing/gradcheck.h"
+#include "testing/raises.h"
+
+namespace rd {
+namespace {
+
+using nn::DilatedAttentionOptions;
+using nn::HeadMixing;
+using nn::OffsetRule;
+
+constexpr int64_t kB = 3, kN = 40, kH = 6, kD = 5;
+
+// Row 0: one document; row 1: documents of 5, 8, 1 and 16 positions then the rest, which
+// cross segments of every pair; row 2: three documents.
+const std::vector<std::vector<int64_t>> kDocuments = {{}, {0, 5, 13, 14, 30}, {0, 9, 17}};
+
+DilatedAttentionOptions options_for(HeadMixing mixing, OffsetRule rule, bool causal) {
+  DilatedAttentionOptions o;
+  o.segment_lengths = {4, 8, 16};
+  o.dilation_rates = {1, 2, 4};
+  o.mixing = mixing;
+  o.offset_rule = rule;
+  o.causal = causal;
+  return o;
+}
+
+test::HeadsArray heads_of(const Tensor& t) {
+  test::HeadsArray a = test::HeadsArray::zeros(t.size(0), t.size(1), t.size(2), t.size(3));
+  a.values = t.contiguous().to_vector<double>();
+  return a;
+}
+
+void expect_close(const Tensor& got, const Tensor& want, const std::string& what, double tol) {
+  ASSERT_EQ(got.shape(), want.shape()) << what;
+  const std::vector<double> g = got.to(DType::kFloat64).contiguous().to_vector<double>();
+  const std::vector<double> w = want.to(DType::kFloat64).contiguous().to_vector<double>();
+  for (size_t i = 0; i < w.size(); ++i) {
+    if (std::isinf(w[i])) {
+      ASSERT_EQ(g[i], w[i]) << what << " at " << i;
+    } else {
+      ASSERT_NEAR(g[i], w[i], tol * std::max(1.0, std::abs(w[i]))) << what << " at " << i;
+    }
+  }
+}
+
+using Mode = std::tuple<HeadMixing, OffsetRule, bool>;
+
+std::string mode_name(const ::testing::TestParamInfo<Mode>& info) {
+  const auto [mixing, rule, causal] = info.param;
+  return std::string(mixing == HeadMixing::kAllHeads ? "allheads" : "groups") + "_" +
+         (rule == OffsetRule::kRotating ? "rotating" : "constant") + (causal ? "_causal" : "");
+}
+
+class DocumentMask : public ::testing::TestWithParam<Mode> {};
+
+TEST_P(DocumentMask, EqualsTheReferenceWithinDocuments) {
+  const auto [mixing, rule, causal] = GetParam();
+  const DilatedAttentionOptions o = options_for(mixing, rule, causal);
+  Generator gen(21);
+  const TensorOptions f64(DType::kFloat64);
+  const Tensor q = randn({kB, kN, kH, kD}, gen, f64), k = randn({kB, kN, kH, kD}, gen, f64),
+               v = randn({kB, kN, kH, kD}, gen, f64);
+  nn::AttentionCallContext context;
+  context.document_starts = &kDocuments;
+  const nn::DilatedAttentionResult got = nn::dilated_attention_with_lse(q, k, v, o, context);
+  const test::DilatedReferenceResult want =
+      test::dilated_attention_reference(heads_of(q), heads_of(k), heads_of(v), o, &kDocuments);
+  expect_close(got.out, from_vector<double>(want.out.values, {kB, kN, kH, kD}), "out", 1e-10);
+  // The lse is float32, like the call's without documents.
+  expect_close(got.lse, from_vector<double>(want.lse, {kB, kH, kN}), "lse", 1e-6);
+  // The documents change the result: without them it differs.
+  const Tensor plain = nn::dilated_attention(q, k, v, o);
+  EXPECT_GT(max(abs(sub(plain, got.out))).item<double>(), 1e-3);
+}
+
+TEST_P(DocumentMask, GradientsMatchCentralDifferences) {
+  const auto [mixing, rule, causal] = GetParam();
+  const DilatedAttentionOptions o = options_for(mixing, rule, causal);
+  Generator gen(22);
+  const TensorOptions f64(DType::kFloat64);
+  const std::vector<std::vector<int64_t>> documents = {{0, 3, 11}, {0, 7}};
+  const Tensor q = randn({2, 20, 3, 4}, gen, f64), k = randn({2, 20, 3, 4}, gen, f64),
+               v = randn({2, 20, 3, 4}, gen, f64);
+  DilatedAttentionOptions small = o;
+  small.segment_lengths = {4, 8};
+  small.dilation_rates = {1, 2};
+  nn::AttentionCallContext context;
+  context.document_starts = &documents;
+  EXPECT_TRUE(test::gradcheck(
+      [&](const std::vector<Tensor>& in) {
+        // The output only: the lse is rounded to float32, too coarse for central differences.
+        return std::vector<Tensor>{
+            nn::dilated_attention_with_lse(in[0], in[1], in[2], small, context).out};
+      },
+      {q, k, v}));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Modes, DocumentMask,
+    ::testing::Combine(::testing::Values(HeadMixing::kHeadGroups, HeadMixing::kAllHeads),
+                       ::testing::Values(OffsetRule::kConstant, OffsetRule::kRotating),
+                       ::testing::Bool()),
+    mode_name);
+
+// Ranks (threads) against one device: rows, lse and gradients, documents crossing the ranks'
+// blocks (N = 40 over 2 or 4 ranks: blocks of 20 or 10, zigzag pieces of 10 or 5).
+using RingCase = std::tuple<int, nn::DistStrategy, HeadMixing, bool, nn::SequenceLayout>;
+
+std::string ring_name(const ::testing::TestParamInfo<RingCase>& info) {
+  const auto [P, strategy, mixing, causal, layout] = info.param;
+  return "P" + std::to_string(P) + "_" + nn::strategy_name(strategy) + "_" +
+         (mixing == HeadMixing::kAllHeads ? "allheads" : "groups") + (causal ? "_causal" : "") +
+         "_" + nn::layout_name(layout);
+}
+
+class DocumentMaskRing : public ::testing::TestWithParam<RingCase> {};
+
+TEST_P(DocumentMaskRing, MatchesOneDevice) {
+  const auto [P, strategy, mixing, causal, layout] = GetParam();
+  const DilatedAttentionOptions o = options_for(mixing, OffsetRule::kConstant, causal);
+  Generator gen(23);
+  const TensorOptions f64(DType::kFloat64);
+  Tensor q = randn({kB, kN, kH, kD}, gen, f64), k = randn({kB, kN, kH, kD}, gen, f64),
+         v = randn({kB, kN, kH, kD}, gen, f64);
+  const Tensor w = randn({kB, kN, kH, kD}, gen, f64);
+  for (Tensor* t : {&q, &k, &v}) t->set_requires_grad(true);
+  nn::AttentionCallContext context;
+  context.document_starts = &kDocuments;
+  const Tensor out = nn::dilated_attention(q, k, v, o, context);
+  sum(mul(out, w)).backward();
+  std::vector<Tensor> outs(P), gq(P), gk(P), gv(P);
+  dist::run_in_process(P, [&](dist::Communicator& comm) {
+    const int r = comm.rank();
+    auto block = [&](const Tensor& t) {
+      return nn::sequence_block(t.detach(), r, P, layout).contiguous();
+    };
+    Tensor qr = block(q), kr = block(k), vr = block(v);
+    for (Tensor* t : {&qr, &kr, &vr}) t->set_requires_grad(true);
+    const Tensor o_r = nn::ring_dilated_attention(qr, kr, vr, o, comm, strategy, context, layout);
+    sum(mul(o_r, block(w))).backward();
+    outs[r] = o_r.detach();
+    gq[r] = qr.grad();
+    gk[r] = kr.grad();
+    gv[r] = vr.grad();
+  });
+  expect_close(nn::sequence_from_blocks(outs, layout), out.detach(), "out", 1e-10);
+  expect_close(nn::sequence_from_blocks(gq, layout), q.grad(), "grad_q", 1e-10);
+  expect_close(nn::sequence_from_blocks(gk, layout), k.grad(), "grad_k", 1e-10);
+  expect_close(nn::sequence_from_blocks(gv, layout), v.grad(), "grad_v", 1e-10);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Ranks, DocumentMaskRing,
+    ::testing::Combine(::testing::Values(2, 4),
+                       ::testing::Values(nn::DistStrategy::kRing, nn::DistStrategy::kAllGather),
+                       ::testing::Values(HeadMixing::kHeadGroups, HeadMixing::kAllHeads),
+                       ::testing::Bool(),
+                       ::testing::Values(nn::SequenceLayout::kContiguous,
+                                         nn::SequenceLayout::kZigzag)),
+    ring_name);
+
+TEST(DocumentMaskErrors, BadStartsAreNamed) {
+  const DilatedAttentionOptions o = options_for(HeadMixing::kAllHeads, OffsetRule::kConstant, true);
+  Generator gen(24);
+  const Tensor q = randn({2, 16, 3, 4}, gen);
+  nn::AttentionCallContext context;
+  const std::vector<std::vector<int64_t>> one_row = {{0, 4}};
+  context.document_starts = &one_row;
+  EXPECT_TRUE(test::raises([&] { nn::dilated_attention(q, q, q, o, context); },
+                           {ErrorCode::kInvalidArgument},
+                           {"document_starts", "1 rows", "batch of 2"}));
+  const std::vector<std::vector<int64_t>> unsorted = {{0, 8, 4}, {0}};
+  context.document_starts = &unsorted;
+  EXPECT_TRUE(test::raises([&] { nn::dilated_attention(q, q, q, o, context); },
+                           {ErrorCode::kInvalidArgument}, {"batch row 0", "entry 2", "4"}));
+  const std::vector<std::vector<int64_t>> late_first = {{2}, {0}};
+  context.document_starts = &late_first;
+  EXPECT_TRUE(test::raises([&] { nn::dilated_attention(q, q, q, o, context); },
+                           {ErrorCode::kInvalidArgument}, {"from 0", "entry 0"}));
+  DilatedAttentionOptions global = o;
+  global.variant = nn::DilationVariant::kGlobal;
+  global.mixing = HeadMixing::kHeadGroups;
+  const std::vector<std::vector<int64_t>> fine = {{0, 8}, {0}};
+  context.document_starts = &fine;
+  EXPECT_TRUE(test::raises([&] { nn::dilated_attention(q, q, q, global, context); },
+                           {ErrorCode::kUnimplemented}, {"segment-local"}));
+}
+
+}  // namespace
+}  // namespace rd
