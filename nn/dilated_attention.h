@@ -84,6 +84,10 @@ struct AttentionCallContext {
   const std::vector<std::vector<int64_t>>* document_starts = nullptr;
 };
 
+// Per batch row, the global positions where its documents start (see
+// AttentionCallContext::document_starts).
+using DocumentStarts = std::vector<std::vector<int64_t>>;
+
 struct DilatedAttentionResult {
   Tensor out;  // [B, N, H, D], q's dtype
   Tensor lse;  // float32 [B, H, N]; -inf where a position attended to no key

@@ -54,8 +54,10 @@ DilatedAttention::DilatedAttention(DilatedAttentionOptions options, uint64_t dro
   validate_options(options_, static_cast<int64_t>(options_.segment_lengths.size()));
 }
 
-RingAttentionResult DilatedAttention::attend(const Tensor& q, const Tensor& k, const Tensor& v) {
-  return with_context([&](const AttentionCallContext& context) {
+RingAttentionResult DilatedAttention::attend(const Tensor& q, const Tensor& k, const Tensor& v,
+                                             const DocumentStarts* documents) {
+  return with_context([&](AttentionCallContext context) {
+    context.document_starts = documents;
     if (comm_ != nullptr) {
       return ring_dilated_attention_with_lse(q, k, v, options_, *comm_, strategy_, context,
                                              layout_);
@@ -64,8 +66,10 @@ RingAttentionResult DilatedAttention::attend(const Tensor& q, const Tensor& k, c
   });
 }
 
-RingAttentionResult DilatedAttention::attend_packed(const Tensor& qkv) {
-  return with_context([&](const AttentionCallContext& context) {
+RingAttentionResult DilatedAttention::attend_packed(const Tensor& qkv,
+                                                    const DocumentStarts* documents) {
+  return with_context([&](AttentionCallContext context) {
+    context.document_starts = documents;
     if (comm_ != nullptr) {
       return ring_dilated_attention_qkv_with_lse(qkv, options_, *comm_, strategy_, context,
                                                  layout_);
@@ -147,13 +151,17 @@ Tensor MultiheadDilatedAttention::projected_gqa(const Tensor& x,
   return cat({rotated.size() == 1 ? rotated[0] : cat(rotated, 1), v}, 2);
 }
 
-Tensor MultiheadDilatedAttention::attend_gqa(const Tensor& projected) {
-  return attention_->forward(projected.narrow(2, 0, num_heads_),
-                             projected.narrow(2, num_heads_, num_kv_heads_),
-                             projected.narrow(2, num_heads_ + num_kv_heads_, num_kv_heads_));
+Tensor MultiheadDilatedAttention::attend_gqa(const Tensor& projected,
+                                             const DocumentStarts* documents) {
+  return attention_
+      ->forward_with_lse(projected.narrow(2, 0, num_heads_),
+                         projected.narrow(2, num_heads_, num_kv_heads_),
+                         projected.narrow(2, num_heads_ + num_kv_heads_, num_kv_heads_), documents)
+      .out;
 }
 
-Tensor MultiheadDilatedAttention::forward(const Tensor& x) {
+Tensor MultiheadDilatedAttention::forward_documents(const Tensor& x,
+                                                    const DocumentStarts* documents) {
   const bool split = attention_->ranks() > 1;
   RD_CHECK(x.defined() && x.dim() == 3 && x.size(2) == embed_dim_, kShapeMismatch, name_,
            ": input must be ", split ? "this rank's block [B, N / P, " : "[B, N, ", embed_dim_,
@@ -165,8 +173,8 @@ Tensor MultiheadDilatedAttention::forward(const Tensor& x) {
     positions.push_back({b.size(), b.begin});
   }
   const Tensor attended = num_kv_heads_ == num_heads_
-                              ? attention_->forward_packed(projected_qkv(x, positions))
-                              : attend_gqa(projected_gqa(x, positions));
+                              ? attention_->forward_packed(projected_qkv(x, positions), documents)
+                              : attend_gqa(projected_gqa(x, positions), documents);
   return out_->forward(attended.reshape({batch, rows, embed_dim_}));
 }
 

@@ -51,15 +51,19 @@ auto with_attention_context(bool training, double dropout, BufferedGenerator& ge
 class DilatedAttention : public Module {
  public:
   explicit DilatedAttention(DilatedAttentionOptions options, uint64_t dropout_seed = 0);
-  DilatedAttentionResult forward_with_lse(const Tensor& q, const Tensor& k, const Tensor& v) {
-    return attend(q, k, v).attention;
+  // `documents`: document masks for packed sequences (AttentionCallContext::document_starts).
+  DilatedAttentionResult forward_with_lse(const Tensor& q, const Tensor& k, const Tensor& v,
+                                          const DocumentStarts* documents = nullptr) {
+    return attend(q, k, v, documents).attention;
   }
   Tensor forward(const Tensor& q, const Tensor& k, const Tensor& v) {
     return attend(q, k, v).attention.out;
   }
   // The output for q, k, v packed as one [B, N, 3, H, D] tensor (see
   // dilated_attention_qkv_with_lse).
-  Tensor forward_packed(const Tensor& qkv) { return attend_packed(qkv).attention.out; }
+  Tensor forward_packed(const Tensor& qkv, const DocumentStarts* documents = nullptr) {
+    return attend_packed(qkv, documents).attention.out;
+  }
   const DilatedAttentionOptions& options() const { return options_; }
   // The path the last forward took.
   AttentionPath last_path() const { return last_path_; }
@@ -78,8 +82,9 @@ class DilatedAttention : public Module {
                    std::shared_ptr<dist::Communicator> comm, DistStrategy strategy,
                    SequenceLayout layout);
   void on_state_loaded() override { dropout_generator_.reload(); }
-  RingAttentionResult attend(const Tensor& q, const Tensor& k, const Tensor& v);
-  RingAttentionResult attend_packed(const Tensor& qkv);
+  RingAttentionResult attend(const Tensor& q, const Tensor& k, const Tensor& v,
+                             const DocumentStarts* documents = nullptr);
+  RingAttentionResult attend_packed(const Tensor& qkv, const DocumentStarts* documents = nullptr);
 
   DilatedAttentionOptions options_;
   std::shared_ptr<dist::Communicator> comm_;  // null: one device
@@ -129,7 +134,10 @@ class MultiheadDilatedAttention : public UnaryModule {
   MultiheadDilatedAttention(int64_t embed_dim, int64_t num_heads, DilatedAttentionOptions options,
                             Generator& generator, const MultiheadOptions& module_options = {});
 
-  Tensor forward(const Tensor& x) override;
+  Tensor forward(const Tensor& x) override { return forward_documents(x, nullptr); }
+  // forward() with document masks for packed sequences: `documents` (global starts per batch
+  // row, AttentionCallContext::document_starts; null: none).
+  Tensor forward_documents(const Tensor& x, const DocumentStarts* documents);
   // Incremental decoding (one device, causal options): x [B, T, E] holds positions
   // cache.length() .. + T - 1 of a sequence whose earlier keys and values are in `cache`;
   // appends this layer's keys and values of them and returns their outputs, equal to the
@@ -163,7 +171,7 @@ class MultiheadDilatedAttention : public UnaryModule {
   // v are its head ranges [0, H), [H, H + H_kv), [H + H_kv, H + 2 H_kv).
   Tensor projected_gqa(const Tensor& x, const std::vector<PositionRun>& positions);
   // The attention's output [B, T, H, D] of a GQA projection (projected_gqa).
-  Tensor attend_gqa(const Tensor& projected);
+  Tensor attend_gqa(const Tensor& projected, const DocumentStarts* documents = nullptr);
 
   const char* name_;
   int64_t embed_dim_;

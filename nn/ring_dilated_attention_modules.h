@@ -24,11 +24,14 @@ class RingDilatedAttention : public DilatedAttention {
   RingDilatedAttention(DilatedAttentionOptions options, std::shared_ptr<dist::Communicator> comm,
                        DistStrategy strategy = DistStrategy::kAuto, uint64_t dropout_seed = 0,
                        SequenceLayout layout = SequenceLayout::kAuto);
-  RingAttentionResult forward_with_lse(const Tensor& q, const Tensor& k, const Tensor& v) {
-    return attend(q, k, v);
+  RingAttentionResult forward_with_lse(const Tensor& q, const Tensor& k, const Tensor& v,
+                                       const DocumentStarts* documents = nullptr) {
+    return attend(q, k, v, documents);
   }
   // This rank's [B, N / P, 3, H, D] block of packed q, k and v.
-  RingAttentionResult forward_packed(const Tensor& qkv) { return attend_packed(qkv); }
+  RingAttentionResult forward_packed(const Tensor& qkv, const DocumentStarts* documents = nullptr) {
+    return attend_packed(qkv, documents);
+  }
   DistStrategy strategy() const { return strategy_; }
   // The resolved layout for a sequence of seq_len positions.
   SequenceLayout layout_for(int64_t seq_len) const;

@@ -13,6 +13,7 @@
 #include "ringdilated/dist/in_process.h"
 #include "ringdilated/kernels/error.h"
 #include "ringdilated/nn/dilated_attention.h"
+#include "ringdilated/nn/dilated_attention_modules.h"
 #include "ringdilated/nn/ring_dilated_attention.h"
 #include "ringdilated/tensor/ops.h"
 #include "testing/dilated_reference.h"
@@ -176,6 +177,33 @@ INSTANTIATE_TEST_SUITE_P(
                        ::testing::Values(nn::SequenceLayout::kContiguous,
                                          nn::SequenceLayout::kZigzag)),
     ring_name);
+
+// The module with rotary positions: a document starting at 16 (a boundary of the segments of
+// 4 and 8; the segment of 32 spans both documents) is attended as if it were a sequence of
+// its own (constant offsets select the same relative positions, and rotary scores depend
+// only on relative positions), and so is the document before it: an independent check of
+// the module path, both mixing modes.
+TEST(DocumentMaskModule, DocumentsAttendAsSeparateSequences) {
+  for (const HeadMixing mixing : {HeadMixing::kHeadGroups, HeadMixing::kAllHeads}) {
+    DilatedAttentionOptions o = options_for(mixing, OffsetRule::kConstant, true);
+    o.segment_lengths = {4, 8, 32};  // the last pair spans both documents
+    nn::MultiheadOptions mo;
+    mo.rope_base = 10000.0;
+    mo.tensor_options = TensorOptions(DType::kFloat64);
+    Generator init(25);
+    nn::MultiheadDilatedAttention layer(24, 3, o, init, mo);
+    Generator gen(26);
+    const Tensor x = randn({1, 32, 24}, gen, TensorOptions(DType::kFloat64));
+    const nn::DocumentStarts documents = {{0, 16}};
+    const Tensor packed = layer.forward_documents(x, &documents);
+    expect_close(packed.narrow(1, 0, 16), layer.forward(x.narrow(1, 0, 16)), "document 1", 1e-10);
+    expect_close(packed.narrow(1, 16, 16), layer.forward(x.narrow(1, 16, 16)), "document 2", 1e-10);
+    // And without the mask the second document reads the first.
+    EXPECT_GT(
+        max(abs(sub(layer.forward(x).narrow(1, 16, 16), packed.narrow(1, 16, 16)))).item<double>(),
+        1e-3);
+  }
+}
 
 TEST(DocumentMaskErrors, BadStartsAreNamed) {
   const DilatedAttentionOptions o = options_for(HeadMixing::kAllHeads, OffsetRule::kConstant, true);
