@@ -3,6 +3,8 @@
 // for every p of a sequence (prompts ending inside a segment, at a boundary, on positions
 // some pair does not select), both mixing modes, both offset rules; the cache grows; bad
 // input is named.
+#include "ringdilated/nn/dilated_decode.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -13,7 +15,6 @@
 
 #include "ringdilated/kernels/error.h"
 #include "ringdilated/nn/dilated_attention.h"
-#include "ringdilated/nn/dilated_decode.h"
 #include "ringdilated/tensor/device.h"
 #include "ringdilated/tensor/ops.h"
 #include "testing/dilated_reference.h"
@@ -29,12 +30,6 @@ using nn::HeadMixing;
 using nn::OffsetRule;
 
 constexpr int64_t kBatch = 2, kSeq = 37, kHeads = 6, kDim = 5;
-
-test::HeadsArray heads_of(const Tensor& t) {
-  test::HeadsArray a = test::HeadsArray::zeros(t.size(0), t.size(1), t.size(2), t.size(3));
-  a.values = t.contiguous().to_vector<double>();
-  return a;
-}
 
 DilatedAttentionOptions causal_options(HeadMixing mixing, OffsetRule rule) {
   DilatedAttentionOptions o;
@@ -58,8 +53,8 @@ TEST_P(DecodeStep, EveryPositionEqualsTheFullForwardsRow) {
   const Tensor q = randn({kBatch, kSeq, kHeads, kDim}, gen, f64);
   const Tensor k = randn({kBatch, kSeq, kHeads, kDim}, gen, f64);
   const Tensor v = randn({kBatch, kSeq, kHeads, kDim}, gen, f64);
-  const test::DilatedReferenceResult want =
-      test::dilated_attention_reference(heads_of(q), heads_of(k), heads_of(v), o);
+  const test::DilatedReferenceResult want = test::dilated_attention_reference(
+      test::heads_array_of(q), test::heads_array_of(k), test::heads_array_of(v), o);
   const nn::DilatedAttentionResult full = nn::dilated_attention_with_lse(q, k, v, o);
   const std::vector<double> full_out = full.out.contiguous().to_vector<double>();
   DilatedKVCache cache(kBatch, /*capacity=*/3, kHeads, kDim, f64);  // grows on the way
@@ -104,7 +99,7 @@ INSTANTIATE_TEST_SUITE_P(
                        ::testing::Values(OffsetRule::kConstant, OffsetRule::kRotating)),
     [](const auto& info) {
       return std::string(std::get<0>(info.param) == HeadMixing::kHeadGroups ? "groups"
-                                                                             : "allheads") +
+                                                                            : "allheads") +
              (std::get<1>(info.param) == OffsetRule::kConstant ? "_constant" : "_rotating");
     });
 
@@ -126,8 +121,8 @@ TEST(DecodeCache, APromptAppendedAtOnceThenStepsMatchesTheForward) {
                                         .out.to(DType::kFloat64)
                                         .to_vector<double>();
     for (int64_t i = 0; i < kHeads * kDim; ++i) {
-      EXPECT_NEAR(out[static_cast<size_t>(i)],
-                  full[static_cast<size_t>(p * kHeads * kDim + i)], 1e-5)
+      EXPECT_NEAR(out[static_cast<size_t>(i)], full[static_cast<size_t>(p * kHeads * kDim + i)],
+                  1e-5)
           << "p " << p;
     }
   }
@@ -154,8 +149,8 @@ TEST(DecodeStepCuda, EveryPathMatchesTheFloat64Reference) {
               .to(DType::kFloat64);
         };
         const Tensor q = rounded(), k = rounded(), v = rounded();
-        const test::DilatedReferenceResult want =
-            test::dilated_attention_reference(heads_of(q), heads_of(k), heads_of(v), o);
+        const test::DilatedReferenceResult want = test::dilated_attention_reference(
+            test::heads_array_of(q), test::heads_array_of(k), test::heads_array_of(v), o);
         const double tol = 16 * test::unit_roundoff(dtype) * 4.0;  // |v| < ~4
         nn::DilatedKVCache cache(1, 8, kHeads, kDim, TensorOptions(dtype).with_device(gpu));
         for (int64_t p = 0; p < kSeq; ++p) {
@@ -182,7 +177,8 @@ TEST(DecodeCache, TruncateRollsPositionsBack) {
   const DilatedAttentionOptions o = causal_options(HeadMixing::kAllHeads, OffsetRule::kConstant);
   Generator gen(35);
   const TensorOptions f64(DType::kFloat64);
-  const Tensor k = randn({1, 12, kHeads, kDim}, gen, f64), v = randn({1, 12, kHeads, kDim}, gen, f64);
+  const Tensor k = randn({1, 12, kHeads, kDim}, gen, f64),
+               v = randn({1, 12, kHeads, kDim}, gen, f64);
   const Tensor other = randn({1, 12, kHeads, kDim}, gen, f64);
   const Tensor q = randn({1, 1, kHeads, kDim}, gen, f64);
   DilatedKVCache fresh(1, 4, kHeads, kDim, f64), rolled(1, 4, kHeads, kDim, f64);
@@ -191,8 +187,10 @@ TEST(DecodeCache, TruncateRollsPositionsBack) {
   rolled.append(other.narrow(1, 7, 5), other.narrow(1, 7, 5));  // a draft, then rolled back
   rolled.truncate(7);
   rolled.append(k.narrow(1, 7, 5), v.narrow(1, 7, 5));
-  const std::vector<double> want = nn::dilated_attention_decode_step(q, fresh, o).out.to_vector<double>();
-  const std::vector<double> got = nn::dilated_attention_decode_step(q, rolled, o).out.to_vector<double>();
+  const std::vector<double> want =
+      nn::dilated_attention_decode_step(q, fresh, o).out.to_vector<double>();
+  const std::vector<double> got =
+      nn::dilated_attention_decode_step(q, rolled, o).out.to_vector<double>();
   EXPECT_EQ(got, want);
 }
 
@@ -202,10 +200,14 @@ TEST(DecodeCache, BadInputIsNamed) {
   Generator gen(33);
   const Tensor row = randn({1, 1, kHeads, kDim}, gen);
   EXPECT_TRUE(test::raises([&] { nn::dilated_attention_decode_step(row, cache, o); },
-                           {ErrorCode::kInvalidArgument}, {"dilated_attention_decode_step", "empty"}));
+                           {ErrorCode::kInvalidArgument},
+                           {"dilated_attention_decode_step", "empty"}));
   cache.append(row, row);
-  EXPECT_TRUE(test::raises([&] { nn::dilated_attention_decode_step(randn({1, 2, kHeads, kDim}, gen), cache, o); },
-                           {ErrorCode::kShapeMismatch}, {"'q'", "[1, 1, H, 5]", "6 key/value heads", "[1, 2, 6, 5]"}));
+  EXPECT_TRUE(test::raises(
+      [&] {
+        nn::dilated_attention_decode_step(randn({1, 2, kHeads, kDim}, gen), cache, o);
+      },
+      {ErrorCode::kShapeMismatch}, {"'q'", "[1, 1, H, 5]", "6 key/value heads", "[1, 2, 6, 5]"}));
   o.causal = false;
   EXPECT_TRUE(test::raises([&] { nn::dilated_attention_decode_step(row, cache, o); },
                            {ErrorCode::kInvalidArgument}, {"causal"}));
@@ -213,8 +215,11 @@ TEST(DecodeCache, BadInputIsNamed) {
   o.variant = nn::DilationVariant::kGlobal;
   EXPECT_TRUE(test::raises([&] { nn::dilated_attention_decode_step(row, cache, o); },
                            {ErrorCode::kUnimplemented}, {"global variant", "recomputing"}));
-  EXPECT_TRUE(test::raises([&] { cache.append(randn({1, 1, kHeads + 1, kDim}, gen), row); },
-                           {ErrorCode::kShapeMismatch}, {"append", "'k'"}));
+  EXPECT_TRUE(test::raises(
+      [&] {
+        cache.append(randn({1, 1, kHeads + 1, kDim}, gen), row);
+      },
+      {ErrorCode::kShapeMismatch}, {"append", "'k'"}));
   EXPECT_TRUE(test::raises([&] { cache.truncate(2); }, {ErrorCode::kInvalidArgument},
                            {"truncate", "[0, 1]", "2"}));
   EXPECT_TRUE(test::raises([&] { DilatedKVCache(1, 0, kHeads, kDim, TensorOptions()); },

@@ -17,6 +17,7 @@
 #include "ringdilated/nn/ring_dilated_attention.h"
 #include "ringdilated/tensor/ops.h"
 #include "testing/dilated_reference.h"
+#include "testing/elementwise_close.h"
 #include "testing/gradcheck.h"
 #include "testing/raises.h"
 
@@ -43,25 +44,6 @@ DilatedAttentionOptions options_for(HeadMixing mixing, OffsetRule rule, bool cau
   return o;
 }
 
-test::HeadsArray heads_of(const Tensor& t) {
-  test::HeadsArray a = test::HeadsArray::zeros(t.size(0), t.size(1), t.size(2), t.size(3));
-  a.values = t.contiguous().to_vector<double>();
-  return a;
-}
-
-void expect_close(const Tensor& got, const Tensor& want, const std::string& what, double tol) {
-  ASSERT_EQ(got.shape(), want.shape()) << what;
-  const std::vector<double> g = got.to(DType::kFloat64).contiguous().to_vector<double>();
-  const std::vector<double> w = want.to(DType::kFloat64).contiguous().to_vector<double>();
-  for (size_t i = 0; i < w.size(); ++i) {
-    if (std::isinf(w[i])) {
-      ASSERT_EQ(g[i], w[i]) << what << " at " << i;
-    } else {
-      ASSERT_NEAR(g[i], w[i], tol * std::max(1.0, std::abs(w[i]))) << what << " at " << i;
-    }
-  }
-}
-
 using Mode = std::tuple<HeadMixing, OffsetRule, bool>;
 
 std::string mode_name(const ::testing::TestParamInfo<Mode>& info) {
@@ -82,11 +64,12 @@ TEST_P(DocumentMask, EqualsTheReferenceWithinDocuments) {
   nn::AttentionCallContext context;
   context.document_starts = &kDocuments;
   const nn::DilatedAttentionResult got = nn::dilated_attention_with_lse(q, k, v, o, context);
-  const test::DilatedReferenceResult want =
-      test::dilated_attention_reference(heads_of(q), heads_of(k), heads_of(v), o, &kDocuments);
-  expect_close(got.out, from_vector<double>(want.out.values, {kB, kN, kH, kD}), "out", 1e-10);
+  const test::DilatedReferenceResult want = test::dilated_attention_reference(
+      test::heads_array_of(q), test::heads_array_of(k), test::heads_array_of(v), o, &kDocuments);
+  test::expect_tensors_close("out", got.out, from_vector<double>(want.out.values, {kB, kN, kH, kD}),
+                             1e-10);
   // The lse is float32, like the call's without documents.
-  expect_close(got.lse, from_vector<double>(want.lse, {kB, kH, kN}), "lse", 1e-6);
+  test::expect_tensors_close("lse", got.lse, from_vector<double>(want.lse, {kB, kH, kN}), 1e-6);
   // The documents change the result: without them it differs.
   const Tensor plain = nn::dilated_attention(q, k, v, o);
   EXPECT_GT(max(abs(sub(plain, got.out))).item<double>(), 1e-3);
@@ -162,10 +145,10 @@ TEST_P(DocumentMaskRing, MatchesOneDevice) {
     gk[r] = kr.grad();
     gv[r] = vr.grad();
   });
-  expect_close(nn::sequence_from_blocks(outs, layout), out.detach(), "out", 1e-10);
-  expect_close(nn::sequence_from_blocks(gq, layout), q.grad(), "grad_q", 1e-10);
-  expect_close(nn::sequence_from_blocks(gk, layout), k.grad(), "grad_k", 1e-10);
-  expect_close(nn::sequence_from_blocks(gv, layout), v.grad(), "grad_v", 1e-10);
+  test::expect_tensors_close("out", nn::sequence_from_blocks(outs, layout), out.detach(), 1e-10);
+  test::expect_tensors_close("grad_q", nn::sequence_from_blocks(gq, layout), q.grad(), 1e-10);
+  test::expect_tensors_close("grad_k", nn::sequence_from_blocks(gk, layout), k.grad(), 1e-10);
+  test::expect_tensors_close("grad_v", nn::sequence_from_blocks(gv, layout), v.grad(), 1e-10);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -196,8 +179,10 @@ TEST(DocumentMaskModule, DocumentsAttendAsSeparateSequences) {
     const Tensor x = randn({1, 32, 24}, gen, TensorOptions(DType::kFloat64));
     const nn::DocumentStarts documents = {{0, 16}};
     const Tensor packed = layer.forward_documents(x, &documents);
-    expect_close(packed.narrow(1, 0, 16), layer.forward(x.narrow(1, 0, 16)), "document 1", 1e-10);
-    expect_close(packed.narrow(1, 16, 16), layer.forward(x.narrow(1, 16, 16)), "document 2", 1e-10);
+    test::expect_tensors_close("document 1", packed.narrow(1, 0, 16),
+                               layer.forward(x.narrow(1, 0, 16)), 1e-10);
+    test::expect_tensors_close("document 2", packed.narrow(1, 16, 16),
+                               layer.forward(x.narrow(1, 16, 16)), 1e-10);
     // And without the mask the second document reads the first.
     EXPECT_GT(
         max(abs(sub(layer.forward(x).narrow(1, 16, 16), packed.narrow(1, 16, 16)))).item<double>(),

@@ -20,6 +20,7 @@
 #include "ringdilated/tensor/autograd.h"
 #include "ringdilated/tensor/device.h"
 #include "ringdilated/tensor/ops.h"
+#include "testing/elementwise_close.h"
 #include "testing/raises.h"
 #include "testing/ring_invariance.h"
 
@@ -95,16 +96,7 @@ CallResult run(const DilatedAttentionOptions& o, GqaShape shape, bool repeat, ui
 
 void expect_close(const Tensor& got, const Tensor& want, const std::string& what,
                   double tol = 1e-10) {
-  ASSERT_EQ(got.shape(), want.shape()) << what;
-  const std::vector<double> g = got.to(DType::kFloat64).contiguous().to_vector<double>();
-  const std::vector<double> w = want.to(DType::kFloat64).contiguous().to_vector<double>();
-  for (size_t i = 0; i < w.size(); ++i) {
-    if (std::isinf(w[i])) {
-      ASSERT_EQ(g[i], w[i]) << what << " at " << i;
-    } else {
-      ASSERT_NEAR(g[i], w[i], tol * std::max(1.0, std::abs(w[i]))) << what << " at " << i;
-    }
-  }
+  test::expect_tensors_close(what, got, want, tol);
 }
 
 // Variant, mixing, offset rule, causal.
@@ -244,8 +236,8 @@ TEST(GroupedQueryCuda, EveryPathMatchesTheCpu) {
          {nn::AttentionPath::kMath, nn::AttentionPath::kFlash, nn::AttentionPath::kCudnn}) {
       SCOPED_TRACE(std::string(nn::path_name(path)) +
                    (mixing == HeadMixing::kAllHeads ? " all heads" : " head groups"));
-      DilatedAttentionOptions o = options_for(DilationVariant::kSegmentLocal, mixing,
-                                              OffsetRule::kConstant, true, 4);
+      DilatedAttentionOptions o =
+          options_for(DilationVariant::kSegmentLocal, mixing, OffsetRule::kConstant, true, 4);
       const CallResult want =
           run(o, {8, 2}, false, 11, DType::kFloat64, Device::cpu(), DType::kBFloat16);
       o.path = path;

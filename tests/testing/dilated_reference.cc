@@ -179,6 +179,12 @@ std::vector<RowPlan> row_plans(int64_t seq, const PairJob& job,
   return plans;
 }
 
+HeadsArray heads_array_of(const Tensor& t) {
+  HeadsArray a = HeadsArray::zeros(t.size(0), t.size(1), t.size(2), t.size(3));
+  a.values = t.to(DType::kFloat64).contiguous().to_vector<double>();
+  return a;
+}
+
 namespace {
 
 // The document of `position` in a row whose documents start at `starts` (0 without any).

@@ -25,6 +25,9 @@ struct HeadsArray {
   double& at(int64_t b, int64_t n, int64_t h, int64_t d) { return values[index(b, n, h, d)]; }
 };
 
+// A [B, N, H, D] tensor's values (any floating dtype, on the CPU) as a HeadsArray.
+HeadsArray heads_array_of(const Tensor& t);
+
 struct DilatedReferenceResult {
   HeadsArray out;           // [B, N, H, D]
   std::vector<double> lse;  // [B, H, N]; -inf where a row attended to no key

@@ -1,10 +1,12 @@
 // An elementwise closeness check with a tolerance per element.
 #include "testing/elementwise_close.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
 #include "gtest/gtest.h"
+#include "ringdilated/tensor/shape_util.h"
 
 namespace rd::test {
 
@@ -33,6 +35,18 @@ void expect_elementwise_close(const std::string& what, const std::vector<double>
                          << " elements off; first at " << first << ": " << got_name << " "
                          << (first >= 0 ? got[first] : 0) << ", " << want_name << " "
                          << (first >= 0 ? want[first] : 0) << ", tolerance " << first_tol;
+}
+
+void expect_tensors_close(const std::string& what, const Tensor& got, const Tensor& want,
+                          double rel_tol) {
+  ASSERT_EQ(got.shape(), want.shape())
+      << what << ": shapes " << shape_str(got.shape()) << " and " << shape_str(want.shape());
+  auto host = [](const Tensor& t) {
+    return t.detach().to(Device::cpu()).to(DType::kFloat64).contiguous().to_vector<double>();
+  };
+  const std::vector<double> w = host(want);
+  expect_elementwise_close(what, host(got), w,
+                           [&](size_t e) { return rel_tol * std::max(1.0, std::abs(w[e])); });
 }
 
 }  // namespace rd::test

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "ringdilated/tensor/tensor.h"
+
 namespace rd::test {
 
 // Expects |got[e] - want[e]| <= tolerance(e) for every e. An infinite want must be matched
@@ -18,5 +20,10 @@ void expect_elementwise_close(const std::string& what, const std::vector<double>
                               const std::function<double(size_t e)>& tolerance,
                               const std::string& got_name = "got",
                               const std::string& want_name = "want");
+
+// The same for two tensors (any floating dtypes and devices) of one shape, each element within
+// rel_tol * max(1, |want|).
+void expect_tensors_close(const std::string& what, const Tensor& got, const Tensor& want,
+                          double rel_tol);
 
 }  // namespace rd::test
