@@ -14,11 +14,14 @@
 #include "ringdilated/nn/rank_plan.h"
 #include "ringdilated/tensor/autograd.h"
 #include "ringdilated/tensor/dispatch.h"
+#include "ringdilated/tensor/op_util.h"
 #include "ringdilated/tensor/ops.h"
 #include "ringdilated/tensor/shape_util.h"
 
 namespace rd::nn {
 namespace {
+
+using op_util::options_like;
 
 // Document starts: one list per batch row, each strictly increasing from 0 and below N.
 void check_documents(const char* op, const std::vector<std::vector<int64_t>>* documents,
@@ -182,12 +185,13 @@ VariantRun run_global(const DilatedAttentionOptions& options, const RankLayout& 
       global_backward(*runner, *plan, q, k, v, out, lse, grad_out, grad_lse, comm, grads);
       return;
     }
-    const GradBuffers repeated = GradBuffers::zeroed(q.shape(), q.size(2), grads.qkv[0].dtype(),
-                                                     q.device(), /*packed=*/false);
+    // q's gradient goes straight into its buffer; k's and v's, repeated to the query heads,
+    // into H-head buffers folded back below.
+    const Tensor repeated_kv = zeros(q.shape(), options_like(grads.qkv[0]));
+    GradBuffers repeated;
+    repeated.qkv = {grads.qkv[0], repeated_kv, zeros_like(repeated_kv)};
     global_backward(*runner, *plan, q, k, v, out, lse, grad_out, grad_lse, comm, repeated);
     kernels::KernelBackend& backend = backend_for(q.device());
-    backend.accumulate(kernel_view(grads.qkv[0], runner->op()),
-                       kernel_view(repeated.qkv[0], runner->op()));
     for (size_t t = 1; t < 3; ++t) {
       backend.index_add(kernel_view(grads.qkv[t], runner->op()), 2,
                         kernel_view(kv_index, runner->op()),

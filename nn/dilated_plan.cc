@@ -66,15 +66,11 @@ std::vector<HeadBlock> kv_head_blocks(const Heads& q, int64_t group) {
   std::vector<HeadBlock> blocks;
   for (const Share& share : shares) {
     if (!blocks.empty()) {
+      // Blocks built here have q.stride = q.stride * repeat and kv_stride 1 from the start.
       HeadBlock& b = blocks.back();
-      const Share last{b.q.first + b.q.stride * (b.q.count - 1), b.repeat,
-                       b.kv_first + b.kv_stride * (b.q.count - 1)};
-      const bool continues = share.count == b.repeat && share.kv == last.kv + 1 &&
-                             share.first_head == last.first_head + q.stride * b.repeat &&
-                             (b.q.count == 1 || b.kv_stride == 1);
-      if (continues) {
-        b.q.stride = q.stride * b.repeat;
-        b.kv_stride = 1;
+      const int64_t next_head = b.q.first + b.q.stride * b.q.count;
+      const int64_t next_kv = b.kv_first + b.q.count;
+      if (share.count == b.repeat && share.first_head == next_head && share.kv == next_kv) {
         ++b.q.count;
         continue;
       }
