@@ -29,8 +29,8 @@ Selection step_keys(const DilatedAttentionOptions& o, int pair, int64_t offset, 
   const int64_t r = o.dilation_rates[static_cast<size_t>(pair)];
   const int64_t segment = position / w, start = segment * w;
   // The offset rule numbers segments from the start of the sequence, as the forward does
-  // (fixed_selections): a short last segment keeps its place's offset.
-  const int64_t first = o.offset_rule == OffsetRule::kConstant ? offset : (offset + segment) % r;
+  // (segment_offset): a short last segment keeps its place's offset.
+  const int64_t first = segment_offset(o, offset, segment, r);
   const int64_t into = position - start - first;
   if (into < 0 || into % r != 0) return {};
   return {0, 1, 1, start + first, 0, 1, r, into / r + 1};

@@ -129,6 +129,11 @@ std::vector<PairHeads> fixed_pair_heads(const DilatedAttentionOptions& options, 
   return result;
 }
 
+int64_t segment_offset(const DilatedAttentionOptions& options, int64_t base, int64_t segment,
+                       int64_t r) {
+  return options.offset_rule == OffsetRule::kConstant ? base : (base + segment) % r;
+}
+
 int64_t selected_count(int64_t length, int64_t o, int64_t r) {
   return length > o ? (length - o + r - 1) / r : 0;
 }
@@ -290,8 +295,7 @@ std::vector<BlockCall> plan_block_calls(const DilatedAttentionOptions& options, 
         CallBatcher batcher(&calls);
         for (int64_t s = s_lo; s <= s_hi; ++s) {
           const int64_t start = s * w, length = std::min(w, seq_len - start);
-          const int64_t o_s =
-              options.offset_rule == OffsetRule::kConstant ? ph.offset : (ph.offset + s) % r;
+          const int64_t o_s = segment_offset(options, ph.offset, s, r);
           // One call for every row, or (a segment some document starts inside) one per row
           // and document piece, never batched.
           auto add_call = [&](Block q_range, Block k_range, int64_t row) {

@@ -83,6 +83,12 @@ struct PairHeads {
 std::vector<PairHeads> fixed_pair_heads(const DilatedAttentionOptions& options, int64_t num_heads,
                                         int pair);
 
+// The offset of segment `segment` (numbered from the start of the sequence) for a head set
+// of base offset `base` under pair rate r: `base`, or (base + segment) mod r under the
+// rotating rule. Every plan (whole calls, blocks, decoding steps) takes offsets from here.
+int64_t segment_offset(const DilatedAttentionOptions& options, int64_t base, int64_t segment,
+                       int64_t r);
+
 // Number of positions o, o + r, ... below `length`.
 int64_t selected_count(int64_t length, int64_t o, int64_t r);
 
