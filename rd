@@ -259,13 +259,19 @@ print(tests, failed)
 PY
 }
 
+# Free space, in GiB, of the file system holding the build folders: a full disk fails the
+# build with "No space left on device" deep in the log, so the summary says how much was free.
+free_disk_gib() {
+  df -P -BG . | awk 'NR == 2 { sub("G", "", $4); print $4 }'
+}
+
 # Builds a preset and runs its CPU tests: everything not labelled gpu (the regex also leaves
 # out the GPU suite, label gpu_suite).
 test_preset() {
   local preset="$1"
-  log "=== $preset: build"
+  log "=== $preset: build ($(free_disk_gib) GiB free; release and asan together take ~8 GiB)"
   if ! configure_and_build "$preset"; then
-    log "=== $preset: BUILD FAILED; its tests did not run"
+    log "=== $preset: BUILD FAILED; its tests did not run ($(free_disk_gib) GiB free)"
     TOTAL_FAILED=$((TOTAL_FAILED + 1))
     SUMMARY_LINES+=("$preset: build failed, tests not run (counted as 1 failure)")
     return 0
