@@ -488,6 +488,79 @@ TEST_F(TrainerTest, RecomputedChunkedMlpParallelGradientsEqualOneRank) {
   expect_parallel_gradients_equal_one_rank(base, dir_, {Split{2, 2}, Split{2, 1}, Split{4, 2}});
 }
 
+// Packed text documents of random lengths (a folder of files, boundaries inside ranks'
+// blocks and across them), recomputation with chunked MLPs, two micro-batches: context
+// parallel (zigzag), data parallel and both equal one rank. The masks are on (the gradients
+// differ from --documents=off's) and the targets that cross documents are not scored.
+TEST_F(TrainerTest, PackedDocumentsParallelGradientsEqualOneRank) {
+  std::mt19937_64 rng(21);
+  fs::create_directories(dir_ / "docs");
+  for (int doc = 0; doc < 40; ++doc) {
+    std::ofstream out(dir_ / "docs" / ("doc" + std::to_string(100 + doc) + ".txt"));
+    const int length = 5 + static_cast<int>(rng() % 40);
+    for (int i = 0; i < length; ++i) out << static_cast<char>('a' + rng() % 26);
+  }
+  TrainConfig base = tiny("one");
+  base.data = "text:" + (dir_ / "docs").string();
+  base.batch_size = 4;
+  base.model.recompute = true;
+  base.model.mlp_chunk_tokens = 8;
+  base.tokens_per_step = 2 * base.batch_size * base.data_options.task.seq_len;
+  expect_parallel_gradients_equal_one_rank(base, dir_, {Split{2, 2}, Split{2, 1}, Split{4, 2}});
+
+  Trainer masked(base);
+  const Trainer::Gradients with_masks = masked.compute_gradients();
+  TrainConfig unmasked_config = base;
+  unmasked_config.data_options.documents = "off";
+  unmasked_config.out_dir = (dir_ / "off").string();
+  Trainer unmasked(unmasked_config);
+  const Trainer::Gradients without = unmasked.compute_gradients();
+  EXPECT_NE(with_masks.loss, without.loss);
+  const Tensor& grad = with_masks.grads.at("blocks.0.attn.qkv.weight");
+  EXPECT_FALSE(allclose(grad, without.grads.at("blocks.0.attn.qkv.weight"), 1e-3,
+                        1e-3 * max(abs(grad)).item<double>()));
+}
+
+// With document masks, a document's logits do not depend on the other documents' tokens,
+// wherever the boundaries fall in the segments (here inside them; the longest segment spans
+// every document); without the masks they do.
+TEST(LanguageModelTest, PackedDocumentsDoNotSeeEachOther) {
+  ModelConfig c;
+  c.vocab_size = 40;
+  c.dim = 32;
+  c.heads = 4;
+  c.attention.segment_lengths = {8, 48};
+  c.attention.dilation_rates = {1, 2};
+  Generator gen(4);
+  LanguageModel model(c, gen, TensorOptions(DType::kFloat64));
+  std::mt19937_64 rng(6);
+  std::vector<int64_t> tokens(48);
+  for (int64_t& t : tokens) t = static_cast<int64_t>(rng() % 40);
+  const nn::DocumentStarts documents = {{0, 13, 29}};
+  // The middle document [13, 29) with the others' tokens redrawn, then the last [29, 48)
+  // with the middle one's redrawn.
+  std::vector<int64_t> others = tokens, middle = tokens;
+  for (int64_t i = 0; i < 48; ++i) {
+    if (i < 13 || i >= 29) others[static_cast<size_t>(i)] = static_cast<int64_t>(rng() % 40);
+    if (i >= 13 && i < 29) middle[static_cast<size_t>(i)] = static_cast<int64_t>(rng() % 40);
+  }
+  const auto logits = [&](const std::vector<int64_t>& t, const nn::DocumentStarts* docs) {
+    return model.forward(from_vector<int64_t>(t, {1, 48}), docs);
+  };
+  const Tensor base = logits(tokens, &documents);
+  EXPECT_TRUE(allclose(logits(others, &documents).narrow(1, 13, 16), base.narrow(1, 13, 16),
+                       1e-12, 1e-12));
+  EXPECT_TRUE(allclose(logits(middle, &documents).narrow(1, 29, 19), base.narrow(1, 29, 19),
+                       1e-12, 1e-12));
+  const Tensor unmasked = logits(tokens, nullptr);
+  EXPECT_FALSE(allclose(logits(others, nullptr).narrow(1, 13, 16), unmasked.narrow(1, 13, 16),
+                        1e-6, 1e-6));
+  EXPECT_FALSE(allclose(logits(middle, nullptr).narrow(1, 29, 19), unmasked.narrow(1, 29, 19),
+                        1e-6, 1e-6));
+  // The first document is the unmasked model's (causal: it sees only itself either way).
+  EXPECT_TRUE(allclose(base.narrow(1, 0, 13), unmasked.narrow(1, 0, 13), 1e-12, 1e-12));
+}
+
 TEST(LanguageModelTest, LogitsDependOnlyOnEarlierTokens) {
   ModelConfig c;
   c.vocab_size = 50;

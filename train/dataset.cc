@@ -5,7 +5,12 @@
 
 #include <algorithm>
 #include <bit>
+#include <cctype>
 #include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <iterator>
+#include <limits>
 #include <vector>
 
 #include "ringdilated/kernels/error.h"
@@ -26,7 +31,7 @@ void check_batch_size(std::string_view what, int64_t batch_size) {
 
 Batch empty_batch(int64_t batch_size, int64_t seq_len) {
   const size_t n = static_cast<size_t>(batch_size * seq_len);
-  Batch batch{batch_size, seq_len, {}, {}, {}};
+  Batch batch{batch_size, seq_len, {}, {}, {}, {}};
   batch.inputs.resize(n);
   batch.targets.resize(n);
   batch.answer.resize(n);
@@ -59,8 +64,8 @@ class WindowPermutation {
       const kernels::Philox4x32 counter = {{static_cast<uint32_t>(right), round,
                                             static_cast<uint32_t>(epoch_),
                                             static_cast<uint32_t>(epoch_ >> 32)}};
-      const kernels::Philox4x32 r = kernels::philox4x32_10(
-          counter, static_cast<uint32_t>(seed_), static_cast<uint32_t>(seed_ >> 32));
+      const kernels::Philox4x32 r = kernels::philox4x32_10(counter, static_cast<uint32_t>(seed_),
+                                                           static_cast<uint32_t>(seed_ >> 32));
       const uint64_t mixed = left ^ (r.w[0] & half_mask_);
       left = right;
       right = mixed;
@@ -99,6 +104,104 @@ AccuracyCounts score(const Batch& batch, std::span<const T> predictions) {
 
 double ratio(int64_t part, int64_t whole) {
   return whole > 0 ? static_cast<double>(part) / static_cast<double>(whole) : 0.0;
+}
+
+// The bytes of a --documents=separator:<text> value, C escapes decoded.
+std::vector<int32_t> unescape_separator(std::string_view text, std::string_view spec) {
+  std::vector<int32_t> bytes;
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (text[i] != '\\') {
+      bytes.push_back(static_cast<uint8_t>(text[i]));
+      continue;
+    }
+    RD_CHECK(i + 1 < text.size(), kInvalidArgument, "--documents=", spec,
+             ": the separator ends in a lone backslash");
+    const char escaped = text[++i];
+    switch (escaped) {
+      case 'n': bytes.push_back('\n'); break;
+      case 't': bytes.push_back('\t'); break;
+      case 'r': bytes.push_back('\r'); break;
+      case '0': bytes.push_back(0); break;
+      case '\\': bytes.push_back('\\'); break;
+      case 'x': {
+        const std::string hex(text.substr(i + 1, 2));
+        RD_CHECK(hex.size() == 2 && std::isxdigit(static_cast<unsigned char>(hex[0])) &&
+                     std::isxdigit(static_cast<unsigned char>(hex[1])),
+                 kInvalidArgument, "--documents=", spec, ": \\x takes two hex digits, got '", hex,
+                 "'");
+        bytes.push_back(std::stoi(hex, nullptr, 16));
+        i += 2;
+        break;
+      }
+      default:
+        RD_FAIL(kInvalidArgument, "--documents=", spec, ": unknown escape '\\", escaped,
+                "' (known: \\n \\t \\r \\0 \\\\ \\xHH)");
+    }
+  }
+  RD_CHECK(!bytes.empty(), kInvalidArgument, "--documents=", spec, ": the separator is empty");
+  return bytes;
+}
+
+// Where documents start after each occurrence of `separator` in `source` (the position after
+// it, when that is inside the source), read in chunks that overlap by the separator's length.
+std::vector<int64_t> starts_after_separators(const TokenSource& source,
+                                             std::span<const int32_t> separator) {
+  constexpr int64_t kChunk = int64_t{1} << 20;
+  const int64_t length = static_cast<int64_t>(separator.size());
+  std::vector<int64_t> starts;
+  std::vector<int32_t> chunk;
+  for (int64_t begin = 0; begin + length <= source.size(); begin += kChunk) {
+    const int64_t end = std::min(source.size(), begin + kChunk + length - 1);
+    chunk.resize(static_cast<size_t>(end - begin));
+    source.read(begin, chunk);
+    const auto found = [&](int64_t at) {
+      return std::equal(separator.begin(), separator.end(), chunk.begin() + at);
+    };
+    for (int64_t at = 0; at + length <= end - begin && at < kChunk; ++at) {
+      if (found(at) && begin + at + length < source.size()) starts.push_back(begin + at + length);
+    }
+  }
+  return starts;
+}
+
+// The document starts of `source` under `split`: its files' and tables', and those after
+// separators; empty when that makes at most one document (nothing to mask).
+std::vector<int64_t> document_starts_of(const TokenSource& source, const DocumentSplit& split) {
+  if (!split.enabled) return {};
+  std::vector<int64_t> starts = source.document_starts();
+  if (!split.separator.empty()) {
+    const std::vector<int64_t> after = starts_after_separators(source, split.separator);
+    std::vector<int64_t> merged;
+    std::ranges::set_union(starts, after, std::back_inserter(merged));
+    starts = std::move(merged);
+  }
+  if (starts.size() <= 1) starts.clear();
+  return starts;
+}
+
+// The files a data spec's <paths> name: comma-separated, a folder for the regular files
+// below it in name order.
+std::vector<std::string> expand_data_paths(std::string_view paths, std::string_view spec) {
+  std::vector<std::string> files;
+  for (size_t begin = 0; begin <= paths.size();) {
+    const size_t comma = std::min(paths.find(',', begin), paths.size());
+    const std::string path(paths.substr(begin, comma - begin));
+    begin = comma + 1;
+    RD_CHECK(!path.empty(), kInvalidArgument, "--data=", spec, ": an empty path");
+    if (!std::filesystem::is_directory(path)) {
+      files.push_back(path);
+      continue;
+    }
+    std::vector<std::string> inside;
+    for (const auto& entry : std::filesystem::recursive_directory_iterator(path)) {
+      if (entry.is_regular_file()) inside.push_back(entry.path().string());
+    }
+    RD_CHECK(!inside.empty(), kInvalidArgument, "--data=", spec, ": the folder '", path,
+             "' holds no files");
+    std::ranges::sort(inside);
+    files.insert(files.end(), inside.begin(), inside.end());
+  }
+  return files;
 }
 
 }  // namespace
@@ -197,8 +300,7 @@ WindowDataset::WindowDataset(TokenSource source, std::string name, const Dataset
   int64_t val_tokens = 0;
   if (options.val_fraction > 0.0) {
     val_tokens = std::max<int64_t>(
-        static_cast<int64_t>(std::ceil(options.val_fraction * static_cast<double>(total))),
-        window);
+        static_cast<int64_t>(std::ceil(options.val_fraction * static_cast<double>(total))), window);
   }
   const int64_t needed = window + val_tokens;
   RD_CHECK(total >= needed, kInvalidArgument, name_, ": '", source_.path(), "' holds ", total,
@@ -208,6 +310,8 @@ WindowDataset::WindowDataset(TokenSource source, std::string name, const Dataset
   val_begin_ = total - val_tokens;
   train_windows_ = (val_begin_ - 1) / seq_len_;
   val_windows_ = val_tokens > 0 ? (val_tokens - 1) / seq_len_ : 0;
+  const bool tokens = name_.starts_with(kTokensPrefix);
+  document_starts_ = document_starts_of(source_, parse_documents(options.documents, tokens));
 }
 
 int64_t WindowDataset::train_window_start(int64_t epoch, int64_t position) const {
@@ -223,6 +327,25 @@ void WindowDataset::read_window(int64_t start, int64_t row, Batch& batch) const 
   std::copy(window.begin(), window.end() - 1, batch.inputs.begin() + offset);
   std::copy(window.begin() + 1, window.end(), batch.targets.begin() + offset);
   std::fill_n(batch.answer.begin() + offset, seq_len_, uint8_t{1});
+  if (!document_starts_.empty()) mark_documents(start, row, batch);
+}
+
+void WindowDataset::mark_documents(int64_t start, int64_t row, Batch& batch) const {
+  batch.documents.resize(static_cast<size_t>(batch.batch_size));
+  std::vector<int64_t>& starts = batch.documents[static_cast<size_t>(row)];
+  starts = {0};
+  // Starts in (start, start + seq_len]: documents beginning at an input of the window, and
+  // the one whose first token is the window's last target.
+  auto next = std::upper_bound(document_starts_.begin(), document_starts_.end(), start);
+  for (; next != document_starts_.end() && *next <= start + seq_len_; ++next) {
+    const int64_t position = *next - start;
+    if (position < seq_len_) starts.push_back(position);
+    // The input before a start predicts the next document's first token, which its own
+    // document (all it attends to) says nothing about: not scored.
+    const auto before = static_cast<size_t>(row * seq_len_ + position - 1);
+    batch.targets[before] = kIgnoreIndex;
+    batch.answer[before] = 0;
+  }
 }
 
 Batch WindowDataset::next_batch(int64_t batch_size) {
@@ -250,8 +373,8 @@ Batch WindowDataset::eval_batch(int64_t batch_size, int64_t index) const {
 }
 
 void WindowDataset::set_state(const DataState& state) {
-  RD_CHECK(state.epoch >= 0 && state.index >= 0 && state.index <= train_windows_,
-           kInvalidArgument, name_, " set_state: epoch ", state.epoch, ", index ", state.index,
+  RD_CHECK(state.epoch >= 0 && state.index >= 0 && state.index <= train_windows_, kInvalidArgument,
+           name_, " set_state: epoch ", state.epoch, ", index ", state.index,
            " is outside epoch >= 0, index in [0, ", train_windows_, "]");
   state_ = state;
 }
@@ -264,6 +387,31 @@ DataKind data_kind(std::string_view spec) {
   return DataKind::kTask;
 }
 
+DocumentSplit parse_documents(std::string_view spec, bool tokens) {
+  constexpr std::string_view kSeparator = "separator:", kEos = "eos:";
+  DocumentSplit split;
+  if (spec == "auto") return split;
+  if (spec == "off") return DocumentSplit{false, {}};
+  if (spec.starts_with(kSeparator)) {
+    RD_CHECK(!tokens, kInvalidArgument, "--documents=", spec,
+             ": a separator of bytes splits text data; token files take eos:<token id>");
+    split.separator = unescape_separator(spec.substr(kSeparator.size()), spec);
+    return split;
+  }
+  if (spec.starts_with(kEos)) {
+    const std::string id(spec.substr(kEos.size()));
+    char* end = nullptr;
+    const long long value = std::strtoll(id.c_str(), &end, 10);
+    RD_CHECK(
+        !id.empty() && *end == '\0' && value >= 0 && value <= std::numeric_limits<int32_t>::max(),
+        kInvalidArgument, "--documents=", spec, ": the token id must be a whole number >= 0");
+    split.separator = {static_cast<int32_t>(value)};
+    return split;
+  }
+  RD_FAIL(kInvalidArgument, "--documents=", spec,
+          ": expected auto, off, separator:<text> or eos:<token id>");
+}
+
 std::unique_ptr<Dataset> make_dataset(std::string_view spec, const DatasetOptions& options) {
   if (std::optional<Task> task = task_from_name(spec)) {
     return std::make_unique<SyntheticDataset>(*task, options);
@@ -271,15 +419,16 @@ std::unique_ptr<Dataset> make_dataset(std::string_view spec, const DatasetOption
   const std::string name(spec);
   if (spec.starts_with(kTextPrefix)) {
     return std::make_unique<WindowDataset>(
-        TokenSource::open_text(std::string(spec.substr(kTextPrefix.size()))), name, options);
+        TokenSource::open_text(expand_data_paths(spec.substr(kTextPrefix.size()), spec)), name,
+        options);
   }
   if (spec.starts_with(kTokensPrefix)) {
     return std::make_unique<WindowDataset>(
-        TokenSource::open_token_file(std::string(spec.substr(kTokensPrefix.size()))), name,
-        options);
+        TokenSource::open_token_files(expand_data_paths(spec.substr(kTokensPrefix.size()), spec)),
+        name, options);
   }
   RD_FAIL(kInvalidArgument, "make_dataset: unknown dataset '", spec,
-          "'; expected passkey, mqar, copy, text:<path> or tokens:<path>");
+          "'; expected passkey, mqar, copy, text:<paths> or tokens:<paths>");
 }
 
 }  // namespace rd::train

@@ -26,6 +26,10 @@ struct Batch {
   std::vector<int32_t> inputs;
   std::vector<int32_t> targets;
   std::vector<uint8_t> answer;
+  // Packed documents: per sample, the positions where its documents start (the first 0,
+  // strictly increasing; nn::DocumentStarts); the model attends within documents. Empty:
+  // the data packs no documents (one per sample).
+  std::vector<std::vector<int64_t>> documents;
 
   struct Tensors {
     Tensor inputs;   // int64 [B, T], CPU
@@ -77,6 +81,8 @@ class Dataset {
   virtual int64_t vocab_size() const = 0;
   virtual int64_t seq_len() const = 0;
   virtual std::string name() const = 0;
+  // Whether batches carry document starts (Batch::documents).
+  virtual bool packs_documents() const { return false; }
 };
 
 // Options of make_dataset; each dataset reads the ones it needs.
@@ -86,7 +92,24 @@ struct DatasetOptions {
   LossOn loss_on = LossOn::kAnswers;  // synthetic tasks; text datasets train on all tokens
   // Text and token files: the last val_fraction of the tokens is the validation split.
   double val_fraction = 0.05;
+  // Text and token files: where the documents packed in them start (parse_documents).
+  std::string documents = "auto";
 };
+
+// How a text or token dataset finds its documents, from rd_train's --documents:
+//   "auto": each file is a document, and so is each entry of an RDTOK file's table;
+//   "off": no documents (one stream, attention across everything, as before packing);
+//   "separator:<text>": also after each occurrence of the bytes of <text> (C escapes \n \t
+//     \r \0 \\ \xHH), text data only;
+//   "eos:<token id>": also after each occurrence of that token.
+// The separator or end-of-sequence token ends its document (it is that document's last).
+struct DocumentSplit {
+  bool enabled = true;
+  std::vector<int32_t> separator;  // empty: files and tables only
+};
+// Throws rd::Error(kInvalidArgument) naming --documents for an unknown form, a bad escape or
+// token id, or a separator for token files (`tokens`).
+DocumentSplit parse_documents(std::string_view spec, bool tokens = false);
 
 // A synthetic task: training sample i is generate_task(..., kTrain, i), held-out sample i
 // is generate_task(..., kEval, i).
@@ -118,7 +141,9 @@ class SyntheticDataset final : public Dataset {
 class WindowDataset final : public Dataset {
  public:
   // Throws rd::Error(kInvalidArgument) naming the file when it is too short for one
-  // training window (and one validation window when val_fraction > 0).
+  // training window (and one validation window when val_fraction > 0). With documents
+  // (options.documents), each sample carries the starts of the documents inside its window,
+  // and the position before a start, whose next token is another document's, is not scored.
   WindowDataset(TokenSource source, std::string name, const DatasetOptions& options);
   Batch next_batch(int64_t batch_size) override;
   Batch eval_batch(int64_t batch_size, int64_t index) const override;
@@ -128,16 +153,22 @@ class WindowDataset final : public Dataset {
   int64_t vocab_size() const override { return source_.vocab_size(); }
   int64_t seq_len() const override { return seq_len_; }
   std::string name() const override { return name_; }
+  bool packs_documents() const override { return !document_starts_.empty(); }
 
   int64_t train_windows() const { return train_windows_; }
+  // Where the documents start (token indices, the first 0); empty with at most one document.
+  const std::vector<int64_t>& document_starts() const { return document_starts_; }
   int64_t val_begin() const { return val_begin_; }  // first token of the validation split
   // The first token of training window `position` of `epoch`'s order.
   int64_t train_window_start(int64_t epoch, int64_t position) const;
 
  private:
   void read_window(int64_t start, int64_t row, Batch& batch) const;
+  // The documents of the window of inputs [start, start + seq_len) into `row` of batch.
+  void mark_documents(int64_t start, int64_t row, Batch& batch) const;
 
   TokenSource source_;
+  std::vector<int64_t> document_starts_;
   std::string name_;
   int64_t seq_len_;
   uint64_t seed_;
@@ -153,8 +184,10 @@ class WindowDataset final : public Dataset {
 enum class DataKind { kTask, kText, kTokens };
 DataKind data_kind(std::string_view spec);
 
-// "passkey", "mqar", "copy", "text:<path>" (bytes of a file) or "tokens:<path>" (an RDTOK
-// file). Throws rd::Error(kInvalidArgument) for an unknown spec, plus the datasets' errors.
+// "passkey", "mqar", "copy", "text:<paths>" (bytes of files) or "tokens:<paths>" (RDTOK
+// files); <paths> is one path or several, comma-separated, a folder standing for the regular
+// files below it in name order. Throws rd::Error(kInvalidArgument) for an unknown spec or a
+// folder without files, plus the datasets' errors.
 std::unique_ptr<Dataset> make_dataset(std::string_view spec, const DatasetOptions& options);
 
 }  // namespace rd::train

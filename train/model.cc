@@ -21,7 +21,8 @@ namespace {
 constexpr const char* kOp = "LanguageModel";
 
 bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 // The projections that write into the residual stream get the smaller GPT-2 init.
@@ -39,16 +40,17 @@ nn::DilatedAttentionOptions causal_attention(const ModelConfig& config) {
 }
 
 void check_model_config(const ModelConfig& c) {
-  RD_CHECK(c.vocab_size >= 2, kInvalidArgument, kOp, ": vocab_size must be >= 2, got ", c.vocab_size);
+  RD_CHECK(c.vocab_size >= 2, kInvalidArgument, kOp, ": vocab_size must be >= 2, got ",
+           c.vocab_size);
   RD_CHECK(c.dim >= 1 && c.heads >= 1 && c.depth >= 1, kInvalidArgument, kOp,
-           ": dim, heads and depth must be >= 1, got dim ", c.dim, ", heads ", c.heads,
-           ", depth ", c.depth);
+           ": dim, heads and depth must be >= 1, got dim ", c.dim, ", heads ", c.heads, ", depth ",
+           c.depth);
   RD_CHECK(c.dim % c.heads == 0, kInvalidArgument, kOp, ": dim ", c.dim,
            " must be a multiple of heads ", c.heads);
-  RD_CHECK(c.kv_heads >= 0 && (c.kv_heads == 0 || c.heads % c.kv_heads == 0), kInvalidArgument,
-           kOp, ": kv_heads ", c.kv_heads, " must divide heads ", c.heads, " (or be 0: heads)");
-  RD_CHECK((c.dim / c.heads) % 2 == 0, kInvalidArgument, kOp, ": the head dim dim / heads = ",
-           c.dim / c.heads, " must be even for rotary positions");
+  RD_CHECK(c.kv_heads >= 0 && (c.kv_heads == 0 || c.heads % c.kv_heads == 0), kInvalidArgument, kOp,
+           ": kv_heads ", c.kv_heads, " must divide heads ", c.heads, " (or be 0: heads)");
+  RD_CHECK((c.dim / c.heads) % 2 == 0, kInvalidArgument, kOp,
+           ": the head dim dim / heads = ", c.dim / c.heads, " must be even for rotary positions");
   RD_CHECK(c.mlp_ratio > 0 && std::isfinite(c.mlp_ratio), kInvalidArgument, kOp,
            ": mlp_ratio must be > 0, got ", c.mlp_ratio);
   RD_CHECK(c.mlp_chunk_tokens >= 0, kInvalidArgument, kOp, ": mlp_chunk_tokens must be >= 0, got ",
@@ -71,7 +73,8 @@ TransformerBlock::TransformerBlock(const ModelConfig& config, Generator& generat
                                    TensorOptions options,
                                    std::shared_ptr<dist::Communicator> sequence_comm,
                                    nn::DistStrategy strategy, nn::SequenceLayout layout) {
-  attn_norm_ = register_module("attn_norm", std::make_shared<nn::RMSNorm>(config.dim, 1e-6, true, options));
+  attn_norm_ =
+      register_module("attn_norm", std::make_shared<nn::RMSNorm>(config.dim, 1e-6, true, options));
   nn::MultiheadOptions mo;
   mo.bias = false;
   mo.tensor_options = options;
@@ -80,21 +83,22 @@ TransformerBlock::TransformerBlock(const ModelConfig& config, Generator& generat
   if (sequence_comm) {
     attn_ = register_module("attn", std::make_shared<nn::RingMultiheadDilatedAttention>(
                                         config.dim, config.heads, causal_attention(config),
-                                        std::move(sequence_comm), generator, strategy, mo,
-                                        layout));
+                                        std::move(sequence_comm), generator, strategy, mo, layout));
   } else {
-    attn_ = register_module("attn", std::make_shared<nn::MultiheadDilatedAttention>(
-                                        config.dim, config.heads, causal_attention(config),
-                                        generator, mo));
+    attn_ = register_module("attn",
+                            std::make_shared<nn::MultiheadDilatedAttention>(
+                                config.dim, config.heads, causal_attention(config), generator, mo));
   }
   mlp_chunk_tokens_ = config.recompute ? config.mlp_chunk_tokens : 0;
-  mlp_norm_ = register_module("mlp_norm", std::make_shared<nn::RMSNorm>(config.dim, 1e-6, true, options));
-  mlp_ = register_module("mlp", std::make_shared<nn::MLP>(config.dim, mlp_hidden(config), config.mlp,
-                                                         /*bias=*/false, generator, options));
+  mlp_norm_ =
+      register_module("mlp_norm", std::make_shared<nn::RMSNorm>(config.dim, 1e-6, true, options));
+  mlp_ =
+      register_module("mlp", std::make_shared<nn::MLP>(config.dim, mlp_hidden(config), config.mlp,
+                                                       /*bias=*/false, generator, options));
 }
 
-Tensor TransformerBlock::forward(const Tensor& x) {
-  const Tensor attended = attn_->forward(attn_norm_->forward(x));
+Tensor TransformerBlock::forward_documents(const Tensor& x, const nn::DocumentStarts* documents) {
+  const Tensor attended = attn_->forward_documents(attn_norm_->forward(x), documents);
   const int64_t tokens = x.size(1);
   if (mlp_chunk_tokens_ > 0 && tokens > mlp_chunk_tokens_) {
     return chunked_mlp_residual(add(x, attended));
@@ -133,19 +137,17 @@ Tensor TransformerBlock::chunked_mlp_residual(const Tensor& h) {
   return add(h, cat(parts, 1));
 }
 
-LanguageModel::LanguageModel(const ModelConfig& config, Generator& generator,
-                             TensorOptions options,
+LanguageModel::LanguageModel(const ModelConfig& config, Generator& generator, TensorOptions options,
                              std::shared_ptr<dist::Communicator> sequence_comm,
                              nn::DistStrategy strategy, nn::SequenceLayout layout)
     : config_(config) {
   check_model_config(config);
-  embed_ = register_module("embed", std::make_shared<nn::Embedding>(config.vocab_size, config.dim,
-                                                                   generator, options));
+  embed_ = register_module(
+      "embed", std::make_shared<nn::Embedding>(config.vocab_size, config.dim, generator, options));
   auto blocks = register_module("blocks", std::make_shared<nn::ModuleList>());
   for (int64_t i = 0; i < config.depth; ++i) {
-    blocks_.push_back(blocks->push_back(
-        std::make_shared<TransformerBlock>(config, generator, options, sequence_comm, strategy,
-                                           layout)));
+    blocks_.push_back(blocks->push_back(std::make_shared<TransformerBlock>(
+        config, generator, options, sequence_comm, strategy, layout)));
   }
   norm_ = register_module("norm", std::make_shared<nn::RMSNorm>(config.dim, 1e-6, true, options));
   // GPT-2 initialization, drawn after construction in parameter order (one generator
@@ -156,24 +158,31 @@ LanguageModel::LanguageModel(const ModelConfig& config, Generator& generator,
     const double std = is_residual_projection(name) ? residual_std : config.init_std;
     Tensor p = param;
     autograd::NoGradGuard no_grad;
-    p.copy_(nn::normal_init(param.shape(), std, generator, TensorOptions(param.dtype()).with_device(param.device())));
+    p.copy_(nn::normal_init(param.shape(), std, generator,
+                            TensorOptions(param.dtype()).with_device(param.device())));
   }
 }
 
-Tensor LanguageModel::forward(const Tensor& tokens) {
+Tensor LanguageModel::forward(const Tensor& tokens, const nn::DocumentStarts* documents) {
   RD_CHECK(tokens.defined() && tokens.dim() == 2, kShapeMismatch, kOp,
            ": argument 'tokens' must be [B, T] integers, got ",
            tokens.defined() ? shape_str(tokens.shape()) : std::string("undefined"));
   Tensor x = embed_->forward(tokens);
+  // The recomputing backward runs after this call returns: it keeps its own copy.
+  const auto kept_documents =
+      documents != nullptr ? std::make_shared<const nn::DocumentStarts>(*documents) : nullptr;
   for (const std::shared_ptr<TransformerBlock>& block : blocks_) {
     if (config_.recompute && is_training() && autograd::grad_enabled()) {
       TransformerBlock* b = block.get();
       // The block's parameters get their gradients through the recompute node (once per
       // step, whatever the block recomputes inside), as gradient buckets require.
-      x = recompute([b](const std::vector<Tensor>& in) { return std::vector<Tensor>{b->forward(in[0])}; },
-                    {x}, {}, b->parameters())[0];
+      x = recompute(
+          [b, kept_documents](const std::vector<Tensor>& in) {
+            return std::vector<Tensor>{b->forward_documents(in[0], kept_documents.get())};
+          },
+          {x}, {}, b->parameters())[0];
     } else {
-      x = block->forward(x);
+      x = block->forward_documents(x, documents);
     }
   }
   return linear(norm_->forward(x), embed_->weight());

@@ -61,9 +61,12 @@ nn::DilatedAttentionOptions causal_attention(const ModelConfig& config);
 class TransformerBlock : public nn::UnaryModule {
  public:
   TransformerBlock(const ModelConfig& config, Generator& generator, TensorOptions options,
-                   std::shared_ptr<dist::Communicator> sequence_comm,
-                   nn::DistStrategy strategy, nn::SequenceLayout layout);
-  Tensor forward(const Tensor& x) override;
+                   std::shared_ptr<dist::Communicator> sequence_comm, nn::DistStrategy strategy,
+                   nn::SequenceLayout layout);
+  Tensor forward(const Tensor& x) override { return forward_documents(x, nullptr); }
+  // forward() attending within the documents of packed sequences (null: none; see
+  // nn::AttentionCallContext::document_starts).
+  Tensor forward_documents(const Tensor& x, const nn::DocumentStarts* documents);
   // x [B, T, E] at positions cache.length() .. + T - 1 (see
   // MultiheadDilatedAttention::forward_cached); no recomputation, no MLP chunks.
   Tensor forward_cached(const Tensor& x, nn::DilatedKVCache& cache);
@@ -101,7 +104,9 @@ class LanguageModel : public nn::Module {
                 nn::DistStrategy strategy = nn::DistStrategy::kAuto,
                 nn::SequenceLayout layout = nn::SequenceLayout::kAuto);
 
-  Tensor forward(const Tensor& tokens);
+  // `documents`: for packed sequences, per batch row the global positions where its
+  // documents start (Batch::documents); attention stays within each document. Null: none.
+  Tensor forward(const Tensor& tokens, const nn::DocumentStarts* documents = nullptr);
 
   // Incremental decoding on one device: one KV cache per block. tokens [B, T] are positions
   // state.length() .. + T - 1; returns their logits [B, T, vocab], equal to those rows of

@@ -205,8 +205,9 @@ void visit_data_fields(Config& c, Visitor& visit) {
   };
   visit(c.data, field("spec",
                       "passkey, mqar, copy (synthetic, generated on the fly), "
-                      "text:<file> (bytes of a file) or tokens:<file> (an RDTOK token "
-                      "file)")
+                      "text:<paths> (bytes of files) or tokens:<paths> (RDTOK token files); "
+                      "<paths>: a file, a folder (its files in name order) or several, "
+                      "comma-separated")
                     .with_flag("data"));
   visit(task.seq_len, field("seq_len", "tokens per sequence").with_cli_default("256"));
   visit(task.passkey_digits,
@@ -225,6 +226,12 @@ void visit_data_fields(Config& c, Visitor& visit) {
         field("loss_on", "synthetic tasks: train on 'answers' or 'all' tokens"));
   visit(c.data_options.val_fraction,
         field("val_fraction", "text and token files: the last fraction of the tokens held out"));
+  visit(c.data_options.documents,
+        field("documents",
+              "text and token files: where packed documents start, attention staying within "
+              "each: auto (each file, and each entry of an RDTOK file's table), off (no "
+              "masks), separator:<text> (also after each occurrence; escapes \\n \\t \\xHH) "
+              "or eos:<token id> (also after each such token)"));
 }
 
 // The model fields (section "model").

@@ -75,6 +75,7 @@ RD_CONFIG_FLAG(int64_t, copy_length);
 RD_CONFIG_FLAG(uint64_t, data_seed);
 RD_CONFIG_FLAG(std::string, loss_on);
 RD_CONFIG_FLAG(double, val_fraction);
+RD_CONFIG_FLAG(std::string, documents);
 // Model.
 RD_CONFIG_FLAG(int64_t, dim);
 RD_CONFIG_FLAG(int64_t, depth);

@@ -2,6 +2,8 @@
 // AdamW), evaluation, checkpoints and resume, metrics and the console line.
 #include "ringdilated/train/trainer.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -10,12 +12,11 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <utility>
-#include <unistd.h>
 
 #include "ringdilated/kernels/error.h"
 #include "ringdilated/nn/dilated_attention_modules.h"
-#include "ringdilated/nn/gradient_buckets.h"
 #include "ringdilated/nn/grad_clip.h"
+#include "ringdilated/nn/gradient_buckets.h"
 #include "ringdilated/nn/optimizer.h"
 #include "ringdilated/tensor/allocator.h"
 #include "ringdilated/tensor/autograd.h"
@@ -68,7 +69,16 @@ Batch slice(const Batch& b, int64_t row0, int64_t rows, const std::vector<nn::Bl
       s.answer.insert(s.answer.end(), b.answer.begin() + at, b.answer.begin() + end);
     }
   }
+  // Document starts stay global positions: the attention places them in the layout.
+  if (!b.documents.empty()) {
+    s.documents.assign(b.documents.begin() + row0, b.documents.begin() + row0 + rows);
+  }
   return s;
+}
+
+// The model's view of a batch's documents: null when it packs none.
+const nn::DocumentStarts* documents_of(const Batch& b) {
+  return b.documents.empty() ? nullptr : &b.documents;
 }
 
 int64_t scored_tokens(const Batch& b) {
@@ -83,17 +93,19 @@ int64_t scored_tokens(const Batch& b) {
 
 void check_train_config(const TrainConfig& c, int world_size) {
   check_model_config(c.model);
-  RD_CHECK(c.batch_size >= 1, kInvalidArgument, kOp, ": batch_size must be >= 1, got ", c.batch_size);
+  RD_CHECK(c.batch_size >= 1, kInvalidArgument, kOp, ": batch_size must be >= 1, got ",
+           c.batch_size);
   RD_CHECK(c.steps >= 1, kInvalidArgument, kOp, ": steps must be >= 1, got ", c.steps);
   RD_CHECK(c.tokens_per_step >= 0, kInvalidArgument, kOp, ": tokens_per_step must be >= 0, got ",
            c.tokens_per_step);
   RD_CHECK(c.lr > 0 && std::isfinite(c.lr), kInvalidArgument, kOp, ": lr must be > 0, got ", c.lr);
   RD_CHECK(c.grad_clip >= 0, kInvalidArgument, kOp, ": grad_clip must be >= 0, got ", c.grad_clip);
-  RD_CHECK(c.eval_every >= 0 && c.log_every >= 1 && c.checkpoint_every >= 0 && c.eval_batches >= 1 &&
-               c.final_eval_batches >= 1,
-           kInvalidArgument, kOp, ": eval_every and checkpoint_every must be >= 0, log_every and "
-           "eval_batches >= 1, got ", c.eval_every, ", ", c.checkpoint_every, ", ", c.log_every,
-           ", ", c.eval_batches);
+  RD_CHECK(c.eval_every >= 0 && c.log_every >= 1 && c.checkpoint_every >= 0 &&
+               c.eval_batches >= 1 && c.final_eval_batches >= 1,
+           kInvalidArgument, kOp,
+           ": eval_every and checkpoint_every must be >= 0, log_every and "
+           "eval_batches >= 1, got ",
+           c.eval_every, ", ", c.checkpoint_every, ", ", c.log_every, ", ", c.eval_batches);
   RD_CHECK(c.stop_at_exact_match >= 0 && c.stop_at_exact_match <= 1, kInvalidArgument, kOp,
            ": stop_at_exact_match must be in [0, 1] (0: off), got ", c.stop_at_exact_match);
   RD_CHECK(c.keep_checkpoints >= 1, kInvalidArgument, kOp, ": keep_checkpoints must be >= 1, got ",
@@ -107,8 +119,11 @@ void check_train_config(const TrainConfig& c, int world_size) {
   RD_CHECK(seq_len % c.context_parallel == 0, kInvalidArgument, kOp, ": seq_len ", seq_len,
            " must be a multiple of context_parallel ", c.context_parallel);
   RD_CHECK(c.cp_layout != nn::SequenceLayout::kZigzag || seq_len % (2 * c.context_parallel) == 0,
-           kInvalidArgument, kOp, ": cp_layout zigzag splits seq_len ", seq_len, " into 2 x "
-           "context_parallel = ", 2 * c.context_parallel, " pieces, which it is not a multiple of");
+           kInvalidArgument, kOp, ": cp_layout zigzag splits seq_len ", seq_len,
+           " into 2 x "
+           "context_parallel = ",
+           2 * c.context_parallel, " pieces, which it is not a multiple of");
+  parse_documents(c.data_options.documents, data_kind(c.data) == DataKind::kTokens);
   // Checked here, before the trainer reads or generates any data.
   RD_CHECK(c.device.is_cpu() || c.device.index < cuda_device_count(), kDeviceMismatch, kOp,
            ": device ", c.device.str(), " is not available (", cuda_device_count(),
@@ -124,7 +139,7 @@ struct Trainer::State {
   std::unique_ptr<RunLock> lock;
   std::vector<std::string> notes;
   TrainConfig config;
-  std::shared_ptr<dist::Communicator> world;  // null: one process
+  std::shared_ptr<dist::Communicator> world;     // null: one process
   std::shared_ptr<dist::Communicator> sequence;  // the context-parallel group (null: none)
   int rank = 0, world_size = 1;
   int cp_rank = 0, cp_size = 1, dp_rank = 0, dp_size = 1;
@@ -162,7 +177,9 @@ struct Trainer::State {
     notes.push_back(text);
     if (is_root() && !config.quiet) std::fprintf(stderr, "note: %s\n", text.c_str());
   }
-  std::string checkpoint_root() const { return (fs::path(config.out_dir) / "checkpoints").string(); }
+  std::string checkpoint_root() const {
+    return (fs::path(config.out_dir) / "checkpoints").string();
+  }
   int64_t step() const { return optimizer->step_count(); }
   // Training seconds so far, over every resumed run.
   double elapsed() const {
@@ -234,11 +251,13 @@ void check_resumed_config(State& s, const CheckpointContents& ck, const Json& tr
   std::string list;
   for (const std::string& change : changes) list += "\n  " + change;
   if (s.config.allow_config_change) {
-    s.note(str_cat("resuming '", from, "' with a changed configuration (allow_config_change):", list));
+    s.note(
+        str_cat("resuming '", from, "' with a changed configuration (allow_config_change):", list));
     return;
   }
-  RD_FAIL(kInvalidArgument, kOp, ": cannot resume '", from, "' with a different configuration:",
-          list, "\nRun with the checkpoint's settings, start a new run (another out_dir, or "
+  RD_FAIL(kInvalidArgument, kOp, ": cannot resume '", from,
+          "' with a different configuration:", list,
+          "\nRun with the checkpoint's settings, start a new run (another out_dir, or "
           "resume empty to start over), or pass allow_config_change (--allow_config_change) to "
           "continue with the new values");
 }
@@ -253,8 +272,8 @@ void resume_from(State& s, const std::string& from) {
   if (s.lower_precision()) {
     autograd::NoGradGuard no_grad;
     for (auto& [name, master] : s.masters) {
-      RD_CHECK(weights.count(name), kCorruptFile, kOp, ": checkpoint '", from,
-               "' has no weight '", name, "'");
+      RD_CHECK(weights.count(name), kCorruptFile, kOp, ": checkpoint '", from, "' has no weight '",
+               name, "'");
       Tensor m = master;
       m.copy_(weights.at(name).to(m.device()));  // checkpoints load on the CPU
     }
@@ -262,7 +281,8 @@ void resume_from(State& s, const std::string& from) {
   const nn::LoadStateDictResult r = s.model->load_state_dict(weights, /*strict=*/true);
   (void)r;
   s.optimizer->load_state_dict(ck.optimizer);
-  s.data->set_state({trainer.at("data_epoch").get<int64_t>(), trainer.at("data_index").get<int64_t>()});
+  s.data->set_state(
+      {trainer.at("data_epoch").get<int64_t>(), trainer.at("data_index").get<int64_t>()});
   s.loss_scale = trainer.value("loss_scale", s.loss_scale);
   s.good_steps = trainer.value("good_steps", int64_t{0});
   s.elapsed_before = trainer.value("elapsed_s", 0.0);
@@ -276,6 +296,22 @@ void resume_from(State& s, const std::string& from) {
       s.target = std::make_pair(it->value("step", s.step()), reached);
     }
   }
+}
+
+// Packed documents: the attention masks them (the segment-local variant only) and says so.
+void note_documents(Trainer::State& s) {
+  if (!s.data->packs_documents()) return;
+  const TrainConfig& c = s.config;
+  RD_CHECK(c.model.attention.variant == nn::DilationVariant::kSegmentLocal, kInvalidArgument,
+           "--documents=", c.data_options.documents, ": ", c.data,
+           " packs documents, but the original (global) variant has no document masks; use "
+           "--variant=fixed, or --documents=off to attend across documents");
+  const auto* windows = dynamic_cast<const WindowDataset*>(s.data.get());
+  const int64_t count =
+      windows != nullptr ? static_cast<int64_t>(windows->document_starts().size()) : 0;
+  s.note(str_cat(c.data, ": ", count, " documents (--documents=", c.data_options.documents,
+                 "); attention stays within each, and the last token of a document is not "
+                 "scored on the next one's first"));
 }
 
 }  // namespace
@@ -298,18 +334,22 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<dist::Communicator> world)
   if (s.cp_size > 1) s.sequence = s.world->split(s.dp_rank, s.cp_rank);
 
   s.data = make_dataset(c.data, c.data_options);
+  note_documents(s);
   // The attention is causal: kAuto balances its work across the ranks with the zigzag split
   // where that does not split segments the contiguous one keeps local.
-  s.layout = nn::resolve_layout(c.cp_layout, causal_attention(c.model), s.data->seq_len(), s.cp_size);
+  s.layout =
+      nn::resolve_layout(c.cp_layout, causal_attention(c.model), s.data->seq_len(), s.cp_size);
   s.pieces = nn::sequence_pieces(s.layout, s.data->seq_len(), s.cp_rank, s.cp_size);
   ModelConfig mc = c.model;
   mc.vocab_size = s.data->vocab_size();
   s.config.model.vocab_size = mc.vocab_size;
   Generator init(c.seed);
-  s.model = std::make_unique<LanguageModel>(mc, init, TensorOptions(DType::kFloat32).with_device(c.device),
+  s.model = std::make_unique<LanguageModel>(mc, init,
+                                            TensorOptions(DType::kFloat32).with_device(c.device),
                                             s.sequence, c.strategy, s.layout);
   if (s.lower_precision()) {
-    for (auto& [name, p] : s.model->named_parameters()) s.masters.emplace_back(name, p.detach().clone());
+    for (auto& [name, p] : s.model->named_parameters())
+      s.masters.emplace_back(name, p.detach().clone());
     s.model->to(s.dtype);
   }
   nn::AdamWOptions ao;
@@ -317,7 +357,8 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<dist::Communicator> world)
   ao.beta1 = c.beta1;
   ao.beta2 = c.beta2;
   ao.weight_decay = c.weight_decay;
-  s.optimizer = std::make_unique<nn::AdamW>(nn::default_param_groups(s.optimized(), c.weight_decay), ao);
+  s.optimizer =
+      std::make_unique<nn::AdamW>(nn::default_param_groups(s.optimized(), c.weight_decay), ao);
   nn::LrScheduleOptions lo;
   lo.peak_lr = c.lr;
   lo.warmup_steps = std::min(c.warmup_steps, c.steps - 1);
@@ -365,7 +406,8 @@ std::string Trainer::save() {
               {"tokens", s.tokens_before},
               {"world_size", s.world_size},
               {"config", Json::parse(config_to_json(s.config))}};
-    if (s.target) t["target_reached"] = {{"step", s.target->first}, {"exact_match", s.target->second}};
+    if (s.target)
+      t["target_reached"] = {{"step", s.target->first}, {"exact_match", s.target->second}};
     ck.trainer_state = t.dump();
     path = save_checkpoint(s.checkpoint_root(), s.step(), ck, s.config.keep_checkpoints);
   }
@@ -390,13 +432,15 @@ EvalResult Trainer::evaluate(int64_t batches) {
     const Batch global = s.data->eval_batch(c.batch_size * s.dp_size, i);
     const Batch mine = slice(global, s.dp_rank * c.batch_size, c.batch_size, s.pieces);
     const Batch::Tensors t = mine.to_tensors();
-    const Tensor logits = s.model->forward(t.inputs.to(dev));
+    const Tensor logits = s.model->forward(t.inputs.to(dev), documents_of(mine));
     const int64_t vocab = logits.size(2);
-    const Tensor loss_sum = cross_entropy(logits.view({-1, vocab}).to(DType::kFloat32),
-                                          t.targets.to(dev).view({-1}), kIgnoreIndex, Reduction::kSum);
+    const Tensor loss_sum =
+        cross_entropy(logits.view({-1, vocab}).to(DType::kFloat32), t.targets.to(dev).view({-1}),
+                      kIgnoreIndex, Reduction::kSum);
     Tensor predictions = argmax(logits, 2);
     if (s.cp_size > 1) {  // every rank of the group scores the whole sequence
-      Tensor all = empty({s.cp_size, c.batch_size, local_len}, TensorOptions(predictions.dtype()).with_device(predictions.device()));
+      Tensor all = empty({s.cp_size, c.batch_size, local_len},
+                         TensorOptions(predictions.dtype()).with_device(predictions.device()));
       s.sequence->all_gather(all, predictions.contiguous());
       std::vector<Tensor> blocks;
       for (int r = 0; r < s.cp_size; ++r) blocks.push_back(all.select(0, r));
@@ -405,7 +449,8 @@ EvalResult Trainer::evaluate(int64_t batches) {
     const Batch rows = slice(global, s.dp_rank * c.batch_size, c.batch_size, {{0, seq_len}});
     const AccuracyCounts acc = score_predictions(rows, predictions);
     const bool counts_here = s.cp_rank == 0;  // count each sample once
-    const std::vector<double> host = {0.0, counts_here ? static_cast<double>(scored_tokens(rows)) : 0.0,
+    const std::vector<double> host = {0.0,
+                                      counts_here ? static_cast<double>(scored_tokens(rows)) : 0.0,
                                       counts_here ? static_cast<double>(acc.correct_tokens) : 0.0,
                                       counts_here ? static_cast<double>(acc.answer_tokens) : 0.0,
                                       counts_here ? static_cast<double>(acc.exact_samples) : 0.0,
@@ -439,7 +484,7 @@ EvalResult Trainer::evaluate(int64_t batches) {
 namespace {
 
 struct Accumulated {
-  Tensor loss_sum;  // float32 on the device: this rank's summed token losses
+  Tensor loss_sum;            // float32 on the device: this rank's summed token losses
   int64_t scored_tokens = 0;  // over every rank
 };
 
@@ -470,11 +515,11 @@ Accumulated accumulate_gradients(Trainer::State& s) {
     if (s.buckets != nullptr) s.buckets->set_sync(&global == &micro.back());
     const Batch mine = slice(global, s.dp_rank * c.batch_size, c.batch_size, s.pieces);
     const Batch::Tensors t = mine.to_tensors();
-    const Tensor logits = s.model->forward(t.inputs.to(dev));
+    const Tensor logits = s.model->forward(t.inputs.to(dev), documents_of(mine));
     // The loss in float32 whatever the compute dtype (the logits are [tokens, vocab], small).
-    const Tensor loss_sum = cross_entropy(logits.view({-1, logits.size(2)}).to(DType::kFloat32),
-                                          t.targets.to(dev).view({-1}), kIgnoreIndex,
-                                          Reduction::kSum);
+    const Tensor loss_sum =
+        cross_entropy(logits.view({-1, logits.size(2)}).to(DType::kFloat32),
+                      t.targets.to(dev).view({-1}), kIgnoreIndex, Reduction::kSum);
     mul(loss_sum, s.loss_scale / denominator).backward();
     a.loss_sum = add(a.loss_sum, loss_sum.detach().to(DType::kFloat32));
   }
@@ -512,7 +557,8 @@ void set_master_gradients(Trainer::State& s,
     const Tensor& g = params[i].second.grad();
     if (!g.defined()) continue;
     model_grads.push_back(g.contiguous());
-    master_grads.push_back(empty(g.shape(), TensorOptions(DType::kFloat32).with_device(g.device())));
+    master_grads.push_back(
+        empty(g.shape(), TensorOptions(DType::kFloat32).with_device(g.device())));
     indices.push_back(i);
   }
   if (model_grads.empty()) return;
@@ -532,10 +578,10 @@ bool reaches_target(const TrainConfig& c, const EvalResult& e) {
 
 // The training between two logged steps, which a logged step reports.
 struct LogWindow {
-  Tensor loss_sum;      // this rank's summed token losses (float32, on the device)
-  double tokens = 0;    // this rank's share of the scored tokens
+  Tensor loss_sum;    // this rank's summed token losses (float32, on the device)
+  double tokens = 0;  // this rank's share of the scored tokens
   int64_t steps = 0;
-  double start = 0;     // training seconds at its start
+  double start = 0;  // training seconds at its start
 };
 
 LogWindow open_window(const State& s, double start) {
@@ -621,9 +667,14 @@ double report_window(State& s, Progress& progress, LogWindow& w, const StepOutco
   const double mfu = peak > 0 ? s.flops_per_step * w.steps / dt / peak : 0.0;
   const double norm = last.grad_norm.defined() ? last.grad_norm.item<double>() : 0.0;
   if (s.is_root()) {
-    Json rec = {{"step", step},     {"time_s", now},         {"split", "train"},
-                {"loss", mean_loss}, {"lr", last.lr},         {"grad_norm", norm},
-                {"tokens", s.tokens_before}, {"tokens_per_s", tokens_per_s}};
+    Json rec = {{"step", step},
+                {"time_s", now},
+                {"split", "train"},
+                {"loss", mean_loss},
+                {"lr", last.lr},
+                {"grad_norm", norm},
+                {"tokens", s.tokens_before},
+                {"tokens_per_s", tokens_per_s}};
     if (mfu > 0) rec["mfu"] = mfu;
     if (s.dtype == DType::kFloat16) rec["loss_scale"] = s.loss_scale;
     s.metrics->append(rec.dump());
@@ -712,7 +763,8 @@ TrainResult Trainer::run(const std::atomic<bool>* stop) {
       // Every rank sees the same all-reduced result, so all of them stop together.
       if (!last && reaches_target(c, e)) {
         s.target = std::make_pair(step, e.accuracy.exact_match());
-        if (s.is_root()) progress.target_reached(step, e.accuracy.exact_match(), c.stop_at_exact_match);
+        if (s.is_root())
+          progress.target_reached(step, e.accuracy.exact_match(), c.stop_at_exact_match);
         break;  // the final evaluation and checkpoint follow
       }
     }
@@ -739,7 +791,8 @@ int32_t next_token(const std::vector<double>& logits, double temperature, int64_
   }
   std::vector<int32_t> order(logits.size());
   for (size_t k = 0; k < order.size(); ++k) order[k] = static_cast<int32_t>(k);
-  std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
+  std::sort(order.begin(), order.end(),
+            [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
   const size_t keep = top_k > 0 ? std::min(order.size(), static_cast<size_t>(top_k)) : order.size();
   std::vector<double> weights(keep);
   for (size_t k = 0; k < keep; ++k) {
@@ -780,8 +833,9 @@ std::vector<int32_t> generate(LanguageModel& model, const std::vector<int32_t>& 
   // The global variant has no incremental form: it recomputes the prefix for every token.
   const bool cached = model.config().attention.variant == nn::DilationVariant::kSegmentLocal;
   if (!cached) {
-    log_once("generate: the global variant decodes by recomputing the prefix for every token "
-             "(no KV cache: its index lists change with the length)");
+    log_once(
+        "generate: the global variant decodes by recomputing the prefix for every token "
+        "(no KV cache: its index lists change with the length)");
   }
   LanguageModel::DecodeState state;
   if (cached) {
@@ -790,8 +844,8 @@ std::vector<int32_t> generate(LanguageModel& model, const std::vector<int32_t>& 
   for (int64_t i = 0; i < max_new_tokens; ++i) {
     // Cached: the prompt once, then only the newest token.
     const auto from = !cached ? tokens.cbegin() : tokens.cbegin() + state.length();
-    const Tensor logits = cached ? model.forward_cached(as_tensor(from), state)
-                                 : model.forward(as_tensor(from));
+    const Tensor logits =
+        cached ? model.forward_cached(as_tensor(from), state) : model.forward(as_tensor(from));
     tokens.push_back(next_token(last_logits(logits), temperature, top_k, rng));
   }
   if (was_training) model.train();
