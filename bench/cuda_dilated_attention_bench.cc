@@ -22,6 +22,9 @@
 //       the input's gradient).
 //   target/gqa_fwdbwd_over_mha.../KV<4|1>  issue 21: grouped-query attention (H_kv of 16) against
 //       the same call with 16 key/value heads, measured in the same row (ratio <= 1).
+//   target/documents_fwdbwd_over_unmasked/H16D128/N262144/<dense|causal>  issue 21:
+//       documents averaging a quarter of the longest segment against the same call without
+//       them (ratio <= 1.15).
 //   target/...  issue 4's four targets at N = 262144, H = 16, D = 128, fixed, non-causal,
 //       each with its ratio, target and direction (counter target_max = 1: ratio <= target).
 //
@@ -60,10 +63,11 @@
 // Without CUDA in the build no row is registered; without a device each row is skipped.
 #include <benchmark/benchmark.h>
 
-#include "cuda_bench_context.h"
-
 #include <iostream>
+#include <random>
 #include <string>
+
+#include "cuda_bench_context.h"
 
 #if defined(RD_WITH_CUDA)
 #include <cuda_runtime.h>
@@ -79,6 +83,7 @@
 #include <utility>
 #include <vector>
 
+#include "cuda_bench_util.h"
 #include "ringdilated/kernels/attention.h"
 #include "ringdilated/kernels/backend.h"
 #include "ringdilated/kernels/cuda/cudnn_attention.h"
@@ -92,7 +97,6 @@
 #include "ringdilated/tensor/dispatch.h"
 #include "ringdilated/tensor/generator.h"
 #include "ringdilated/tensor/tensor.h"
-#include "cuda_bench_util.h"
 #endif
 
 namespace {
@@ -106,12 +110,12 @@ using rd::nn::AttentionPath;
 using rd::nn::DilationVariant;
 
 constexpr int kDevice = 0;
-constexpr double kTimeCapSeconds = 2.0;    // a row whose call would take longer is not run
-constexpr double kLongCallSeconds = 0.1;   // longer calls are timed once
-constexpr double kBatchSeconds = 20e-3;    // GPU time of one timed batch of short calls
-constexpr int kReps = 3;                   // timed batches of short calls
+constexpr double kTimeCapSeconds = 2.0;   // a row whose call would take longer is not run
+constexpr double kLongCallSeconds = 0.1;  // longer calls are timed once
+constexpr double kBatchSeconds = 20e-3;   // GPU time of one timed batch of short calls
+constexpr int kReps = 3;                  // timed batches of short calls
 constexpr int64_t kMaxCallsPerBatch = 100;
-constexpr int64_t kMathMaxSeqLen = 32768;          // the math path is a slow reference
+constexpr int64_t kMathMaxSeqLen = 32768;            // the math path is a slow reference
 constexpr int64_t kOriginalForcedMaxSeqLen = 32768;  // original variant on forced paths
 constexpr int64_t kTargetSeqLen = 262144;
 constexpr int64_t kHilbertSeqLen = 16384;  // use_hilbert may run on the slow math path
@@ -176,8 +180,7 @@ Timing measure(const std::function<void()>& op, const std::function<void()>& pre
   const auto wall = std::chrono::steady_clock::now();
   op();
   synchronize();
-  t.warmup_seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - wall).count();
+  t.warmup_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall).count();
 
   prepare();
   synchronize();
@@ -284,8 +287,9 @@ double predicted_seconds(const RowSpec& s, std::string* basis) {
 }
 
 rd::TensorOptions bf16(bool requires_grad = false) {
-  return rd::TensorOptions(DType::kBFloat16).with_device(device()).with_requires_grad(
-      requires_grad);
+  return rd::TensorOptions(DType::kBFloat16)
+      .with_device(device())
+      .with_requires_grad(requires_grad);
 }
 
 rd::nn::DilatedAttentionOptions options_of(const RowSpec& s) {
@@ -339,7 +343,8 @@ struct DilatedResult {
 // One row's call on fresh random inputs: forward alone (no graph), or forward + backward
 // into q, k and v through autograd.
 // kv_heads: key/value heads (grouped-query attention); 0: as many as the query heads.
-DilatedResult measure_dilated(const RowSpec& s, uint64_t seed = 1, int64_t kv_heads = 0) {
+DilatedResult measure_dilated(const RowSpec& s, uint64_t seed = 1, int64_t kv_heads = 0,
+                              const rd::nn::DocumentStarts* documents = nullptr) {
   rd::Generator generator(seed);
   const bool backward = backward_of(s);
   const rd::Shape shape{1, s.seq_len, s.config.heads, s.config.head_dim};
@@ -350,6 +355,8 @@ DilatedResult measure_dilated(const RowSpec& s, uint64_t seed = 1, int64_t kv_he
   const Tensor v = rd::randn(kv_shape, generator, bf16(backward));
   const Tensor grad_out = backward ? rd::randn(shape, generator, bf16()) : Tensor();
   const rd::nn::DilatedAttentionOptions options = options_of(s);
+  rd::nn::AttentionCallContext context;
+  context.document_starts = documents;
   DilatedResult result;
   auto drop_grads = [&] {
     for (Tensor t : {q, k, v}) t.zero_grad();
@@ -357,11 +364,12 @@ DilatedResult measure_dilated(const RowSpec& s, uint64_t seed = 1, int64_t kv_he
   auto op = [&] {
     if (!backward) {
       rd::autograd::NoGradGuard no_grad;
-      result.path_used = rd::nn::dilated_attention_with_lse(q, k, v, options).path_used;
+      result.path_used = rd::nn::dilated_attention_with_lse(q, k, v, options, context).path_used;
       return;
     }
     drop_grads();
-    const rd::nn::DilatedAttentionResult r = rd::nn::dilated_attention_with_lse(q, k, v, options);
+    const rd::nn::DilatedAttentionResult r =
+        rd::nn::dilated_attention_with_lse(q, k, v, options, context);
     result.path_used = r.path_used;
     r.out.backward(grad_out);
   };
@@ -394,8 +402,8 @@ void dilated_row(benchmark::State& state, const RowSpec& s) {
   if (predicted > kTimeCapSeconds) {
     const std::string why = rd::str_cat(
         "time cap: a call would take about ", predicted, " s (", basis, ") > ", kTimeCapSeconds,
-        " s; not run", s.variant == DilationVariant::kGlobal ? " (the original variant is O(N^2))"
-                                                              : "");
+        " s; not run",
+        s.variant == DilationVariant::kGlobal ? " (the original variant is O(N^2))" : "");
     state.SkipWithError(why.c_str());
     return;
   }
@@ -614,8 +622,8 @@ void target_peak_memory(benchmark::State& state) {
     set_throughput_counters(state, s, r.timing.seconds);
     set_memory_counters(state, s, r.timing);
     set_target(state,
-               static_cast<double>(r.timing.peak_bytes) / static_cast<double>(bound_bytes(s)),
-               1.1, /*at_most=*/true);
+               static_cast<double>(r.timing.peak_bytes) / static_cast<double>(bound_bytes(s)), 1.1,
+               /*at_most=*/true);
     state.SetLabel(rd::str_cat("path=", rd::nn::path_name(r.path_used),
                                " (fwd); ratio = allocator peak / (q,k,v,out + grads + lse)")
                        .c_str());
@@ -634,11 +642,42 @@ void target_gqa(benchmark::State& state, int64_t kv_heads) {
     set_throughput_counters(state, s, grouped.timing.seconds);
     state.counters["full_heads_s"] = full.timing.seconds;
     set_target(state, grouped.timing.seconds / full.timing.seconds, 1.0, /*at_most=*/true);
-    state.SetLabel(rd::str_cat("paths: grouped ", rd::nn::path_name(grouped.path_used),
-                               ", full ", rd::nn::path_name(full.path_used),
+    state.SetLabel(rd::str_cat("paths: grouped ", rd::nn::path_name(grouped.path_used), ", full ",
+                               rd::nn::path_name(full.path_used),
                                "; ratio = grouped time / H_kv = 16 time")
                        .c_str());
     return grouped.timing.seconds;
+  });
+}
+
+// Issue 21's document-mask target: documents of random lengths, uniform in [1, w / 2 - 1]
+// for the longest segment w (a mean of a quarter of it), packed over the sequence; the
+// masked call against the same call without documents, measured in the same row.
+void target_documents(benchmark::State& state, bool causal) {
+  run_guarded(state, [&] {
+    RowSpec s = target_spec(Direction::kForwardBackward, AttentionPath::kAuto);
+    s.causal = causal;
+    const int64_t longest = kSegmentLengths.back();
+    std::mt19937_64 rng(7);
+    std::vector<int64_t> starts;
+    for (int64_t at = 0; at < s.seq_len;
+         at += 1 + static_cast<int64_t>(rng() % (longest / 2 - 1))) {
+      starts.push_back(at);
+    }
+    const rd::nn::DocumentStarts documents = {starts};
+    const DilatedResult unmasked = measure_dilated(s);
+    release_memory();
+    const DilatedResult masked = measure_dilated(s, 1, 0, &documents);
+    set_throughput_counters(state, s, masked.timing.seconds);
+    state.counters["unmasked_s"] = unmasked.timing.seconds;
+    state.counters["documents"] = static_cast<double>(starts.size());
+    set_target(state, masked.timing.seconds / unmasked.timing.seconds, 1.15, /*at_most=*/true);
+    state.SetLabel(rd::str_cat(starts.size(), " documents; paths: masked ",
+                               rd::nn::path_name(masked.path_used), ", unmasked ",
+                               rd::nn::path_name(unmasked.path_used),
+                               "; ratio = masked time / unmasked time")
+                       .c_str());
+    return masked.timing.seconds;
   });
 }
 
@@ -678,8 +717,8 @@ bool runs_on_path(const RowSpec& s) {
 }
 
 void add_rows() {
-  const AttentionPath paths[] = {AttentionPath::kAuto, AttentionPath::kCudnn,
-                                 AttentionPath::kFlash, AttentionPath::kMath};
+  const AttentionPath paths[] = {AttentionPath::kAuto, AttentionPath::kCudnn, AttentionPath::kFlash,
+                                 AttentionPath::kMath};
   const Direction directions[] = {Direction::kForward, Direction::kForwardBackward};
   // Original vs fixed, every path; N increases within a family (the time cap predicts from
   // the previous N).
@@ -704,7 +743,7 @@ void add_rows() {
       for (bool causal : {false, true}) {
         for (int64_t seq_len : kSeqLens) {
           const RowSpec s{DilationVariant::kSegmentLocal, direction, config, seq_len, causal,
-                          AttentionPath::kCudnn, false};
+                          AttentionPath::kCudnn,          false};
           add(rd::str_cat("dense_ceiling/", direction_name(direction), "/", config_name(config),
                           "/N", seq_len, "/", mask_name(causal), "/cudnn"),
               [s](benchmark::State& state) { ceiling_row(state, s); });
@@ -716,8 +755,13 @@ void add_rows() {
   for (bool hilbert : {false, true}) {
     for (Direction direction : directions) {
       for (AttentionPath path : paths) {
-        const RowSpec s{DilationVariant::kSegmentLocal, direction, kTargetConfig, kHilbertSeqLen,
-                        false, path, hilbert};
+        const RowSpec s{DilationVariant::kSegmentLocal,
+                        direction,
+                        kTargetConfig,
+                        kHilbertSeqLen,
+                        false,
+                        path,
+                        hilbert};
         add(rd::str_cat("hilbert/", hilbert ? "on" : "off", "/", direction_name(direction), "/",
                         config_name(kTargetConfig), "/N", kHilbertSeqLen, "/dense/",
                         rd::nn::path_name(path)),
@@ -732,8 +776,8 @@ void add_rows() {
   }
   add(rd::str_cat("mhda/fwdbwd/E768H12/N", kMhdaTargetSeqLen, "/no_dx"),
       [](benchmark::State& state) { mhda_row(state, kMhdaTargetSeqLen, false); });
-  const std::string shape = rd::str_cat("/", config_name(kTargetConfig), "/N", kTargetSeqLen,
-                                        "/dense");
+  const std::string shape =
+      rd::str_cat("/", config_name(kTargetConfig), "/N", kTargetSeqLen, "/dense");
   add("target/auto_fwdbwd_over_ceiling" + shape, target_auto_vs_ceiling);
   add("target/flash_over_cudnn_fwd_rate" + shape, target_flash_vs_cudnn);
   add("target/fixed_fwdbwd_peak_over_bound" + shape, target_peak_memory);
@@ -741,6 +785,11 @@ void add_rows() {
   for (int64_t kv_heads : {4, 1}) {
     add(rd::str_cat("target/gqa_fwdbwd_over_mha" + shape, "/KV", kv_heads),
         [kv_heads](benchmark::State& state) { target_gqa(state, kv_heads); });
+  }
+  for (bool causal : {false, true}) {
+    add(rd::str_cat("target/documents_fwdbwd_over_unmasked/", config_name(kTargetConfig), "/N",
+                    kTargetSeqLen, "/", mask_name(causal)),
+        [causal](benchmark::State& state) { target_documents(state, causal); });
   }
 }
 
