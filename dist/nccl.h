@@ -61,7 +61,8 @@ bool nccl_available(std::string* why_not = nullptr);
 std::string nccl_unique_id();
 
 // This process's rank `rank` of `size`, on `device`, joined through `unique_id`. Collective
-// over the ranks: every rank must call it.
+// over the ranks: every rank must call it. Non-blocking (options.nonblocking), it waits at
+// most options.timeout for the others, then fails with kTimeout.
 std::shared_ptr<Communicator> make_nccl_communicator(const std::string& unique_id, int rank,
                                                      int size, Device device,
                                                      NcclOptions options = {});
