@@ -4,7 +4,10 @@
 // waits for it: results are stream-ordered and transfers overlap the compute queued between
 // a request and its wait(). Host waits (barrier) poll NCCL's asynchronous error state and
 // abort the communicator on an error or past the timeout; with the job's store, a watchdog
-// thread also aborts it when another rank is gone, so a failed peer cannot hang us.
+// thread also aborts it when another rank is gone, so a failed peer cannot hang us. The
+// communicators are non-blocking (NcclOptions::nonblocking): NCCL calls that would wait on
+// the host for other ranks return ncclInProgress instead, and the same bounded host wait
+// polls them until NCCL has done its part.
 #include "ringdilated/dist/nccl.h"
 
 #include "ringdilated/kernels/error.h"
@@ -27,6 +30,7 @@
 #include <utility>
 
 #include "ringdilated/dist/peer_failures.h"
+#include "ringdilated/dist/poll.h"
 #include "ringdilated/kernels/cuda/runtime.h"
 #include "ringdilated/tensor/device.h"
 #endif
@@ -42,11 +46,19 @@ constexpr const char* kAbortPrefix = "rd/nccl_abort/";
 
 using Clock = std::chrono::steady_clock;
 
+// How often a host wait looks at a CUDA event or at a non-blocking communicator's state.
+constexpr std::chrono::microseconds kPollInterval{100};
+// How long a wait for NCCL's thread to enqueue an operation (NcclComm::finish_issue) looks
+// again at once before it sleeps kPollInterval between looks: enqueueing usually takes tens
+// of microseconds, and a sleep would add a hundred or more to every operation.
+constexpr std::chrono::microseconds kEnqueueSpin{500};
+
 // The NCCL entry points this backend uses.
 struct NcclApi {
   decltype(&ncclGetUniqueId) get_unique_id = nullptr;
-  decltype(&ncclCommInitRank) init_rank = nullptr;
-  decltype(&ncclCommInitAll) init_all = nullptr;
+  // With a configuration (non-blocking: NcclOptions::nonblocking); NCCL 2.14 and later,
+  // which ncclCommSplit (2.18) implies.
+  decltype(&ncclCommInitRankConfig) init_rank_config = nullptr;
   decltype(&ncclCommDestroy) destroy = nullptr;
   decltype(&ncclCommAbort) abort = nullptr;
   decltype(&ncclCommGetAsyncError) async_error = nullptr;
@@ -82,8 +94,7 @@ const NcclApi& api() {
       return a;
     }
     resolve(handle, "ncclGetUniqueId", &a->get_unique_id, &a->problem);
-    resolve(handle, "ncclCommInitRank", &a->init_rank, &a->problem);
-    resolve(handle, "ncclCommInitAll", &a->init_all, &a->problem);
+    resolve(handle, "ncclCommInitRankConfig", &a->init_rank_config, &a->problem);
     resolve(handle, "ncclCommDestroy", &a->destroy, &a->problem);
     resolve(handle, "ncclCommAbort", &a->abort, &a->problem);
     resolve(handle, "ncclCommGetAsyncError", &a->async_error, &a->problem);
@@ -136,6 +147,11 @@ ncclRedOp_t nccl_op(ReduceOp op) {
   }
   return ncclSum;
 }
+
+// Destroys a CUDA event (std::unique_ptr's deleter): errors on the way out are not raised.
+struct EventDestroyer {
+  void operator()(cudaEvent_t event) const { cudaEventDestroy(event); }
+};
 
 // An event that marks the end of one operation on the communication stream; the tensors it
 // touches stay alive until the caller's stream has been told to wait for it.
@@ -308,8 +324,12 @@ class NcclComm final : public Communicator {
     if (ledger_) ledger_->remove(this);
     kernels::cuda::DeviceGuard guard(device_.index);
     if (!aborted_) {
-      // With a failed peer, destroy could wait for it: abort frees the same resources.
-      const bool failed = !failure().empty();
+      // With a failed peer, destroy could wait for it: abort frees the same resources. So it
+      // does for an asynchronous error, where ncclCommDestroy would refuse the communicator
+      // (it returns the error and frees nothing).
+      ncclResult_t state = ncclSuccess;
+      api().async_error(comm_, &state);
+      const bool failed = !failure().empty() || state != ncclSuccess;
       if (!failed) cudaStreamSynchronize(stream_);
       const ncclResult_t r = failed ? api().abort(comm_) : api().destroy(comm_);
       if (r != ncclSuccess) {
@@ -405,17 +425,16 @@ class NcclComm final : public Communicator {
     check_comm_tensor(*this, "iall_reduce", "tensor", tensor);
     std::unique_ptr<Request> request;
     {
-      std::lock_guard<std::timed_mutex> lock(issue_mu_);
+      std::unique_lock<std::timed_mutex> lock(issue_mu_);
       check_alive("iall_reduce");
       checked_api("iall_reduce");
       kernels::cuda::DeviceGuard guard(device_.index);
       follow(kernels::cuda::current_stream(device_.index));
-      check_nccl(api().all_reduce(tensor.raw_data(), tensor.raw_data(),
-                                  static_cast<size_t>(tensor.numel()),
-                                  nccl_dtype(tensor.dtype(), "iall_reduce"), nccl_op(op), comm_,
-                                  stream_),
-                 "iall_reduce", rank_);
-      count_issued();
+      finish_issue(lock,
+                   api().all_reduce(
+                       tensor.raw_data(), tensor.raw_data(), static_cast<size_t>(tensor.numel()),
+                       nccl_dtype(tensor.dtype(), "iall_reduce"), nccl_op(op), comm_, stream_),
+                   "iall_reduce");
       request = std::make_unique<StreamRequest>(device_.index, mark_done(),
                                                 std::vector<Tensor>{tensor});
     }
@@ -446,13 +465,24 @@ class NcclComm final : public Communicator {
     stats_.barrier();
   }
 
+  // Collective over this group's ranks, and counted as one of its operations (a rank that
+  // never splits is named). The child inherits the configuration (non-blocking or not).
   std::shared_ptr<Communicator> split(int color, int key) override {
-    std::lock_guard<std::timed_mutex> lock(issue_mu_);
+    std::unique_lock<std::timed_mutex> lock(issue_mu_);
     check_alive("split");
     kernels::cuda::DeviceGuard guard(device_.index);
+    // A non-blocking split writes `child` from NCCL's thread when it ends: every way out of
+    // finish_issue has that thread ended (its work done, or comm_ aborted, which joins it).
     ncclComm_t child = nullptr;
-    check_nccl(api().split(comm_, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &child, nullptr),
-               "split", rank_);
+    try {
+      finish_issue(lock,
+                   api().split(comm_, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &child, nullptr),
+                   "split");
+    } catch (...) {
+      // NCCL's advice: a child made by a failed split is aborted too.
+      if (child != nullptr) api().abort(child);
+      throw;
+    }
     if (color < 0 || child == nullptr) return nullptr;
     int child_rank = 0, child_size = 0;
     check_nccl(api().user_rank(child, &child_rank), "split", rank_);
@@ -483,6 +513,9 @@ class NcclComm final : public Communicator {
     (void)lock.try_lock_for(options_.peer_grace);
     if (aborted_.exchange(true)) return;
     kernels::cuda::DeviceGuard guard(device_.index);
+    // Blocking even for a non-blocking communicator (NCCL's "Fault Tolerance" guide): it
+    // stops NCCL's background work (a connection waiting for an absent rank, too) and joins
+    // its thread before it frees the communicator.
     api().abort(comm_);
   }
 
@@ -529,14 +562,13 @@ class NcclComm final : public Communicator {
   // caller destroys it), else destroys it.
   cudaEvent_t run(const char* op, const std::function<ncclResult_t(cudaStream_t)>& issue,
                   bool keep_event = false) {
-    std::lock_guard<std::timed_mutex> lock(issue_mu_);
+    std::unique_lock<std::timed_mutex> lock(issue_mu_);
     check_alive(op);
     checked_api(op);
     kernels::cuda::DeviceGuard guard(device_.index);
     const cudaStream_t caller = kernels::cuda::current_stream(device_.index);
     follow(caller);
-    check_nccl(issue(stream_), op, rank_);
-    count_issued();
+    finish_issue(lock, issue(stream_), op);
     const cudaEvent_t done = mark_done();
     RD_CUDA_CHECK(cudaStreamWaitEvent(caller, done, 0));
     if (keep_event) return done;
@@ -544,10 +576,43 @@ class NcclComm final : public Communicator {
     return nullptr;
   }
 
-  // Called with issue_mu_ held after an operation was enqueued: counts it, for the ledger.
+  // Called with issue_mu_ held after an operation was issued: counts it, for the ledger.
   void count_issued() {
     ++ops_issued_;
     if (ledger_) ledger_->issued(rank_, ops_issued_);
+  }
+
+  // Called with issue_mu_ held (by `lock`) right after the NCCL call of `op` on comm_
+  // returned `result`. A non-blocking communicator answers ncclInProgress while NCCL's own
+  // thread does the call's work, which may wait for the other ranks (the first operation
+  // between two ranks connects them); until its state leaves ncclInProgress, NCCL forbids
+  // another call on comm_ and any CUDA work on our stream (an event recorded there would come
+  // before NCCL's kernel). So this waits for it on the host, bounded by the timeout like every
+  // host wait, without issue_mu_ (an abort, by the watchdog or by another rank's thread,
+  // needs it to stop the stuck work), and fails as host_wait does. The operation counts as
+  // issued either way: a rank that waits here has done its part.
+  void finish_issue(std::unique_lock<std::timed_mutex>& lock, ncclResult_t result, const char* op) {
+    if (result != ncclInProgress) {
+      check_nccl(result, op, rank_);
+      count_issued();
+      return;
+    }
+    count_issued();
+    lock.unlock();
+    wait_on_host(
+        op, [this] { return enqueued(); }, kEnqueueSpin);
+    lock.lock();
+    check_alive(op);  // aborted after the last look
+  }
+
+  // Whether NCCL's background work on comm_ (see finish_issue) ended without error. False
+  // while it goes on, after an error (wait_on_host's look at NCCL's asynchronous error
+  // handles that) and once aborted (comm_ is gone).
+  bool enqueued() {
+    std::lock_guard<std::timed_mutex> lock(issue_mu_);
+    if (aborted_) return false;
+    ncclResult_t state = ncclInProgress;
+    return api().async_error(comm_, &state) == ncclSuccess && state == ncclSuccess;
   }
 
   // Ranks that are threads (see ThreadLedger) wait here, on the host, until the operation
@@ -598,7 +663,7 @@ class NcclComm final : public Communicator {
   // A send and/or a receive in one NCCL group, so that a ring of them cannot deadlock.
   std::unique_ptr<Request> p2p(const char* op, const Tensor& send, int to, const Tensor& recv,
                                int from) {
-    std::lock_guard<std::timed_mutex> lock(issue_mu_);
+    std::unique_lock<std::timed_mutex> lock(issue_mu_);
     check_alive(op);
     checked_api(op);
     kernels::cuda::DeviceGuard guard(device_.index);
@@ -613,49 +678,51 @@ class NcclComm final : public Communicator {
       result = api().recv(recv.raw_data(), static_cast<size_t>(recv.numel()),
                           nccl_dtype(recv.dtype(), op), from, comm_, stream_);
     }
+    // The group's end does the work: ncclInProgress from it, as from any call.
     const ncclResult_t ended = api().group_end();
     check_nccl(result, op, rank_);
-    check_nccl(ended, op, rank_);
-    count_issued();
+    finish_issue(lock, ended, op);
     return std::make_unique<StreamRequest>(device_.index, mark_done(),
                                            std::vector<Tensor>{send, recv});
   }
 
-  // Blocks until `done` fires; fails (and aborts the communicator) on an asynchronous NCCL
-  // error or past the timeout, naming the op and the rank.
+  // Blocks until `done` fires, as wait_on_host; destroys it however the wait ends.
   void host_wait(cudaEvent_t done, const char* op) {
-    const auto deadline = std::chrono::steady_clock::now() + options_.timeout;
-    for (;;) {
+    const std::unique_ptr<CUevent_st, EventDestroyer> owned(done);
+    wait_on_host(op, [done] {
       const cudaError_t status = cudaEventQuery(done);
-      if (status == cudaSuccess) break;
-      if (status != cudaErrorNotReady) {
-        cudaEventDestroy(done);
-        RD_CUDA_CHECK(status);
-      }
+      if (status != cudaErrorNotReady) RD_CUDA_CHECK(status);
+      return status == cudaSuccess;
+    });
+  }
+
+  // Called without issue_mu_: polls `finished` until it says the awaited NCCL work is done
+  // (at once again during `spin`, see poll_until). Fails (and aborts the communicator) on an
+  // asynchronous NCCL error or past the timeout, naming the op and the rank, and, for ranks that
+  // are threads, the ranks that never issued the op; fails with kAborted when the communicator was
+  // aborted meanwhile (by the watchdog, or by another rank of a group of threads).
+  void wait_on_host(const char* op, const std::function<bool()>& finished,
+                    std::chrono::microseconds spin = std::chrono::microseconds(0)) {
+    const auto look = [&] {
+      if (finished()) return true;
       const std::string async = async_error_message();
-      if (aborted_) {  // by the watchdog: a peer failed (the event fired or never will)
-        cudaEventDestroy(done);
+      if (aborted_) {  // the work is over, or never will be
         RD_FAIL(kAborted, "nccl ", op, " on rank ", rank_, ": the communicator was aborted: ",
                 failure());
       }
       // With a watchdog, it decides (it first looks in the store for the cause).
       if (!async.empty() && !watchdog_) {
-        cudaEventDestroy(done);
         abort(async);
         RD_FAIL(kAborted, "nccl ", op, " on rank ", rank_, ": ", failure());
       }
-      if (std::chrono::steady_clock::now() > deadline) {
-        cudaEventDestroy(done);
-        const std::string why =
-            str_cat("nccl ", op, " (operation #", ops_issued_, " of a group of ", size_,
-                    ") on rank ", rank_, " waited more than ", options_.timeout.count(),
-                    " ms for the other ranks", waiting_for());
-        abort(why);
-        RD_FAIL(kTimeout, why, "; communicator aborted");
-      }
-      std::this_thread::sleep_for(std::chrono::microseconds(100));
-    }
-    RD_CUDA_CHECK(cudaEventDestroy(done));
+      return false;
+    };
+    if (poll_until(look, Clock::now() + options_.timeout, kPollInterval, spin)) return;
+    const std::string why = str_cat(
+        "nccl ", op, " (operation #", ops_issued_, " of a group of ", size_, ") on rank ", rank_,
+        " waited more than ", options_.timeout.count(), " ms for the other ranks", waiting_for());
+    abort(why);
+    RD_FAIL(kTimeout, why, "; communicator aborted");
   }
 
   ncclComm_t comm_;
@@ -704,6 +771,71 @@ void check_cuda_device(Device device, const char* op) {
            device.str());
 }
 
+// The state of communicators being set up: ncclInProgress while one still is, else the
+// first error, else ncclSuccess.
+ncclResult_t setup_state(const std::vector<ncclComm_t>& comms) {
+  ncclResult_t first_error = ncclSuccess;
+  for (ncclComm_t comm : comms) {
+    ncclResult_t state = ncclSuccess;
+    const ncclResult_t asked = api().async_error(comm, &state);
+    if (asked != ncclSuccess) state = asked;
+    if (state == ncclInProgress) return ncclInProgress;
+    if (first_error == ncclSuccess) first_error = state;
+  }
+  return first_error;
+}
+
+// Creates this process's communicators: rank ranks[i] of `size` on devices[i], joined
+// through `id`, in one NCCL group (a thread that creates several must: NCCL's "Group Calls"
+// guide). Non-blocking ones (NcclOptions::nonblocking) are set up by NCCL's thread, which
+// waits for the other ranks: that wait is bounded by options.timeout. A failure or the
+// timeout aborts the communicators made (which also stops a setup still waiting) and fails,
+// with kTimeout for the timeout.
+std::vector<ncclComm_t> init_comms(const ncclUniqueId& id, int size, const std::vector<int>& ranks,
+                                   const std::vector<Device>& devices, const NcclOptions& options,
+                                   const char* op) {
+  const NcclApi& a = api();
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = options.nonblocking ? 0 : 1;
+  std::vector<ncclComm_t> comms(ranks.size(), nullptr);
+  ncclResult_t failed = ncclSuccess;  // the first error of a call; not ncclInProgress
+  {
+    kernels::cuda::DeviceGuard guard(devices[0].index);  // gives the caller its device back
+    check_nccl(a.group_start(), op, ranks[0]);
+    for (size_t i = 0; i < ranks.size() && failed == ncclSuccess; ++i) {
+      // Each rank's device is current when its communicator is made; nothing may throw
+      // before the group ends.
+      if (cudaSetDevice(devices[i].index) != cudaSuccess) failed = ncclUnhandledCudaError;
+      const ncclResult_t r = failed == ncclSuccess
+                                 ? a.init_rank_config(&comms[i], size, id, ranks[i], &config)
+                                 : ncclSuccess;
+      if (r != ncclSuccess && r != ncclInProgress) failed = r;
+    }
+    const ncclResult_t ended = a.group_end();
+    if (failed == ncclSuccess && ended != ncclSuccess && ended != ncclInProgress) failed = ended;
+  }
+  bool timed_out = false;
+  if (failed == ncclSuccess) {
+    ncclResult_t state = ncclSuccess;
+    const auto set_up = [&] { return (state = setup_state(comms)) != ncclInProgress; };
+    timed_out = !poll_until(set_up, Clock::now() + options.timeout, kPollInterval);
+    if (!timed_out) failed = state;
+  }
+  if (failed == ncclSuccess && !timed_out) return comms;
+  for (ncclComm_t comm : comms) {
+    if (comm != nullptr) a.abort(comm);
+  }
+  const std::string ranks_text =
+      ranks.size() == 1 ? str_cat("rank ", ranks[0]) : str_cat(ranks.size(), " ranks");
+  if (timed_out) {
+    RD_FAIL(kTimeout, op, ": NCCL's setup of ", ranks_text, " of a group of ", size,
+            " waited more than ", options.timeout.count(),
+            " ms for the other ranks; communicators aborted");
+  }
+  RD_FAIL(kInternal, "nccl init of ", ranks_text, " of a group of ", size, ": ",
+          a.error_string(failed));
+}
+
 }  // namespace
 
 bool nccl_available(std::string* why_not) {
@@ -723,7 +855,7 @@ std::shared_ptr<Communicator> make_nccl_communicator(const std::string& unique_i
                                                      int size, Device device,
                                                      NcclOptions options) {
   constexpr const char* kOp = "make_nccl_communicator";
-  const NcclApi& a = checked_api(kOp);
+  checked_api(kOp);
   check_cuda_device(device, kOp);
   RD_CHECK(size >= 1 && rank >= 0 && rank < size, kInvalidArgument, kOp, ": rank ", rank,
            " is not in a group of ", size);
@@ -732,9 +864,7 @@ std::shared_ptr<Communicator> make_nccl_communicator(const std::string& unique_i
            ": argument 'unique_id' has ", unique_id.size(), " bytes, expected ",
            sizeof(id.internal), " (from nccl_unique_id())");
   std::memcpy(id.internal, unique_id.data(), sizeof(id.internal));
-  kernels::cuda::DeviceGuard guard(device.index);
-  ncclComm_t comm = nullptr;
-  check_nccl(a.init_rank(&comm, size, id, rank), "init", rank);
+  const ncclComm_t comm = init_comms(id, size, {rank}, {device}, options, kOp)[0];
   std::shared_ptr<PeerWatchdog> watchdog =
       options.store ? std::make_shared<PeerWatchdog>(options) : nullptr;
   return std::make_shared<NcclComm>(comm, rank, size, device, std::move(options),
@@ -746,14 +876,15 @@ std::vector<std::shared_ptr<Communicator>> make_nccl_group(const std::vector<Dev
   constexpr const char* kOp = "make_nccl_group";
   const NcclApi& a = checked_api(kOp);
   RD_CHECK(!devices.empty(), kInvalidArgument, kOp, ": argument 'devices' is empty");
-  std::vector<int> indices;
+  std::vector<int> ranks;
   for (const Device& d : devices) {
     check_cuda_device(d, kOp);
-    indices.push_back(d.index);
+    ranks.push_back(static_cast<int>(ranks.size()));
   }
-  std::vector<ncclComm_t> comms(devices.size());
-  check_nccl(a.init_all(comms.data(), static_cast<int>(devices.size()), indices.data()),
-             "init_all", -1);
+  ncclUniqueId id;
+  check_nccl(a.get_unique_id(&id), "get_unique_id", -1);
+  const std::vector<ncclComm_t> comms =
+      init_comms(id, static_cast<int>(devices.size()), ranks, devices, options, kOp);
   auto ledger = std::make_shared<ThreadLedger>(static_cast<int>(devices.size()));
   std::vector<std::shared_ptr<Communicator>> result;
   for (size_t i = 0; i < devices.size(); ++i) {

@@ -14,10 +14,22 @@
 namespace rd::dist {
 
 struct NcclOptions {
-  // How long a host wait on NCCL work (barrier, abort checks, and every operation of ranks
-  // that are threads: make_nccl_group) may take before the communicator is aborted and the
-  // wait fails with kTimeout.
+  // How long a host wait on NCCL work (barrier, abort checks, every operation of ranks that
+  // are threads: make_nccl_group, and, with `nonblocking`, the creation of the communicators
+  // and the enqueueing of each operation) may take before the communicator is aborted and
+  // the wait fails with kTimeout naming the operation (and, for ranks that are threads, the
+  // ranks that never issued it).
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+  // Non-blocking NCCL communicators (ncclConfig_t::blocking = 0). A blocking NCCL call may
+  // itself wait on the host for the other ranks: creating a communicator, a split, and the
+  // first operation between ranks that never exchanged data (NCCL connects them then) do; a
+  // rank that never comes then hangs the caller inside NCCL, before any timeout of ours can
+  // act (ranks that are threads hung so on 4 H200s, issue 19). Non-blocking, NCCL does that
+  // work on a thread of its own and answers ncclInProgress; the caller polls NCCL's state
+  // (ncclCommGetAsyncError) under `timeout`, and can abort. Costs NCCL's thread start per
+  // operation (tens of microseconds). False: blocking communicators, as before issue 19;
+  // kept to compare, should a GPU or NCCL version misbehave with non-blocking ones.
+  bool nonblocking = true;
   // The job's store (init_process_group passes it; one process per GPU). With it, a watchdog
   // thread of this process fails the communicator, and its splits, when another rank is gone
   // (its process exited or was killed: TcpStore::left_key), when another rank aborted, or on
@@ -49,7 +61,8 @@ bool nccl_available(std::string* why_not = nullptr);
 std::string nccl_unique_id();
 
 // This process's rank `rank` of `size`, on `device`, joined through `unique_id`. Collective
-// over the ranks: every rank must call it.
+// over the ranks: every rank must call it. Non-blocking (options.nonblocking), it waits at
+// most options.timeout for the others, then fails with kTimeout.
 std::shared_ptr<Communicator> make_nccl_communicator(const std::string& unique_id, int rank,
                                                      int size, Device device,
                                                      NcclOptions options = {});
@@ -62,7 +75,9 @@ std::shared_ptr<Communicator> make_nccl_communicator(const std::string& unique_i
 // their splits, is finished on the host before it returns (no overlap of transfers with
 // compute, unlike one process per GPU); a wait past options.timeout aborts every rank of
 // the group and fails with kTimeout naming the operation and the ranks that never issued it
-// (the other ranks then fail with kAborted and the same message).
+// (the other ranks then fail with kAborted and the same message). A rank that skips an
+// operation then cannot hang the others inside NCCL's own calls: the communicators are
+// non-blocking (NcclOptions::nonblocking).
 std::vector<std::shared_ptr<Communicator>> make_nccl_group(const std::vector<Device>& devices,
                                                            NcclOptions options = {});
 

@@ -1,7 +1,8 @@
 // The NCCL communicator with one rank on one GPU: initialization, every collective, a paired
 // send/receive to itself, sub-groups, abort and argument errors, against values computed on
-// the host. Runs where a GPU and libnccl.so.2 are present (multi-GPU runs are their own
-// suite).
+// the host; and ranks that are threads of one process on 2 to 4 GPUs (NcclGroup), where a
+// rank that skips a collective is named within the timeout. Runs where a GPU and
+// libnccl.so.2 are present (the multi-GPU training runs are their own suite).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -114,19 +115,13 @@ TEST(NcclGroup, OneProcessDrivingItsGpus) {
   EXPECT_EQ(test::to_ref(t).data[7], 2.5);
 }
 
-// Ranks that are threads (make_nccl_group) finish each operation on the host, within
+// Ranks that are threads (make_nccl_group) wait for each operation on the host, within
 // NcclOptions::timeout: when the last rank skips an all_reduce, every other rank fails within
 // the timeout with an error naming the operation and the rank that never issued it, and the
-// skipping rank's next operation fails too, since the whole group was aborted. Needs 2 GPUs
-// (up to 4 are used); run with --gtest_filter='NcclGroup.*'.
-// Disabled: on 4 H200s (2026-11-26) this test itself hung past 50 s. Likely cause: ranks that
-// are threads of one process share NCCL's intra-process launch, so ncclAllReduce blocks on
-// the host until every local rank has called it (NCCL's "Group Calls" guide: each call "may
-// have to block, waiting for other threads/ranks to arrive"); the ranks never reach the
-// host wait that times out. The fix is non-blocking communicators (ncclConfig_t blocking =
-// 0, ncclCommInitRankConfig per rank inside a group) polled with ncclCommGetAsyncError under
-// the timeout. Issue 19 keeps the thread-mode timeout open until this passes on GPUs.
-TEST(NcclGroup, DISABLED_ARankThatSkipsACollectiveIsNamedWithinTheTimeout) {
+// skipping rank's next operation fails too, since the whole group was aborted. With
+// `connect_first`, every rank first does one all_reduce together. Needs 2 GPUs (up to 4 are
+// used); run with --gtest_filter='NcclGroup.*'.
+void expect_skipped_all_reduce_named(bool connect_first) {
   std::string why;
   if (!dist::nccl_available(&why)) GTEST_SKIP() << "NCCL unavailable: " << why;
   const int P = std::min(cuda_device_count(), 4);
@@ -137,15 +132,23 @@ TEST(NcclGroup, DISABLED_ARankThatSkipsACollectiveIsNamedWithinTheTimeout) {
   options.timeout = std::chrono::seconds(3);
   const auto comms = dist::make_nccl_group(devices, options);
   const int skipper = P - 1;
+  auto all_reduce_on = [&](int r) {
+    Generator gen(static_cast<uint64_t>(10 + r));
+    Tensor t = randn({1024}, gen, TensorOptions(DType::kFloat32)).to(Device::cuda(r));
+    comms[static_cast<size_t>(r)]->all_reduce(t);
+  };
+  if (connect_first) {
+    std::vector<std::thread> threads;
+    for (int r = 0; r < P; ++r) threads.emplace_back(all_reduce_on, r);
+    for (std::thread& t : threads) t.join();
+  }
   std::vector<std::string> errors(static_cast<size_t>(P));
   const auto start = std::chrono::steady_clock::now();
   std::vector<std::thread> threads;
   for (int r = 0; r < skipper; ++r) {
     threads.emplace_back([&, r] {
-      Generator gen(static_cast<uint64_t>(10 + r));
-      Tensor t = randn({1024}, gen, TensorOptions(DType::kFloat32)).to(Device::cuda(r));
       try {
-        comms[static_cast<size_t>(r)]->all_reduce(t);
+        all_reduce_on(r);
         errors[static_cast<size_t>(r)] = "no error";
       } catch (const Error& e) {
         errors[static_cast<size_t>(r)] = e.what();
@@ -166,6 +169,23 @@ TEST(NcclGroup, DISABLED_ARankThatSkipsACollectiveIsNamedWithinTheTimeout) {
   }
   EXPECT_TRUE(test::raises([&] { comms[static_cast<size_t>(skipper)]->barrier(); },
                            {ErrorCode::kAborted}, {"barrier", "all_reduce", named}));
+}
+
+// The all_reduce is each communicator's first operation, so NCCL connects the ranks in it,
+// which waits on the host for the skipping rank. With blocking communicators that wait was
+// inside ncclAllReduce, before any timeout of ours: this test hung on 4 H200s (2026-11-26,
+// issue 19). The communicators are now non-blocking (NcclOptions::nonblocking): NCCL does
+// that work on its own thread, ncclAllReduce returns ncclInProgress, and the rank polls
+// ncclCommGetAsyncError under the timeout, then aborts the group (ncclCommAbort stops the
+// stuck connection).
+TEST(NcclGroup, ARankThatSkipsACollectiveIsNamedWithinTheTimeout) {
+  expect_skipped_all_reduce_named(/*connect_first=*/false);
+}
+
+// Connected ranks: the all_reduce is enqueued at once and its kernels wait on the GPUs for
+// the skipping rank; the host wait on its end times out, and the abort ends the kernels.
+TEST(NcclGroup, ARankThatSkipsACollectiveAfterOthersIsNamedWithinTheTimeout) {
+  expect_skipped_all_reduce_named(/*connect_first=*/true);
 }
 
 }  // namespace
