@@ -15,6 +15,7 @@
 #include "ringdilated/nn/dilated_attention.h"
 #include "ringdilated/nn/dilated_attention_modules.h"
 #include "ringdilated/nn/ring_dilated_attention.h"
+#include "ringdilated/tensor/device.h"
 #include "ringdilated/tensor/ops.h"
 #include "testing/dilated_reference.h"
 #include "testing/elementwise_close.h"
@@ -103,6 +104,68 @@ INSTANTIATE_TEST_SUITE_P(
                        ::testing::Values(OffsetRule::kConstant, OffsetRule::kRotating),
                        ::testing::Bool()),
     mode_name);
+
+// One call with documents and the backward of a loss reading out and lse, on `device` in
+// `dtype`; inputs drawn in float64 and rounded to bfloat16, so that every run sees the same
+// values. Returns out, lse and the three gradients in float64 on the host.
+std::vector<Tensor> run_with_documents(const DilatedAttentionOptions& o,
+                                       const std::vector<std::vector<int64_t>>& documents,
+                                       DType dtype, Device device) {
+  Generator gen(33);
+  const Shape shape{2, 64, 4, 16};
+  auto draw = [&](const Shape& s) {
+    return randn(s, gen, TensorOptions(DType::kFloat64))
+        .to(DType::kBFloat16)
+        .to(dtype)
+        .to(device)
+        .detach();
+  };
+  Tensor q = draw(shape), k = draw(shape), v = draw(shape);
+  const Tensor w_out = draw(shape);
+  const Tensor w_lse = draw({2, 4, 64}).to(DType::kFloat64);
+  for (Tensor* t : {&q, &k, &v}) t->set_requires_grad(true);
+  nn::AttentionCallContext context;
+  context.document_starts = &documents;
+  const nn::DilatedAttentionResult r = nn::dilated_attention_with_lse(q, k, v, o, context);
+  const Tensor lse = r.lse.to(DType::kFloat64);
+  const Tensor finite_lse = where(gt(lse, -1e300), lse, 0.0);
+  add(sum(mul(r.out.to(DType::kFloat64), w_out.to(DType::kFloat64))), sum(mul(finite_lse, w_lse)))
+      .backward();
+  auto host = [](const Tensor& t) { return t.detach().to(Device::cpu()).to(DType::kFloat64); };
+  return {host(r.out), host(r.lse), host(q.grad()), host(k.grad()), host(v.grad())};
+}
+
+// On the GPU every path (math, flash, cuDNN) with documents, causal or not, both mixings,
+// gives the float64 CPU call's out, lse and gradients on the same bf16 values, to bf16's
+// rounding (the CPU call is checked against the independent reference above).
+TEST(DocumentMaskCuda, EveryPathMatchesTheCpu) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  // Documents crossing segments of every pair, one of a single position, one at the end.
+  const std::vector<std::vector<int64_t>> documents = {{0, 5, 13, 14, 30}, {0, 20, 21, 50, 63}};
+  const char* names[] = {"out", "lse", "grad_q", "grad_k", "grad_v"};
+  const double unit = std::ldexp(1.0, -8);
+  const double tolerances[] = {8 * unit, 8 * unit, 32 * unit, 32 * unit, 32 * unit};
+  for (const HeadMixing mixing : {HeadMixing::kHeadGroups, HeadMixing::kAllHeads}) {
+    for (const bool causal : {false, true}) {
+      DilatedAttentionOptions o = options_for(mixing, OffsetRule::kRotating, causal);
+      o.segment_lengths = {16, 32, 64};
+      const std::vector<Tensor> want =
+          run_with_documents(o, documents, DType::kFloat64, Device::cpu());
+      for (const nn::AttentionPath path :
+           {nn::AttentionPath::kMath, nn::AttentionPath::kFlash, nn::AttentionPath::kCudnn}) {
+        SCOPED_TRACE(std::string(nn::path_name(path)) +
+                     (mixing == HeadMixing::kAllHeads ? ", all heads" : ", head groups") +
+                     (causal ? ", causal" : ""));
+        o.path = path;
+        const std::vector<Tensor> got =
+            run_with_documents(o, documents, DType::kBFloat16, Device::cuda(0));
+        for (size_t i = 0; i < got.size(); ++i) {
+          test::expect_tensors_close(names[i], got[i], want[i], tolerances[i]);
+        }
+      }
+    }
+  }
+}
 
 // Ranks (threads) against one device: rows, lse and gradients, documents crossing the ranks'
 // blocks (N = 40 over 2 or 4 ranks: blocks of 20 or 10, zigzag pieces of 10 or 5).
