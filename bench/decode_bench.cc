@@ -7,16 +7,23 @@
 //                                 (where the pattern selects a position varies: a position
 //                                 some pair skips costs less)
 //   recompute/<device>/L<prefix>  the forward over prefix + 1 positions (up to 16K on the CPU)
+//   model/<device>/L<prefix>      the reference model (12 x 768) generating after a prompt of
+//                                 `prefix` tokens: time per 32 new tokens, tokens_per_s
 //   build/release/bench/decode_bench
 #include <benchmark/benchmark.h>
 
 #include <cstdint>
+#include <memory>
+#include <random>
 #include <string>
+#include <vector>
 
 #include "ringdilated/nn/dilated_attention.h"
 #include "ringdilated/nn/dilated_decode.h"
+#include "ringdilated/tensor/autograd.h"
 #include "ringdilated/tensor/device.h"
 #include "ringdilated/tensor/ops.h"
+#include "ringdilated/train/model.h"
 
 namespace {
 
@@ -62,9 +69,9 @@ void BM_Step(benchmark::State& state) {
     cache.truncate(prefix);
   }
   // Per step (the benchmark's time is per 256).
-  state.counters["us_per_step"] = benchmark::Counter(
-      static_cast<double>(state.iterations() * kStepsPerIteration),
-      benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+  state.counters["us_per_step"] =
+      benchmark::Counter(static_cast<double>(state.iterations() * kStepsPerIteration),
+                         benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
 }
 
 void BM_Recompute(benchmark::State& state) {
@@ -82,6 +89,54 @@ void BM_Recompute(benchmark::State& state) {
 
 std::string device_name() { return bench_device().is_cpu() ? "cpu" : "cuda"; }
 
+// The reference model of issue 21's decoding targets: 12 blocks of width 768, 12 heads, the
+// pairs (2048,1), (4096,2), (8192,4), (16384,8); bf16 on a GPU, float32 on the CPU.
+std::unique_ptr<rd::train::LanguageModel> reference_model(rd::Device device) {
+  rd::train::ModelConfig c;
+  c.vocab_size = 256;
+  c.dim = 768;
+  c.depth = 12;
+  c.heads = 12;
+  c.attention.segment_lengths = {2048, 4096, 8192, 16384};
+  c.attention.dilation_rates = {1, 2, 4, 8};
+  rd::Generator gen(3);
+  auto model = std::make_unique<rd::train::LanguageModel>(
+      c, gen, rd::TensorOptions(rd::DType::kFloat32).with_device(device));
+  model->to(bench_options(device).dtype);
+  model->eval();
+  return model;
+}
+
+constexpr int64_t kModelTokensPerIteration = 32;
+
+// The reference model generating greedily after a prompt of `prefix` tokens (the prefill,
+// one forward that fills the caches, is not timed): time per new token. Targets (issue 21,
+// one H100): L1048576 within 1.25x of L4096, and at least 200 tokens/s.
+void BM_Model(benchmark::State& state) {
+  const int64_t prefix = state.range(0);
+  const rd::Device device = bench_device();
+  rd::autograd::NoGradGuard no_grad;
+  const std::unique_ptr<rd::train::LanguageModel> model = reference_model(device);
+  std::mt19937_64 rng(4);
+  std::vector<int64_t> tokens(static_cast<size_t>(prefix));
+  for (int64_t& token : tokens) token = static_cast<int64_t>(rng() % 256);
+  const rd::Tensor prompt = rd::from_vector<int64_t>(tokens, {1, prefix}).to(device);
+  rd::train::LanguageModel::DecodeState decoding =
+      model->start_decoding(1, prefix + kModelTokensPerIteration);
+  rd::Tensor next = rd::argmax(model->forward_cached(prompt, decoding).narrow(1, prefix - 1, 1), 2);
+  rd::synchronize(device);
+  for (auto _ : state) {
+    for (int64_t t = 0; t < kModelTokensPerIteration; ++t) {
+      next = rd::argmax(model->forward_cached(next, decoding), 2);
+    }
+    rd::synchronize(device);
+    for (rd::nn::DilatedKVCache& cache : decoding.caches) cache.truncate(prefix);
+  }
+  state.counters["tokens_per_s"] =
+      benchmark::Counter(static_cast<double>(state.iterations() * kModelTokensPerIteration),
+                         benchmark::Counter::kIsRate);
+}
+
 const bool kRegistered = [] {
   for (int64_t prefix : {1024, 4096, 16384, 65536, 262144}) {
     benchmark::RegisterBenchmark(("step/" + device_name() + "/L" + std::to_string(prefix)).c_str(),
@@ -94,6 +149,16 @@ const bool kRegistered = [] {
           ->Arg(prefix)
           ->Unit(benchmark::kMicrosecond);
     }
+  }
+  const std::vector<int64_t> model_prefixes =
+      bench_device().is_cpu() ? std::vector<int64_t>{1024}
+                              : std::vector<int64_t>{4096, 65536, 262144, 1048576};
+  for (int64_t prefix : model_prefixes) {
+    benchmark::RegisterBenchmark(("model/" + device_name() + "/L" + std::to_string(prefix)).c_str(),
+                                 BM_Model)
+        ->Arg(prefix)
+        ->Unit(benchmark::kMillisecond)
+        ->UseRealTime();
   }
   return true;
 }();

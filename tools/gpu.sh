@@ -82,6 +82,10 @@ cmd_targets() {
   for source in bench/cuda_*_bench.cc; do
     [[ -f "$source" ]] && basename "${source%.cc}"
   done
+  # Decoding steps against recomputation, with rows on every visible device (issue 21's
+  # latency targets are the GPU rows).
+  printf '%s
+' decode_bench
   # The trainer (training runs on the GPU: MFU, longest sequence; docs/benchmarks.md) and its
   # launcher, which train_multiprocess_test also starts; the CUPTI kernel tracer behind
   # `run profile` (the GPU machine has no Nsight).

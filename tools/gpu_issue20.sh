@@ -7,9 +7,10 @@
 #   single  cuda_dilated_attention_bench's fixed-variant kAuto rows, before, after, before,
 #           after (ABAB: a drift shows as a difference between the two runs of one side)
 #   multi   cuda_multi_gpu_bench's strong rows at 4M (P = 1, 2, 4; causal per layout), ABAB
+#   targets the other open issues' GPU rows, on the redesign's pack only (part_targets)
 # Prints one table per bench: row, before ms (two runs), after ms (two runs), after/before.
 # Logs and JSON go to $OUT (or build/issue20).
-#   tools/gpu_issue20.sh tests|single|multi
+#   tools/gpu_issue20.sh tests|single|multi|targets
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
 export NCCL_NVLS_ENABLE=0
@@ -83,9 +84,27 @@ part_multi() {
   compare cuda_multi_gpu_bench
 }
 
+# The open issues' GPU targets on the redesign's pack only (no before/after): issue 21's
+# grouped-query and document-mask rows and decoding latency; issue 19's weak scaling and the
+# NCCL thread-mode timeout (2 or more GPUs).
+part_targets() {
+  local bin=.carry/after/gpu/bin
+  export LD_LIBRARY_PATH=".carry/after/gpu/lib:${LD_LIBRARY_PATH:-}"
+  bench after 1 cuda_dilated_attention_bench 'target/(gqa|documents)'
+  grep -E '^target' "$LOGS/cuda_dilated_attention_bench.after.1.txt"
+  bench after 1 decode_bench 'cuda'
+  tail -n 20 "$LOGS/decode_bench.after.1.txt"
+  timeout 200 "$bin/cuda_nccl_test" --gtest_filter='NcclGroup.*' >"$LOGS/nccl_group.log" 2>&1
+  echo "cuda_nccl_test NcclGroup.*: exit $?"
+  grep -E '^\[ +(OK|FAILED|SKIPPED) ' "$LOGS/nccl_group.log"
+  bench after 1 cuda_multi_gpu_bench 'weak'
+  grep -E '^weak' "$LOGS/cuda_multi_gpu_bench.after.1.txt"
+}
+
 case "${1:-}" in
   tests) part_tests ;;
   single) part_single ;;
   multi) part_multi ;;
-  *) echo "usage: tools/gpu_issue20.sh tests|single|multi" >&2; exit 2 ;;
+  targets) part_targets ;;
+  *) echo "usage: tools/gpu_issue20.sh tests|single|multi|targets" >&2; exit 2 ;;
 esac
