@@ -303,7 +303,8 @@ void visit_train_fields(Config& c, Visitor& visit) {
   visit(c.beta2, field("beta2", "AdamW's decay of the squared gradient's running mean"));
   visit(c.grad_clip, field("grad_clip", "global gradient-norm clip; 0: off"));
   visit(c.dtype, field("dtype", "float32, bfloat16, float16; empty: the device's recommendation"));
-  visit(c.seed, field("seed", "seed of the model's initialization and dropout"));
+  visit(c.seed,
+        field("seed", "seed of the model's initialization and dropout (and of sample's draws)"));
   visit(c.context_parallel, field("context_parallel",
                                   "ranks per context-parallel group (the sequence is split "
                                   "among them); the rest of the world is data parallel"));
