@@ -271,8 +271,7 @@ class InProcessComm final : public Communicator {
   std::string backend_name() const override { return kBackend; }
 
   std::unique_ptr<Request> isend(const Tensor& tensor, int peer) override {
-    check_peer(*this, "isend", peer);
-    check_comm_tensor(*this, "isend", "tensor", tensor);
+    check_peer_and_tensor(*this, "isend", peer, tensor);
     Event ready;
     ready.record(Stream::current(device()));
     stats_.sent(nbytes_of(tensor));
@@ -283,8 +282,7 @@ class InProcessComm final : public Communicator {
   }
 
   std::unique_ptr<Request> irecv(const Tensor& tensor, int peer) override {
-    check_peer(*this, "irecv", peer);
-    check_comm_tensor(*this, "irecv", "tensor", tensor);
+    check_peer_and_tensor(*this, "irecv", peer, tensor);
     stats_.received(nbytes_of(tensor));
     return std::make_unique<PeerRequest>(
         [group = group_, rank = rank_, peer, into = tensor] { group->take(peer, rank, into); });
@@ -331,8 +329,7 @@ class InProcessComm final : public Communicator {
   }
 
   void broadcast(const Tensor& tensor, int root) override {
-    check_peer(*this, "broadcast", root);
-    check_comm_tensor(*this, "broadcast", "tensor", tensor);
+    check_peer_and_tensor(*this, "broadcast", root, tensor);
     Contribution mine{"broadcast", tensor, root, 0, 0, Event()};
     collective(std::move(mine), [&](const std::vector<Contribution>& posts) {
       const Contribution& from = posts[static_cast<size_t>(root)];

@@ -344,15 +344,13 @@ class NcclComm final : public Communicator {
   std::string backend_name() const override { return kBackend; }
 
   std::unique_ptr<Request> isend(const Tensor& tensor, int peer) override {
-    check_peer(*this, "isend", peer);
-    check_comm_tensor(*this, "isend", "tensor", tensor);
+    check_peer_and_tensor(*this, "isend", peer, tensor);
     stats_.sent(nbytes_of(tensor));
     return settled(p2p("isend", tensor, peer, Tensor(), -1), "isend");
   }
 
   std::unique_ptr<Request> irecv(const Tensor& tensor, int peer) override {
-    check_peer(*this, "irecv", peer);
-    check_comm_tensor(*this, "irecv", "tensor", tensor);
+    check_peer_and_tensor(*this, "irecv", peer, tensor);
     stats_.received(nbytes_of(tensor));
     return settled(p2p("irecv", Tensor(), -1, tensor, peer), "irecv");
   }
@@ -410,14 +408,13 @@ class NcclComm final : public Communicator {
       checked_api("iall_reduce");
       kernels::cuda::DeviceGuard guard(device_.index);
       follow(kernels::cuda::current_stream(device_.index));
-      check_nccl(api().all_reduce(tensor.raw_data(), tensor.raw_data(),
-                                  static_cast<size_t>(tensor.numel()),
-                                  nccl_dtype(tensor.dtype(), "iall_reduce"), nccl_op(op), comm_,
-                                  stream_),
+      check_nccl(api().all_reduce(
+                     tensor.raw_data(), tensor.raw_data(), static_cast<size_t>(tensor.numel()),
+                     nccl_dtype(tensor.dtype(), "iall_reduce"), nccl_op(op), comm_, stream_),
                  "iall_reduce", rank_);
       count_issued();
-      request = std::make_unique<StreamRequest>(device_.index, mark_done(),
-                                                std::vector<Tensor>{tensor});
+      request =
+          std::make_unique<StreamRequest>(device_.index, mark_done(), std::vector<Tensor>{tensor});
     }
     stats_.all_reduce(nbytes_of(tensor), size_);
     settle("iall_reduce");
@@ -425,8 +422,7 @@ class NcclComm final : public Communicator {
   }
 
   void broadcast(const Tensor& tensor, int root) override {
-    check_peer(*this, "broadcast", root);
-    check_comm_tensor(*this, "broadcast", "tensor", tensor);
+    check_peer_and_tensor(*this, "broadcast", root, tensor);
     run("broadcast", [&](cudaStream_t s) {
       return api().broadcast(tensor.raw_data(), tensor.raw_data(),
                              static_cast<size_t>(tensor.numel()),
@@ -439,9 +435,13 @@ class NcclComm final : public Communicator {
   // A one-element all-reduce the host waits for, polling NCCL's error state.
   void barrier() override {
     const Tensor token = zeros({1}, TensorOptions(DType::kFloat32).with_device(device_));
-    cudaEvent_t done = run("barrier", [&](cudaStream_t s) {
-      return api().all_reduce(token.raw_data(), token.raw_data(), 1, ncclFloat32, ncclSum, comm_, s);
-    }, /*keep_event=*/true);
+    cudaEvent_t done = run(
+        "barrier",
+        [&](cudaStream_t s) {
+          return api().all_reduce(token.raw_data(), token.raw_data(), 1, ncclFloat32, ncclSum,
+                                  comm_, s);
+        },
+        /*keep_event=*/true);
     host_wait(done, "barrier");
     stats_.barrier();
   }
@@ -635,8 +635,8 @@ class NcclComm final : public Communicator {
       const std::string async = async_error_message();
       if (aborted_) {  // by the watchdog: a peer failed (the event fired or never will)
         cudaEventDestroy(done);
-        RD_FAIL(kAborted, "nccl ", op, " on rank ", rank_, ": the communicator was aborted: ",
-                failure());
+        RD_FAIL(kAborted, "nccl ", op, " on rank ", rank_,
+                ": the communicator was aborted: ", failure());
       }
       // With a watchdog, it decides (it first looks in the store for the cause).
       if (!async.empty() && !watchdog_) {
@@ -720,8 +720,7 @@ std::string nccl_unique_id() {
 }
 
 std::shared_ptr<Communicator> make_nccl_communicator(const std::string& unique_id, int rank,
-                                                     int size, Device device,
-                                                     NcclOptions options) {
+                                                     int size, Device device, NcclOptions options) {
   constexpr const char* kOp = "make_nccl_communicator";
   const NcclApi& a = checked_api(kOp);
   check_cuda_device(device, kOp);
@@ -752,8 +751,8 @@ std::vector<std::shared_ptr<Communicator>> make_nccl_group(const std::vector<Dev
     indices.push_back(d.index);
   }
   std::vector<ncclComm_t> comms(devices.size());
-  check_nccl(a.init_all(comms.data(), static_cast<int>(devices.size()), indices.data()),
-             "init_all", -1);
+  check_nccl(a.init_all(comms.data(), static_cast<int>(devices.size()), indices.data()), "init_all",
+             -1);
   auto ledger = std::make_shared<ThreadLedger>(static_cast<int>(devices.size()));
   std::vector<std::shared_ptr<Communicator>> result;
   for (size_t i = 0; i < devices.size(); ++i) {
