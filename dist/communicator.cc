@@ -143,6 +143,12 @@ void check_comm_tensor(const Communicator& comm, const char* op, const char* nam
            comm.device().str());
 }
 
+void check_peer_and_tensor(const Communicator& comm, const char* op, int peer,
+                           const Tensor& tensor) {
+  check_peer(comm, op, peer);
+  check_comm_tensor(comm, op, "tensor", tensor);
+}
+
 namespace {
 
 // [size, inner...] against inner: the shape a gathered or scattered buffer must have.

@@ -98,8 +98,7 @@ class Communicator {
   // reduction is done before this returns. NCCL queues it on the communicator's stream after
   // the work the caller's stream queued so far; wait() then makes the caller's current
   // stream wait for it (the host does not).
-  virtual std::unique_ptr<Request> iall_reduce(const Tensor& tensor,
-                                               ReduceOp op = ReduceOp::kSum);
+  virtual std::unique_ptr<Request> iall_reduce(const Tensor& tensor, ReduceOp op = ReduceOp::kSum);
   // tensor = root's tensor, on every rank.
   virtual void broadcast(const Tensor& tensor, int root) = 0;
   virtual void barrier() = 0;
@@ -132,8 +131,10 @@ void send_recv(Communicator& comm, const Tensor& send, int to, const Tensor& rec
 
 // The argument checks every backend runs (so a bad call reads the same on every backend).
 void check_peer(const Communicator& comm, const char* op, int peer);
-void check_comm_tensor(const Communicator& comm, const char* op, const char* name,
-                       const Tensor& t);
+void check_comm_tensor(const Communicator& comm, const char* op, const char* name, const Tensor& t);
+// check_peer and check_comm_tensor of argument 'tensor': what isend, irecv and broadcast check.
+void check_peer_and_tensor(const Communicator& comm, const char* op, int peer,
+                           const Tensor& tensor);
 void check_all_gather_args(const Communicator& comm, const Tensor& out, const Tensor& in);
 void check_reduce_scatter_args(const Communicator& comm, const Tensor& out, const Tensor& in);
 

@@ -290,8 +290,7 @@ class GlooComm final : public Communicator, public std::enable_shared_from_this<
   }
 
   void broadcast(const Tensor& tensor, int root) override {
-    check_peer(*this, "broadcast", root);
-    check_comm_tensor(*this, "broadcast", "tensor", tensor);
+    check_peer_and_tensor(*this, "broadcast", root, tensor);
     collective(signature(CollectiveOp::kBroadcast, tensor, root), [&](uint32_t tag, const auto&) {
       const auto bytes = static_cast<size_t>(nbytes_of(tensor));
       if (bytes == 0 || size() == 1) return;
@@ -641,8 +640,7 @@ class SelfRecvRequest final : public Request {
 };
 
 std::unique_ptr<Request> GlooComm::isend(const Tensor& tensor, int peer) {
-  check_peer(*this, "isend", peer);
-  check_comm_tensor(*this, "isend", "tensor", tensor);
+  check_peer_and_tensor(*this, "isend", peer, tensor);
   throw_if_failed(str_cat("isend to rank ", peer));
   stats_.sent(nbytes_of(tensor));
   if (peer == rank_) {
@@ -657,8 +655,7 @@ std::unique_ptr<Request> GlooComm::isend(const Tensor& tensor, int peer) {
 }
 
 std::unique_ptr<Request> GlooComm::irecv(const Tensor& tensor, int peer) {
-  check_peer(*this, "irecv", peer);
-  check_comm_tensor(*this, "irecv", "tensor", tensor);
+  check_peer_and_tensor(*this, "irecv", peer, tensor);
   throw_if_failed(str_cat("irecv from rank ", peer));
   stats_.received(nbytes_of(tensor));
   if (peer == rank_) {

@@ -13,6 +13,7 @@
 #include <condition_variable>
 #include <deque>
 #include <exception>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <string>
@@ -32,7 +33,7 @@ constexpr const char* kBackend = "in-process";
 // What one rank posts to a collective round.
 struct Contribution {
   std::string op;
-  Tensor in;   // what others read (all_gather, reduce_scatter, all_reduce, broadcast)
+  Tensor in;  // what others read (all_gather, reduce_scatter, all_reduce, broadcast)
   int root = 0;
   int color = 0, key = 0;  // split
   Event ready;             // marks the work that wrote `in`
@@ -121,14 +122,15 @@ class Group : public std::enable_shared_from_this<Group> {
     r.posts[static_cast<size_t>(rank)] = std::move(mine);
     r.posted.push_back(rank);
     cv_.notify_all();
-    wait(lock, rank, str_cat(r.posts[static_cast<size_t>(rank)].op, " (collective #", number, ")"),
-         [&] { return static_cast<int>(r.posted.size()) == size_; }, &r.posted);
+    wait(
+        lock, rank, str_cat(r.posts[static_cast<size_t>(rank)].op, " (collective #", number, ")"),
+        [&] { return static_cast<int>(r.posted.size()) == size_; }, &r.posted);
     for (int j = 0; j < size_; ++j) {
       const Contribution& c = r.posts[static_cast<size_t>(j)];
       RD_CHECK(c.op == r.posts[static_cast<size_t>(rank)].op, kInvalidArgument,
                "in-process communicator: collective #", number, " is ",
-               r.posts[static_cast<size_t>(rank)].op, " on rank ", rank, " but ", c.op,
-               " on rank ", j, ": every rank must call the same collectives in the same order");
+               r.posts[static_cast<size_t>(rank)].op, " on rank ", rank, " but ", c.op, " on rank ",
+               j, ": every rank must call the same collectives in the same order");
     }
     const std::vector<Contribution> posts = r.posts;
     lock.unlock();
@@ -141,9 +143,11 @@ class Group : public std::enable_shared_from_this<Group> {
     r.read[static_cast<size_t>(rank)] = read;
     r.finished.push_back(rank);
     cv_.notify_all();
-    wait(lock, rank, str_cat(posts[static_cast<size_t>(rank)].op, " (collective #", number,
-                             ") to be read by every rank"),
-         [&] { return static_cast<int>(r.finished.size()) == size_; }, &r.finished);
+    wait(
+        lock, rank,
+        str_cat(posts[static_cast<size_t>(rank)].op, " (collective #", number,
+                ") to be read by every rank"),
+        [&] { return static_cast<int>(r.finished.size()) == size_; }, &r.finished);
     const std::vector<Event> reads = r.read;
     if (++r.left == size_) rounds_.erase(number);
     lock.unlock();
@@ -179,8 +183,8 @@ class Group : public std::enable_shared_from_this<Group> {
   };
 
   void check_not_aborted() const {
-    RD_CHECK(!aborted_, kAborted, "in-process communicator: the group was aborted: ",
-             abort_reason_);
+    RD_CHECK(!aborted_, kAborted,
+             "in-process communicator: the group was aborted: ", abort_reason_);
   }
 
   // Waits for `ready` under `lock`; fails on abort, or on timeout (which aborts the group,
@@ -226,38 +230,19 @@ class Group : public std::enable_shared_from_this<Group> {
   std::map<uint64_t, Round> rounds_;
 };
 
-class SendRequest final : public Request {
+// A send or receive between two ranks of the group, which `complete_` carries out: in
+// wait(), or in the destructor when never waited for.
+class PeerRequest final : public Request {
  public:
-  SendRequest(std::shared_ptr<Group> group, int rank, int peer,
-              std::shared_ptr<Group::Message> message)
-      : group_(std::move(group)), rank_(rank), peer_(peer), message_(std::move(message)) {}
-  ~SendRequest() override { wait_quietly(*this, done_); }
+  explicit PeerRequest(std::function<void()> complete) : complete_(std::move(complete)) {}
+  ~PeerRequest() override { wait_quietly(*this, done_); }
   void wait() override {
     done_ = true;
-    group_->wait_taken(rank_, peer_, message_);
+    complete_();
   }
 
  private:
-  std::shared_ptr<Group> group_;
-  int rank_, peer_;
-  std::shared_ptr<Group::Message> message_;
-  bool done_ = false;
-};
-
-class RecvRequest final : public Request {
- public:
-  RecvRequest(std::shared_ptr<Group> group, int rank, int peer, Tensor into)
-      : group_(std::move(group)), rank_(rank), peer_(peer), into_(std::move(into)) {}
-  ~RecvRequest() override { wait_quietly(*this, done_); }
-  void wait() override {
-    done_ = true;
-    group_->take(peer_, rank_, into_);
-  }
-
- private:
-  std::shared_ptr<Group> group_;
-  int rank_, peer_;
-  Tensor into_;
+  std::function<void()> complete_;
   bool done_ = false;
 };
 
@@ -286,20 +271,21 @@ class InProcessComm final : public Communicator {
   std::string backend_name() const override { return kBackend; }
 
   std::unique_ptr<Request> isend(const Tensor& tensor, int peer) override {
-    check_peer(*this, "isend", peer);
-    check_comm_tensor(*this, "isend", "tensor", tensor);
+    check_peer_and_tensor(*this, "isend", peer, tensor);
     Event ready;
     ready.record(Stream::current(device()));
     stats_.sent(nbytes_of(tensor));
-    return std::make_unique<SendRequest>(group_, rank_, peer,
-                                         group_->post(rank_, peer, tensor, ready));
+    return std::make_unique<PeerRequest>(
+        [group = group_, rank = rank_, peer, message = group_->post(rank_, peer, tensor, ready)] {
+          group->wait_taken(rank, peer, message);
+        });
   }
 
   std::unique_ptr<Request> irecv(const Tensor& tensor, int peer) override {
-    check_peer(*this, "irecv", peer);
-    check_comm_tensor(*this, "irecv", "tensor", tensor);
+    check_peer_and_tensor(*this, "irecv", peer, tensor);
     stats_.received(nbytes_of(tensor));
-    return std::make_unique<RecvRequest>(group_, rank_, peer, tensor);
+    return std::make_unique<PeerRequest>(
+        [group = group_, rank = rank_, peer, into = tensor] { group->take(peer, rank, into); });
   }
 
   void all_gather(const Tensor& out, const Tensor& in) override {
@@ -343,13 +329,12 @@ class InProcessComm final : public Communicator {
   }
 
   void broadcast(const Tensor& tensor, int root) override {
-    check_peer(*this, "broadcast", root);
-    check_comm_tensor(*this, "broadcast", "tensor", tensor);
+    check_peer_and_tensor(*this, "broadcast", root, tensor);
     Contribution mine{"broadcast", tensor, root, 0, 0, Event()};
     collective(std::move(mine), [&](const std::vector<Contribution>& posts) {
       const Contribution& from = posts[static_cast<size_t>(root)];
-      RD_CHECK(from.root == root, kInvalidArgument, "broadcast: rank ", rank_, " names root ",
-               root, " but rank ", root, " names ", from.root);
+      RD_CHECK(from.root == root, kInvalidArgument, "broadcast: rank ", rank_, " names root ", root,
+               " but rank ", root, " names ", from.root);
       check_same_layout("broadcast", from.in, tensor, root);
       // Only the root's tensor is read, so the others may write theirs during the round.
       if (rank_ != root) tensor.detach().copy_(from.in);
@@ -402,10 +387,10 @@ class InProcessComm final : public Communicator {
   }
 
   void check_same_layout(const char* op, const Tensor& theirs, const Tensor& mine, int j) const {
-    RD_CHECK(theirs.shape() == mine.shape() && theirs.dtype() == mine.dtype(), kShapeMismatch,
-             op, ": rank ", rank_, " passed ", shape_str(mine.shape()), " ",
-             dtype_name(mine.dtype()), " but rank ", j, " passed ", shape_str(theirs.shape()),
-             " ", dtype_name(theirs.dtype()));
+    RD_CHECK(theirs.shape() == mine.shape() && theirs.dtype() == mine.dtype(), kShapeMismatch, op,
+             ": rank ", rank_, " passed ", shape_str(mine.shape()), " ", dtype_name(mine.dtype()),
+             " but rank ", j, " passed ", shape_str(theirs.shape()), " ",
+             dtype_name(theirs.dtype()));
   }
 
   std::shared_ptr<Group> group_;

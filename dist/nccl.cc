@@ -364,15 +364,13 @@ class NcclComm final : public Communicator {
   std::string backend_name() const override { return kBackend; }
 
   std::unique_ptr<Request> isend(const Tensor& tensor, int peer) override {
-    check_peer(*this, "isend", peer);
-    check_comm_tensor(*this, "isend", "tensor", tensor);
+    check_peer_and_tensor(*this, "isend", peer, tensor);
     stats_.sent(nbytes_of(tensor));
     return settled(p2p("isend", tensor, peer, Tensor(), -1), "isend");
   }
 
   std::unique_ptr<Request> irecv(const Tensor& tensor, int peer) override {
-    check_peer(*this, "irecv", peer);
-    check_comm_tensor(*this, "irecv", "tensor", tensor);
+    check_peer_and_tensor(*this, "irecv", peer, tensor);
     stats_.received(nbytes_of(tensor));
     return settled(p2p("irecv", Tensor(), -1, tensor, peer), "irecv");
   }
@@ -444,8 +442,7 @@ class NcclComm final : public Communicator {
   }
 
   void broadcast(const Tensor& tensor, int root) override {
-    check_peer(*this, "broadcast", root);
-    check_comm_tensor(*this, "broadcast", "tensor", tensor);
+    check_peer_and_tensor(*this, "broadcast", root, tensor);
     run("broadcast", [&](cudaStream_t s) {
       return api().broadcast(tensor.raw_data(), tensor.raw_data(),
                              static_cast<size_t>(tensor.numel()),
@@ -458,9 +455,13 @@ class NcclComm final : public Communicator {
   // A one-element all-reduce the host waits for, polling NCCL's error state.
   void barrier() override {
     const Tensor token = zeros({1}, TensorOptions(DType::kFloat32).with_device(device_));
-    cudaEvent_t done = run("barrier", [&](cudaStream_t s) {
-      return api().all_reduce(token.raw_data(), token.raw_data(), 1, ncclFloat32, ncclSum, comm_, s);
-    }, /*keep_event=*/true);
+    cudaEvent_t done = run(
+        "barrier",
+        [&](cudaStream_t s) {
+          return api().all_reduce(token.raw_data(), token.raw_data(), 1, ncclFloat32, ncclSum,
+                                  comm_, s);
+        },
+        /*keep_event=*/true);
     host_wait(done, "barrier");
     stats_.barrier();
   }
@@ -852,8 +853,7 @@ std::string nccl_unique_id() {
 }
 
 std::shared_ptr<Communicator> make_nccl_communicator(const std::string& unique_id, int rank,
-                                                     int size, Device device,
-                                                     NcclOptions options) {
+                                                     int size, Device device, NcclOptions options) {
   constexpr const char* kOp = "make_nccl_communicator";
   checked_api(kOp);
   check_cuda_device(device, kOp);

@@ -39,4 +39,13 @@ struct StridedView {
   }
 };
 
+// v with `dim` running backwards: its element i along dim is v's element shape[dim] - 1 - i
+// (a reverse scan is a forward scan of such views). v must not be empty.
+inline StridedView flipped(StridedView v, int dim) {
+  v.data = static_cast<char*>(v.data) +
+           (v.shape[dim] - 1) * v.strides[dim] * static_cast<int64_t>(dtype_size(v.dtype));
+  v.strides[dim] = -v.strides[dim];
+  return v;
+}
+
 }  // namespace rd::kernels

@@ -38,12 +38,12 @@ void check_dtype(const char* op, const char* arg, const StridedView& v, DType ex
            dtype_name(v.dtype), ", expected ", dtype_name(expected));
 }
 
-void check_same_shape(const char* op, const char* name_a, const StridedView& a,
-                      const char* name_b, const StridedView& b) {
+void check_same_shape(const char* op, const char* name_a, const StridedView& a, const char* name_b,
+                      const StridedView& b) {
   bool same = a.ndim == b.ndim;
   for (int d = 0; same && d < a.ndim; ++d) same = a.shape[d] == b.shape[d];
-  RD_CHECK(same, kShapeMismatch, op, ": argument '", name_b, "' has shape ", shape_of(b),
-           " but '", name_a, "' has shape ", shape_of(a));
+  RD_CHECK(same, kShapeMismatch, op, ": argument '", name_b, "' has shape ", shape_of(b), " but '",
+           name_a, "' has shape ", shape_of(a));
 }
 
 void check_dim(const char* op, int dim, const StridedView& v) {
@@ -60,9 +60,9 @@ void check_reduce_args(ReduceOp op, const StridedView& out, const StridedView& i
   for (int d = 0; shapes_ok && d < in.ndim; ++d) {
     shapes_ok = out.shape[d] == (((dims_mask >> d) & 1u) ? 1 : in.shape[d]);
   }
-  RD_CHECK(shapes_ok, kShapeMismatch, "reduce ", name, ": argument 'out' has shape ",
-           shape_of(out), ", expected input shape ", shape_of(in), " with reduced dims (mask ",
-           dims_mask, ") of size 1");
+  RD_CHECK(shapes_ok, kShapeMismatch, "reduce ", name, ": argument 'out' has shape ", shape_of(out),
+           ", expected input shape ", shape_of(in), " with reduced dims (mask ", dims_mask,
+           ") of size 1");
   const bool arg = op == ReduceOp::kArgMax || op == ReduceOp::kArgMin;
   if (arg) {
     RD_CHECK(std::popcount(dims_mask) == 1, kInvalidArgument, "reduce ", name,
@@ -77,8 +77,8 @@ void check_reduce_args(ReduceOp op, const StridedView& out, const StridedView& i
     }
   }
   if (op == ReduceOp::kMean || op == ReduceOp::kLogSumExp) {
-    RD_CHECK(is_floating(in.dtype), kDTypeMismatch, "reduce: op ", name,
-             " does not support dtype ", dtype_name(in.dtype));
+    RD_CHECK(is_floating(in.dtype), kDTypeMismatch, "reduce: op ", name, " does not support dtype ",
+             dtype_name(in.dtype));
   }
 }
 
@@ -99,8 +99,7 @@ void check_random_args(const StridedView& out, Distribution dist, double a, doub
   }
   if (dist != Distribution::kBernoulli) {
     RD_CHECK(is_floating(out.dtype), kDTypeMismatch,
-             "random: uniform and normal fills need a floating dtype, got ",
-             dtype_name(out.dtype));
+             "random: uniform and normal fills need a floating dtype, got ", dtype_name(out.dtype));
   }
 }
 
@@ -129,18 +128,17 @@ StoredMatrix gemm_stored_matrix(const char* name, int64_t rows, int64_t cols, in
     s.ld = std::max<int64_t>(cols, 1);
     return s;
   }
-  RD_CHECK(ld >= std::max<int64_t>(cols, 1), kInvalidArgument, "gemm: argument '", name,
-           "' is ", ld, " but the stored ", rows, "x", cols, " matrix needs at least ",
+  RD_CHECK(ld >= std::max<int64_t>(cols, 1), kInvalidArgument, "gemm: argument '", name, "' is ",
+           ld, " but the stored ", rows, "x", cols, " matrix needs at least ",
            std::max<int64_t>(cols, 1));
   return s;
 }
 
-void check_adamw_args(std::span<const AdamWTensor> tensors, DType dtype,
-                      const AdamWStep& step) {
+void check_adamw_args(std::span<const AdamWTensor> tensors, DType dtype, const AdamWStep& step) {
   RD_CHECK(is_floating(dtype), kDTypeMismatch,
            "adamw: argument 'dtype' must be a floating dtype, got ", dtype_name(dtype));
-  RD_CHECK(step.step >= 1, kInvalidArgument,
-           "adamw: argument 'step' must be >= 1 (1-based), got ", step.step);
+  RD_CHECK(step.step >= 1, kInvalidArgument, "adamw: argument 'step' must be >= 1 (1-based), got ",
+           step.step);
   RD_CHECK(std::isfinite(step.lr) && step.lr >= 0, kInvalidArgument,
            "adamw: argument 'lr' must be finite and >= 0, got ", step.lr);
   RD_CHECK(std::isfinite(step.eps) && step.eps >= 0, kInvalidArgument,
@@ -169,30 +167,31 @@ void check_adamw_args(std::span<const AdamWTensor> tensors, DType dtype,
 
 namespace {
 
-// True when `a` has `b`'s shape except along `dim`, where it has `size`.
-bool same_shape_except(const StridedView& a, const StridedView& b, int dim, int64_t size) {
-  bool ok = a.ndim == b.ndim;
-  for (int d = 0; ok && d < b.ndim; ++d) ok = a.shape[d] == (d == dim ? size : b.shape[d]);
-  return ok;
-}
-
-void check_1d_index(const char* op, const StridedView& index) {
+// index_select and index_add copy whole slices along `dim` between `sliced` (one slice per
+// entry of the 1-D `index`) and `whole`: `dim` must be one of whole's, the dtypes must match,
+// and sliced must have whole's shape except along `dim`, where it has one per index.
+void check_slices_by_index(const char* op, const char* sliced_name, const StridedView& sliced,
+                           const char* whole_name, const StridedView& whole, int dim,
+                           const StridedView& index) {
+  check_dim(op, dim, whole);
+  check_dtype(op, sliced_name, sliced, whole.dtype);
   RD_CHECK(index.ndim == 1, kShapeMismatch, op, ": argument 'index' must be 1-D, got shape ",
            shape_of(index));
+  const int64_t count = index.shape[0];
+  bool ok = sliced.ndim == whole.ndim;
+  for (int d = 0; ok && d < whole.ndim; ++d) {
+    ok = sliced.shape[d] == (d == dim ? count : whole.shape[d]);
+  }
+  RD_CHECK(ok, kShapeMismatch, op, ": argument '", sliced_name, "' has shape ", shape_of(sliced),
+           " but '", whole_name, "' ", shape_of(whole), " with ", count, " indices along dim ", dim,
+           " needs the same shape with size ", count, " in dim ", dim);
 }
 
 }  // namespace
 
 void check_index_select_args(const StridedView& out, const StridedView& in, int dim,
                              const StridedView& index) {
-  constexpr const char* kOp = "index_select";
-  check_dim(kOp, dim, in);
-  check_dtype(kOp, "out", out, in.dtype);
-  check_1d_index(kOp, index);
-  RD_CHECK(same_shape_except(out, in, dim, index.shape[0]), kShapeMismatch, kOp,
-           ": argument 'out' has shape ", shape_of(out), " but 'in' ", shape_of(in), " with ",
-           index.shape[0], " indices along dim ", dim, " needs the same shape with size ",
-           index.shape[0], " in dim ", dim);
+  check_slices_by_index("index_select", "out", out, "in", in, dim, index);
 }
 
 void check_gather_args(const StridedView& out, const StridedView& in, int dim,
@@ -211,14 +210,7 @@ void check_gather_args(const StridedView& out, const StridedView& in, int dim,
 
 void check_index_add_args(const StridedView& out, int dim, const StridedView& index,
                           const StridedView& src) {
-  constexpr const char* kOp = "index_add";
-  check_dim(kOp, dim, out);
-  check_dtype(kOp, "src", src, out.dtype);
-  check_1d_index(kOp, index);
-  RD_CHECK(same_shape_except(src, out, dim, index.shape[0]), kShapeMismatch, kOp,
-           ": argument 'src' has shape ", shape_of(src), " but 'out' ", shape_of(out), " with ",
-           index.shape[0], " indices along dim ", dim, " needs the same shape with size ",
-           index.shape[0], " in dim ", dim);
+  check_slices_by_index("index_add", "src", src, "out", out, dim, index);
 }
 
 void check_scatter_args(const StridedView& out, int dim, const StridedView& index,

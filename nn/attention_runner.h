@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #include "ringdilated/kernels/attention.h"
@@ -12,6 +13,10 @@
 #include "ringdilated/tensor/tensor.h"
 
 namespace rd::nn {
+
+// The log-sum-exp of a row that has seen no key yet: where a merge of partials starts, and
+// what a row that sees no key keeps.
+inline constexpr double kEmptyLse = -std::numeric_limits<double>::infinity();
 
 // The slower of two kernels (math, then flash, then cuDNN): what a call reports as its path.
 kernels::AttentionKernel slower(kernels::AttentionKernel a, kernels::AttentionKernel b);

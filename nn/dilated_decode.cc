@@ -4,7 +4,6 @@
 #include "ringdilated/nn/dilated_decode.h"
 
 #include <algorithm>
-#include <limits>
 
 #include "ringdilated/kernels/error.h"
 #include "ringdilated/nn/attention_runner.h"
@@ -18,8 +17,6 @@ namespace rd::nn {
 namespace {
 
 constexpr const char* kOp = "dilated_attention_decode_step";
-constexpr double kNegInf = -std::numeric_limits<double>::infinity();
-
 // The selected positions at or before `position` in its segment of pair (w, r) for a head
 // set of base offset `offset`: a selection of the cache's rows (heads set by the caller), or
 // an empty one when the pattern does not select `position` (then it has no query in this
@@ -150,13 +147,13 @@ DilatedAttentionResult dilated_attention_decode_step(const Tensor& q, const Dila
       TensorOptions(accumulation_dtype(q.dtype())).with_device(q.device());
   const bool merged = options.mixing == HeadMixing::kAllHeads;
   Tensor out = zeros(q.shape(), TensorOptions(q.dtype()).with_device(q.device()));
-  Tensor lse = full({q.size(0), heads, 1}, kNegInf, acc_options);
+  Tensor lse = full({q.size(0), heads, 1}, kEmptyLse, acc_options);
   Tensor acc_out = merged ? zeros(q.shape(), acc_options) : Tensor();
   Tensor part = merged ? empty_like(out) : out, part_lse = merged ? empty_like(lse) : lse;
   for (int pair = 0; pair < static_cast<int>(options.segment_lengths.size()); ++pair) {
     if (merged) {
       part.zero_();
-      part_lse.fill_(kNegInf);
+      part_lse.fill_(kEmptyLse);
     }
     for (const PairHeads& ph : fixed_pair_heads(options, heads, pair)) {
       const Selection keys = step_keys(options, pair, ph.offset, position);

@@ -6,28 +6,18 @@
 #include "ringdilated/tensor/ops.h"
 
 namespace rd::nn {
-namespace {
-
-int64_t checked_size(int64_t value, const char* name) {
-  RD_CHECK(value >= 1, kInvalidArgument, "Embedding: argument '", name, "' must be >= 1, got ",
-           value);
-  return value;
-}
-
-}  // namespace
-
 Embedding::Embedding(int64_t num_embeddings, int64_t embedding_dim, Generator& generator,
                      TensorOptions options)
-    : num_embeddings_(checked_size(num_embeddings, "num_embeddings")),
-      embedding_dim_(checked_size(embedding_dim, "embedding_dim")),
+    : num_embeddings_(checked_layer_size(num_embeddings, "Embedding", "num_embeddings")),
+      embedding_dim_(checked_layer_size(embedding_dim, "Embedding", "embedding_dim")),
       weight_(register_parameter(
           "weight", normal_init({num_embeddings, embedding_dim}, 1.0, generator, options))) {}
 
 Tensor Embedding::forward(const Tensor& indices) {
-  RD_CHECK(indices.defined() &&
-               (indices.dtype() == DType::kInt32 || indices.dtype() == DType::kInt64),
-           kDTypeMismatch, "Embedding: argument 'indices' must be int32 or int64, got ",
-           indices.defined() ? indices.str() : std::string("an undefined tensor"));
+  RD_CHECK(
+      indices.defined() && (indices.dtype() == DType::kInt32 || indices.dtype() == DType::kInt64),
+      kDTypeMismatch, "Embedding: argument 'indices' must be int32 or int64, got ",
+      indices.defined() ? indices.str() : std::string("an undefined tensor"));
   // rd::embedding checks that every index is in [0, num_embeddings).
   return embedding(weight_, indices);
 }

@@ -8,7 +8,6 @@
 #include "ringdilated/nn/fixed_attention.h"
 
 #include <algorithm>
-#include <limits>
 #include <utility>
 #include <vector>
 
@@ -23,8 +22,6 @@ namespace {
 using kernels::AttentionBackwardArgs;
 using kernels::AttentionForwardArgs;
 using op_util::options_like;
-
-constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 
 // The keys of one call: this rank's k and v, or a unit's packed rows in a block's buffer.
 struct Keys {
@@ -163,7 +160,7 @@ void local_forward(AttentionRunner& runner, const RankPlan& plan, const Tensor& 
   Tensor part = empty_like(state.out), part_lse = empty_like(state.lse);
   for (int pair = 0; pair < plan.num_pairs; ++pair) {
     part.zero_();
-    part_lse.fill_(kNegInf);
+    part_lse.fill_(kEmptyLse);
     for (const LocalCall& call : plan.local_calls) {
       if (call.pair == pair) run(call, part, part_lse);
     }
@@ -186,7 +183,7 @@ void remote_forward(AttentionRunner& runner, const RankPlan& plan, int src, cons
     // they may not.
     for (int piece = 0; piece < plan.layout.pieces(); ++piece) {
       acc.part_out.zero_();
-      acc.part_lse.fill_(kNegInf);
+      acc.part_lse.fill_(kEmptyLse);
       bool any = false;
       for (const LocalCall* call : mine) {
         if (call->key_piece != piece) continue;
@@ -210,7 +207,7 @@ RankAttention fixed_forward(AttentionRunner& runner, const RankPlan& plan, const
       TensorOptions(accumulation_dtype(q.dtype())).with_device(q.device());
   ForwardState state;
   state.out = zeros({l.batch, l.rows_per_rank, l.heads, l.head_dim}, options_like(q));
-  state.lse = full({l.batch, l.heads, l.rows_per_rank}, kNegInf, acc_opts);
+  state.lse = full({l.batch, l.heads, l.rows_per_rank}, kEmptyLse, acc_opts);
   if (plan.merged) state.acc_out = zeros(state.out.shape(), acc_opts);
   ExchangeVisitor visitor;
   visitor.local = [&] { local_forward(runner, plan, q, k, v, state); };

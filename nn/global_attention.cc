@@ -3,7 +3,6 @@
 // back); the gradients of the gathered copies are index-added back to their positions.
 #include "ringdilated/nn/global_attention.h"
 
-#include <limits>
 #include <string>
 
 #include "ringdilated/kernels/error.h"
@@ -17,8 +16,6 @@ namespace {
 using kernels::AttentionBackwardArgs;
 using kernels::AttentionForwardArgs;
 using op_util::options_like;
-
-constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 
 // P[j] = o + r * (j mod |base|), base = (o, o + r, ... < N), for j in [begin, end): cached.
 Tensor cycled_rows(PatternCache& cache, int64_t seq_len, int64_t r, int64_t o, int64_t begin,
@@ -74,9 +71,9 @@ AttentionForwardArgs global_args(const AttentionRunner& runner, const RankLayout
       out.narrow(1, g.local_row, rows).narrow(2, h.first, h.count).permute({0, 2, 1, 3}), op);
   a.lse = kernel_view(lse.narrow(1, h.first, h.count).narrow(2, g.local_row, rows), op);
   const kernels::DropoutIndexing indexing =
-      runner.dropout() ? global_dropout_indexing(h.first, /*first_row=*/g.causal_offset,
-                                                 l.seq_len(), l.heads)
-                       : kernels::DropoutIndexing{};
+      runner.dropout()
+          ? global_dropout_indexing(h.first, /*first_row=*/g.causal_offset, l.seq_len(), l.heads)
+          : kernels::DropoutIndexing{};
   a.params = runner.call_params(g.pair, runner.causal(), indexing);
   a.params.causal_offset = g.causal_offset;
   if (key_order.defined()) {
@@ -151,7 +148,7 @@ RankAttention global_forward(AttentionRunner& runner, const GlobalPlan& plan, co
   const RankLayout& l = plan.layout;
   RankAttention result;
   result.out = zeros(q.shape(), options_like(q));
-  result.lse = full({l.batch, l.heads, l.rows_per_rank}, kNegInf,
+  result.lse = full({l.batch, l.heads, l.rows_per_rank}, kEmptyLse,
                     TensorOptions(accumulation_dtype(q.dtype())).with_device(q.device()));
   std::vector<Tensor> qkv;
   for (size_t i = 0; i < plan.groups.size(); ++i) {

@@ -3,6 +3,7 @@
 
 #include <utility>
 
+#include "ringdilated/kernels/error.h"
 #include "ringdilated/tensor/ops.h"
 
 namespace rd::nn {
@@ -16,6 +17,11 @@ Tensor placed(const Tensor& drawn, TensorOptions options) {
 }
 
 }  // namespace
+
+int64_t checked_layer_size(int64_t value, const char* layer, const char* arg) {
+  RD_CHECK(value >= 1, kInvalidArgument, layer, ": argument '", arg, "' must be >= 1, got ", value);
+  return value;
+}
 
 Tensor uniform_init(Shape shape, double bound, Generator& generator, TensorOptions options) {
   Tensor u = rand(std::move(shape), generator, kDrawOptions);

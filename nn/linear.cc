@@ -11,24 +11,18 @@
 namespace rd::nn {
 namespace {
 
-int64_t checked_features(int64_t value, const char* name) {
-  RD_CHECK(value >= 1, kInvalidArgument, "Linear: argument '", name, "' must be >= 1, got ",
-           value);
-  return value;
-}
-
 double init_bound(int64_t in_features) { return 1.0 / std::sqrt(static_cast<double>(in_features)); }
 
 }  // namespace
 
 Linear::Linear(int64_t in_features, int64_t out_features, bool bias, Generator& generator,
                TensorOptions options)
-    : in_features_(checked_features(in_features, "in_features")),
-      out_features_(checked_features(out_features, "out_features")),
+    : in_features_(checked_layer_size(in_features, "Linear", "in_features")),
+      out_features_(checked_layer_size(out_features, "Linear", "out_features")),
       has_bias_(bias),
-      weight_(register_parameter("weight", uniform_init({out_features, in_features},
-                                                        init_bound(in_features), generator,
-                                                        options))) {
+      weight_(register_parameter(
+          "weight",
+          uniform_init({out_features, in_features}, init_bound(in_features), generator, options))) {
   if (bias) {
     bias_ = &register_parameter(
         "bias", uniform_init({out_features}, init_bound(in_features), generator, options));

@@ -26,6 +26,14 @@ std::string mismatch(const std::string& key, const Tensor& target, const Tensor&
                  given.defined() ? describe(given) : std::string("an undefined tensor"));
 }
 
+// The tensors of a named list, in its order.
+std::vector<Tensor> tensors_of(const std::vector<std::pair<std::string, Tensor>>& named) {
+  std::vector<Tensor> out;
+  out.reserve(named.size());
+  for (const auto& [name, tensor] : named) out.push_back(tensor);
+  return out;
+}
+
 std::string join_problems(const LoadStateDictResult& r) {
   std::ostringstream out;
   for (const std::string& key : r.missing_keys) out << "\n  missing key '" << key << "'";
@@ -44,8 +52,8 @@ Tensor as_parameter(const Tensor& value) {
 }  // namespace
 
 void Module::check_new_name(const std::string& name) const {
-  RD_CHECK(!name.empty() && name.find('.') == std::string::npos, kInvalidArgument,
-           "Module: name '", name, "' must be non-empty and contain no '.'");
+  RD_CHECK(!name.empty() && name.find('.') == std::string::npos, kInvalidArgument, "Module: name '",
+           name, "' must be non-empty and contain no '.'");
   bool used = false;
   for (const auto& [existing, unused] : parameters_) used |= existing == name;
   for (const Buffer& buffer : buffers_) used |= buffer.name == name;
@@ -112,11 +120,7 @@ std::vector<std::pair<std::string, Tensor>> Module::named_parameters() const {
   return out;
 }
 
-std::vector<Tensor> Module::parameters() const {
-  std::vector<Tensor> out;
-  for (auto& [name, param] : named_parameters()) out.push_back(param);
-  return out;
-}
+std::vector<Tensor> Module::parameters() const { return tensors_of(named_parameters()); }
 
 std::vector<std::pair<std::string, Tensor>> Module::named_buffers() const {
   std::vector<std::pair<std::string, Tensor>> out;
@@ -124,11 +128,7 @@ std::vector<std::pair<std::string, Tensor>> Module::named_buffers() const {
   return out;
 }
 
-std::vector<Tensor> Module::buffers() const {
-  std::vector<Tensor> out;
-  for (auto& [name, buffer] : named_buffers()) out.push_back(buffer);
-  return out;
-}
+std::vector<Tensor> Module::buffers() const { return tensors_of(named_buffers()); }
 
 std::vector<std::pair<std::string, Module*>> Module::named_modules() {
   std::vector<std::pair<std::string, Module*>> out;

@@ -5,15 +5,11 @@
 #include <string>
 
 #include "ringdilated/kernels/error.h"
+#include "ringdilated/nn/init.h"
 #include "ringdilated/tensor/ops.h"
 
 namespace rd::nn {
 namespace {
-
-int64_t checked_dim(int64_t dim, const char* layer) {
-  RD_CHECK(dim >= 1, kInvalidArgument, layer, ": argument 'dim' must be >= 1, got ", dim);
-  return dim;
-}
 
 double checked_eps(double eps, const char* layer) {
   RD_CHECK(std::isfinite(eps) && eps >= 0.0, kInvalidArgument, layer,
@@ -33,7 +29,7 @@ Tensor optional(const Tensor* t) { return t != nullptr ? *t : Tensor(); }
 
 LayerNorm::LayerNorm(int64_t dim, double eps, bool elementwise_affine, bool bias,
                      TensorOptions options)
-    : dim_(checked_dim(dim, "LayerNorm")), eps_(checked_eps(eps, "LayerNorm")) {
+    : dim_(checked_layer_size(dim, "LayerNorm", "dim")), eps_(checked_eps(eps, "LayerNorm")) {
   if (!elementwise_affine) return;
   weight_ = &register_parameter("weight", ones({dim}, options));
   if (bias) bias_ = &register_parameter("bias", zeros({dim}, options));
@@ -45,7 +41,7 @@ Tensor LayerNorm::forward(const Tensor& x) {
 }
 
 RMSNorm::RMSNorm(int64_t dim, double eps, bool affine, TensorOptions options)
-    : dim_(checked_dim(dim, "RMSNorm")), eps_(checked_eps(eps, "RMSNorm")) {
+    : dim_(checked_layer_size(dim, "RMSNorm", "dim")), eps_(checked_eps(eps, "RMSNorm")) {
   if (affine) weight_ = &register_parameter("weight", ones({dim}, options));
 }
 

@@ -210,7 +210,11 @@ RankPlan make_rank_plan(const DilatedAttentionOptions& o, const RankLayout& l,
         o.offset_rule == OffsetRule::kConstant && (!l.zigzag || l.piece_len() % r == 0);
     const std::vector<PairHeads> head_sets = fixed_pair_heads(o, l.heads, pair);
     for (size_t set = 0; set < head_sets.size(); ++set) {
-      ExchangeUnit unit{pair, head_sets[set].heads, head_sets[set].offset, strided ? r : 1};
+      ExchangeUnit unit;
+      unit.pair = pair;
+      unit.heads = head_sets[set].heads;
+      unit.offset = head_sets[set].offset;
+      unit.stride = strided ? r : 1;
       unit.head_set = static_cast<int>(set);
       unit.kv_heads = kv_heads_of(unit.heads, l.kv_group());
       plan.units.push_back(unit);

@@ -23,6 +23,15 @@ void check_defined(const Tensor& t, const char* op, const char* arg) {
   RD_CHECK(t.defined(), kInvalidArgument, op, ": argument '", arg, "' is undefined");
 }
 
+// cat and stack join a list: it must not be empty, and every entry must be defined.
+void check_nonempty_defined(const std::vector<Tensor>& tensors, const char* op) {
+  RD_CHECK(!tensors.empty(), kInvalidArgument, op, ": argument 'tensors' is empty");
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    RD_CHECK(tensors[i].defined(), kInvalidArgument, op, ": argument 'tensors[", i,
+             "]' is undefined");
+  }
+}
+
 // Index ops address a dim, so they need at least one.
 void check_has_dims(const Tensor& t, const char* op, const char* arg) {
   check_defined(t, op, arg);
@@ -82,18 +91,18 @@ Tensor scatter_impl(const Tensor& x, int64_t dim, const Tensor& index, const Ten
   check_has_dims(x, op, "x");
   check_defined(index, op, "index");
   check_defined(src, op, "src");
-  RD_CHECK(index.dim() == x.dim() && src.dim() == x.dim(), kShapeMismatch, op,
-           ": arguments 'x' ", shape_str(x.shape()), ", 'index' ", shape_str(index.shape()),
-           " and 'src' ", shape_str(src.shape()), " must have the same number of dims");
+  RD_CHECK(index.dim() == x.dim() && src.dim() == x.dim(), kShapeMismatch, op, ": arguments 'x' ",
+           shape_str(x.shape()), ", 'index' ", shape_str(index.shape()), " and 'src' ",
+           shape_str(src.shape()), " must have the same number of dims");
   dim = normalize_dim(dim, x.dim(), op);
   for (int64_t d = 0; d < x.dim(); ++d) {
     RD_CHECK(index.size(d) <= src.size(d), kShapeMismatch, op, ": argument 'index' of shape ",
-             shape_str(index.shape()), " is larger than 'src' of shape ",
-             shape_str(src.shape()), " in dim ", d);
+             shape_str(index.shape()), " is larger than 'src' of shape ", shape_str(src.shape()),
+             " in dim ", d);
     RD_CHECK(d == dim || index.size(d) <= x.size(d), kShapeMismatch, op,
              ": argument 'index' of shape ", shape_str(index.shape()),
-             " is larger than 'x' of shape ", shape_str(x.shape()), " in dim ", d,
-             " (only dim ", dim, " may exceed x)");
+             " is larger than 'x' of shape ", shape_str(x.shape()), " in dim ", d, " (only dim ",
+             dim, " may exceed x)");
   }
   check_same_device({&x, &index}, op);
   check_same_device({&x, &src}, op);
@@ -123,8 +132,8 @@ Tensor scatter_impl(const Tensor& x, int64_t dim, const Tensor& index, const Ten
             if (idx.numel() > 0) {
               Tensor no_grad = zeros(idx.shape(), options_like(g));
               backend_for(g.device())
-                  .scatter(kernel_view(grad_x, op), static_cast<int>(dim),
-                           kernel_view(idx, op), kernel_view(no_grad, op),
+                  .scatter(kernel_view(grad_x, op), static_cast<int>(dim), kernel_view(idx, op),
+                           kernel_view(no_grad, op),
                            /*accumulate=*/false);
             }
           }
@@ -162,11 +171,7 @@ Tensor triangle(const Tensor& x, int64_t k, bool lower) {
 
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
   constexpr const char* kOp = "cat";
-  RD_CHECK(!tensors.empty(), kInvalidArgument, kOp, ": argument 'tensors' is empty");
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    RD_CHECK(tensors[i].defined(), kInvalidArgument, kOp, ": argument 'tensors[", i,
-             "]' is undefined");
-  }
+  check_nonempty_defined(tensors, kOp);
   const Tensor& first = tensors[0];
   RD_CHECK(first.dim() >= 1, kShapeMismatch, kOp,
            ": 0-dim tensors cannot be concatenated (tensors[0] is 0-dim)");
@@ -211,23 +216,20 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
     dtypes.push_back(t.dtype());
     lengths.push_back(t.size(dim));
   }
-  autograd::record(out, kOp, tensors,
-                   [dim, starts, lengths, wants, dtypes](const Tensor& g) {
-                     std::vector<Tensor> grads(starts.size());
-                     for (size_t i = 0; i < starts.size(); ++i) {
-                       if (wants[i]) grads[i] = g.narrow(dim, starts[i], lengths[i]).to(dtypes[i]);
-                     }
-                     return grads;
-                   });
+  autograd::record(out, kOp, tensors, [dim, starts, lengths, wants, dtypes](const Tensor& g) {
+    std::vector<Tensor> grads(starts.size());
+    for (size_t i = 0; i < starts.size(); ++i) {
+      if (wants[i]) grads[i] = g.narrow(dim, starts[i], lengths[i]).to(dtypes[i]);
+    }
+    return grads;
+  });
   return out;
 }
 
 Tensor stack(const std::vector<Tensor>& tensors, int64_t dim) {
   constexpr const char* kOp = "stack";
-  RD_CHECK(!tensors.empty(), kInvalidArgument, kOp, ": argument 'tensors' is empty");
+  check_nonempty_defined(tensors, kOp);
   for (size_t i = 0; i < tensors.size(); ++i) {
-    RD_CHECK(tensors[i].defined(), kInvalidArgument, kOp, ": argument 'tensors[", i,
-             "]' is undefined");
     RD_CHECK(tensors[i].shape() == tensors[0].shape(), kShapeMismatch, kOp, ": tensors[", i,
              "] has shape ", shape_str(tensors[i].shape()), " but tensors[0] has shape ",
              shape_str(tensors[0].shape()), "; stack needs equal shapes");
@@ -266,8 +268,8 @@ std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, in
     total += s;
   }
   RD_CHECK(total == x.size(dim), kShapeMismatch, kOp, ": argument 'sizes' ", shape_str(sizes),
-           " sums to ", total, " but dim ", dim, " of 'x' ", shape_str(x.shape()),
-           " has size ", x.size(dim));
+           " sums to ", total, " but dim ", dim, " of 'x' ", shape_str(x.shape()), " has size ",
+           x.size(dim));
   std::vector<Tensor> pieces;
   int64_t start = 0;
   for (int64_t s : sizes) {
@@ -280,8 +282,7 @@ std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, in
 std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int64_t dim) {
   constexpr const char* kOp = "chunk";
   check_has_dims(x, kOp, "x");
-  RD_CHECK(chunks > 0, kInvalidArgument, kOp, ": argument 'chunks' must be positive, got ",
-           chunks);
+  RD_CHECK(chunks > 0, kInvalidArgument, kOp, ": argument 'chunks' must be positive, got ", chunks);
   dim = normalize_dim(dim, x.dim(), kOp);
   const int64_t n = x.size(dim);
   // As PyTorch: pieces of ceil(n / chunks), so fewer than `chunks` pieces may come back;

@@ -90,7 +90,9 @@ TEST_P(DecodeStep, EveryPositionEqualsTheFullForwardsRow) {
   EXPECT_EQ(cache.length(), kSeq);
   EXPECT_GE(cache.capacity(), kSeq);
   // Head groups leave the rows a group's pair does not select empty: the case is covered.
-  if (mixing == HeadMixing::kHeadGroups) EXPECT_GT(unselected_rows, 0);
+  if (mixing == HeadMixing::kHeadGroups) {
+    EXPECT_GT(unselected_rows, 0);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(

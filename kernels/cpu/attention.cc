@@ -86,8 +86,8 @@ void load_transposed_typed(A* dst, const Matrix& m, int64_t row0, int64_t rows, 
 // Writes factor * src ([rows, cols], row-major) to rows [row0, row0 + rows) of m, or adds it
 // to what is there when `accumulate`.
 template <class A, class T>
-void store_typed(const Matrix& m, int64_t row0, int64_t rows, int64_t cols, const A* src,
-                 A factor, bool accumulate) {
+void store_typed(const Matrix& m, int64_t row0, int64_t rows, int64_t cols, const A* src, A factor,
+                 bool accumulate) {
   for (int64_t r = 0; r < rows; ++r) {
     T* dst = reinterpret_cast<T*>(m.data) + m.row_offset(row0 + r);
     const A* row = src + r * cols;
@@ -170,8 +170,8 @@ struct Mask {
         keep_scale(static_cast<A>(1 / (1 - p.dropout))),
         seed(p.seed),
         stream_offset(p.offset),
-        numbering(resolve_dropout_indexing(p.dropout_indexing, g.batch_shape, g.batch_dims, g.lq,
-                                           g.lk)),
+        numbering(
+            resolve_dropout_indexing(p.dropout_indexing, g.batch_shape, g.batch_dims, g.lq, g.lk)),
         geometry(g),
         key_order(p.key_order) {}
 
@@ -240,6 +240,8 @@ int64_t blocks_of(int64_t n, int64_t block) { return (n + block - 1) / block; }
 // ---------------------------------------------------------------------------------------
 // Forward.
 
+// What the forward and the backward both take from their arguments: the shapes, the views
+// both read (q, k, v, out, lse), the scale and the mask. The forward needs nothing more.
 template <class A>
 struct ForwardPlan {
   Geometry g;
@@ -248,7 +250,8 @@ struct ForwardPlan {
   A scale = 1;
   Mask<A> mask;
 
-  explicit ForwardPlan(const AttentionForwardArgs& args)
+  template <class Args>  // AttentionForwardArgs or AttentionBackwardArgs
+  explicit ForwardPlan(const Args& args)
       : g(geometry_of(args.q, args.k)),
         q(args.q, g.batch_dims),
         k(args.k, g.batch_dims),
@@ -259,19 +262,33 @@ struct ForwardPlan {
         mask(args.params, g) {}
 };
 
+// A task's query rows [i0, i0 + rows) of batch b and the keys they visit, as the forward and
+// grad_q both walk them: k and v in the mask's visiting order, the steps [0, key_end) (the
+// last row sees the most), and the batch's dropout base.
+struct QueryBlock {
+  int64_t rows;
+  Matrix keys, values;
+  uint64_t batch_base;
+  int64_t key_end;
+};
+
+template <class A>
+QueryBlock query_block(const ForwardPlan<A>& p, int64_t b, int64_t i0) {
+  const int64_t rows = std::min(kQueryBlock, p.g.lq - i0);
+  return {rows, ordered(p.k.at(b), p.mask), ordered(p.v.at(b), p.mask), p.mask.batch_base(b),
+          p.mask.visit_end(i0 + rows - 1)};
+}
+
 // Rows [i0, i0 + kQueryBlock) of batch b: an online softmax over key tiles. Per row it
 // keeps the running max m and sum l of exp(s - m), and the accumulator sum p v rescaled
 // whenever m grows.
 template <class A>
 void forward_rows(const ForwardPlan<A>& p, int64_t b, int64_t i0) {
   const int64_t d = p.g.d;
-  const int64_t nq = std::min(kQueryBlock, p.g.lq - i0);
-  const Matrix km = ordered(p.k.at(b), p.mask), vm = ordered(p.v.at(b), p.mask);
-  const uint64_t batch_base = p.mask.batch_base(b);
+  const auto [nq, km, vm, batch_base, key_end] = query_block(p, b, i0);
   std::vector<A> queries(nq * d), keys_t(kKeyBlock * d), values(kKeyBlock * d), scores(kKeyBlock);
   std::vector<A> acc(nq * d, A(0)), row_max(nq, kNegInf<A>), row_sum(nq, A(0));
   p.q.load(queries.data(), p.q.at(b), i0, nq, d);
-  const int64_t key_end = p.mask.visit_end(i0 + nq - 1);  // the last row sees the most
   for (int64_t j0 = 0; j0 < key_end; j0 += kKeyBlock) {
     const int64_t nk = std::min(kKeyBlock, key_end - j0);
     p.k.load_transposed(keys_t.data(), km, j0, nk, d);
@@ -337,32 +354,22 @@ void forward(const AttentionForwardArgs& args) {
 // Three passes: delta per row, grad_q over query blocks, grad_k/grad_v over key blocks
 // (each task loops over every query that sees its keys), recomputing P in each.
 
+// The forward's plan, plus the gradients and the per-row statistics of the first pass.
 template <class A>
-struct BackwardPlan {
-  Geometry g;
-  Operand<A> q, k, v, out, grad_out, grad_q, grad_k, grad_v;
-  const StridedView* lse = nullptr;
+struct BackwardPlan : ForwardPlan<A> {
+  Operand<A> grad_out, grad_q, grad_k, grad_v;
   const StridedView* grad_lse = nullptr;
-  A scale = 1;
-  Mask<A> mask;
   std::vector<A> row_lse, row_delta;  // per (b, i): O(rows) memory
 
   explicit BackwardPlan(const AttentionBackwardArgs& args)
-      : g(geometry_of(args.q, args.k)),
-        q(args.q, g.batch_dims),
-        k(args.k, g.batch_dims),
-        v(args.v, g.batch_dims),
-        out(args.out, g.batch_dims),
-        grad_out(args.grad_out, g.batch_dims),
-        grad_q(args.grad_q, g.batch_dims),
-        grad_k(args.grad_k, g.batch_dims),
-        grad_v(args.grad_v, g.batch_dims),
-        lse(&args.lse),
+      : ForwardPlan<A>(args),
+        grad_out(args.grad_out, this->g.batch_dims),
+        grad_q(args.grad_q, this->g.batch_dims),
+        grad_k(args.grad_k, this->g.batch_dims),
+        grad_v(args.grad_v, this->g.batch_dims),
         grad_lse(&args.grad_lse),
-        scale(static_cast<A>(args.params.scale)),
-        mask(args.params, g),
-        row_lse(g.batch * g.lq),
-        row_delta(g.batch * g.lq) {}
+        row_lse(this->g.batch * this->g.lq),
+        row_delta(this->g.batch * this->g.lq) {}
 };
 
 template <class A>
@@ -379,8 +386,8 @@ void row_statistics(BackwardPlan<A>& p, int64_t b, int64_t i0) {
     p.row_lse[row] = static_cast<A>(load_statistic(lse.data, p.lse->dtype, i * lse.row_stride));
     A delta = dot(grad_out.data() + r * d, out.data() + r * d, d);
     if (grad_lse.data != nullptr) {
-      delta -= static_cast<A>(
-          load_statistic(grad_lse.data, p.grad_lse->dtype, i * grad_lse.row_stride));
+      delta -=
+          static_cast<A>(load_statistic(grad_lse.data, p.grad_lse->dtype, i * grad_lse.row_stride));
     }
     p.row_delta[row] = delta;
   }
@@ -389,14 +396,11 @@ void row_statistics(BackwardPlan<A>& p, int64_t b, int64_t i0) {
 template <class A>
 void grad_q_rows(const BackwardPlan<A>& p, int64_t b, int64_t i0) {
   const int64_t d = p.g.d;
-  const int64_t nq = std::min(kQueryBlock, p.g.lq - i0);
-  const Matrix km = ordered(p.k.at(b), p.mask), vm = ordered(p.v.at(b), p.mask);
-  const uint64_t batch_base = p.mask.batch_base(b);
+  const auto [nq, km, vm, batch_base, key_end] = query_block(p, b, i0);
   std::vector<A> queries(nq * d), grad_out(nq * d), keys(kKeyBlock * d), keys_t(kKeyBlock * d);
   std::vector<A> values_t(kKeyBlock * d), scores(kKeyBlock), dp(kKeyBlock), dq(nq * d, A(0));
   p.q.load(queries.data(), p.q.at(b), i0, nq, d);
   p.grad_out.load(grad_out.data(), p.grad_out.at(b), i0, nq, d);
-  const int64_t key_end = p.mask.visit_end(i0 + nq - 1);
   for (int64_t j0 = 0; j0 < key_end; j0 += kKeyBlock) {
     const int64_t nk = std::min(kKeyBlock, key_end - j0);
     p.k.load(keys.data(), km, j0, nk, d);

@@ -285,7 +285,7 @@ void lane_sum(const SumReducer<T, kMean>& red, const StridedView& out, const Str
   using Lanes = CascadeSumLanes<A, kLaneLevels>;
   constexpr int64_t kLanes = Lanes::kLanes;
   constexpr int64_t kPerTask = kLaneTilesPerTask * kLanes;  // outputs per task
-  std::array<int, kMaxDims> outer{};  // kept dims other than lane_dim
+  std::array<int, kMaxDims> outer{};                        // kept dims other than lane_dim
   int n_outer = 0;
   for (int i = 0; i < layout.kept; ++i) {
     if (layout.order[i] != lane_dim) outer[n_outer++] = layout.order[i];
@@ -406,24 +406,16 @@ void CpuBackend::reduce(ReduceOp op, const StridedView& out, const StridedView& 
                         uint32_t dims_mask) {
   check_reduce_args(op, out, in, dims_mask);
   const ReduceLayout layout = make_layout(in, dims_mask);
-  dispatch_dtype(in.dtype, [&](auto tag) {
-    reduce_typed<typename decltype(tag)::type>(op, out, in, layout);
-  });
+  dispatch_dtype(
+      in.dtype, [&](auto tag) { reduce_typed<typename decltype(tag)::type>(op, out, in, layout); });
 }
 
 void CpuBackend::cumsum(const StridedView& out, const StridedView& in, int dim, bool reverse) {
   check_cumsum_args(out, in, dim);
   const int64_t length = in.shape[dim];
   if (in.numel() == 0) return;
-  // Reverse scans are forward scans of views whose `dim` runs backwards.
-  StridedView o = out, i = in;
-  if (reverse) {
-    for (StridedView* v : {&o, &i}) {
-      v->data = static_cast<char*>(v->data) +
-                (length - 1) * v->strides[dim] * static_cast<int64_t>(dtype_size(v->dtype));
-      v->strides[dim] = -v->strides[dim];
-    }
-  }
+  const StridedView o = reverse ? flipped(out, dim) : out;
+  const StridedView i = reverse ? flipped(in, dim) : in;
   std::array<int, kMaxDims> order{};
   int n = 0;
   for (int d = 0; d < in.ndim; ++d) {

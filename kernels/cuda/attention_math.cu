@@ -33,10 +33,10 @@ using reduce_util::to_compute;
 
 constexpr int kWarpsPerBlock = 4;
 constexpr int kThreads = kWarpsPerBlock * kWarp;
-constexpr int kSlots = 8;                           // output columns per lane in one pass
-constexpr int64_t kPassColumns = kWarp * kSlots;    // output columns per pass over the keys
+constexpr int kSlots = 8;                         // output columns per lane in one pass
+constexpr int64_t kPassColumns = kWarp * kSlots;  // output columns per pass over the keys
 constexpr int kMaxBatchDims = kMaxDims - 2;
-constexpr int64_t kMaxBlocks = int64_t{1} << 16;    // grid-stride loops cover the rest
+constexpr int64_t kMaxBlocks = int64_t{1} << 16;  // grid-stride loops cover the rest
 
 // Where the rows of one [batch..., rows, D] (or [batch..., rows]) view are.
 struct Operand {
@@ -71,7 +71,7 @@ struct Call {
   bool dropout = false;
   double keep_probability = 1, keep_scale = 1;
   uint64_t seed = 0, offset = 0;
-  DropoutIndexing numbering;  // resolved (kernels/attention_dropout.h)
+  DropoutIndexing numbering;           // resolved (kernels/attention_dropout.h)
   const int64_t* key_order = nullptr;  // device memory; nullptr: natural order
 };
 
@@ -184,6 +184,27 @@ __device__ __forceinline__ int64_t warp_count() {
   return static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
 }
 
+// One tile of a query row's keys, lane l holding key `key` (of the rows at `base` in
+// `rows`) and its `weight`: every lane adds weight_l * row_l to its kSlots columns from col0,
+// for the tile's first min(remaining, 32) lanes. A zero weight (dropped or masked) is
+// uniform over the warp: its row is skipped.
+template <class T, class A>
+__device__ __forceinline__ void add_weighted_rows(A (&acc)[kSlots], A weight, int64_t key,
+                                                  int64_t remaining, const Operand& rows,
+                                                  int64_t base, int64_t col0, int64_t d) {
+  const int n = remaining < kWarp ? static_cast<int>(remaining) : kWarp;
+  for (int jj = 0; jj < n; ++jj) {
+    const A w = __shfl_sync(kFullMask, weight, jj);
+    const int64_t row = base + __shfl_sync(kFullMask, key, jj) * rows.row_stride;
+    if (w == A(0)) continue;
+#pragma unroll
+    for (int t = 0; t < kSlots; ++t) {
+      const int64_t col = col0 + t * kWarp;
+      if (col < d) acc[t] += w * load<T, A>(rows, row + col * rows.col_stride);
+    }
+  }
+}
+
 int64_t passes_for(int64_t d) {
   return d <= kPassColumns ? 1 : (d + kPassColumns - 1) / kPassColumns;
 }
@@ -217,25 +238,14 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const ForwardParams p
             valid ? scale * row_dot<T, A>(p.q, q_row, p.k, k_base + j * p.k.row_stride, c.d)
                   : kNegInf;
         const A new_max = max_of(row_max, warp_max(score));
-        if (new_max == kNegInf) continue;  // every score -inf: only from infinite inputs
+        if (new_max == kNegInf) continue;             // every score -inf: only from infinite inputs
         const A rescale = exp_of(row_max - new_max);  // 0 for the first tile
         const A prob = valid ? exp_of(score - new_max) : A(0);
         row_sum = row_sum * rescale + warp_sum(prob);  // the denominator ignores dropout
         const A weight = valid ? prob * dropout_factor<A>(c, drop_base, i, j) : A(0);
 #pragma unroll
         for (int t = 0; t < kSlots; ++t) acc[t] *= rescale;
-        const int n = keys - j0 < kWarp ? static_cast<int>(keys - j0) : kWarp;
-        for (int jj = 0; jj < n; ++jj) {
-          const A w = __shfl_sync(kFullMask, weight, jj);
-          const int64_t key = __shfl_sync(kFullMask, j, jj);
-          if (w == A(0)) continue;  // dropped or masked: uniform over the warp
-          const int64_t v_row = v_base + key * p.v.row_stride;
-#pragma unroll
-          for (int t = 0; t < kSlots; ++t) {
-            const int64_t col = col0 + t * kWarp;
-            if (col < c.d) acc[t] += w * load<T, A>(p.v, v_row + col * p.v.col_stride);
-          }
-        }
+        add_weighted_rows<T, A>(acc, weight, j, keys - j0, p.v, v_base, col0, c.d);
         row_max = new_max;
       }
       // A row that sees no key gives 0 and lse -inf, never 0/0.
@@ -335,18 +345,7 @@ __global__ void __launch_bounds__(kThreads) grad_q_kernel(const BackwardParams p
                                                      v_base + j * p.v.row_stride, c.d);
           ds = prob * (dp - delta);
         }
-        const int n = keys - j0 < kWarp ? static_cast<int>(keys - j0) : kWarp;
-        for (int jj = 0; jj < n; ++jj) {
-          const A w = __shfl_sync(kFullMask, ds, jj);
-          const int64_t key = __shfl_sync(kFullMask, j, jj);
-          if (w == A(0)) continue;
-          const int64_t k_row = k_base + key * p.k.row_stride;
-#pragma unroll
-          for (int t = 0; t < kSlots; ++t) {
-            const int64_t col = col0 + t * kWarp;
-            if (col < c.d) acc[t] += w * load<T, A>(p.k, k_row + col * p.k.col_stride);
-          }
-        }
+        add_weighted_rows<T, A>(acc, ds, j, keys - j0, p.k, k_base, col0, c.d);
       }
       add_to_row<T, A>(p.grad_q, row_offset(p.grad_q, c, b, i), col0, c.d, scale, acc);
     }
@@ -380,13 +379,13 @@ __global__ void __launch_bounds__(kThreads) grad_kv_kernel(const BackwardParams 
           const A lse = row_lse<A>(p, b, i);
           if (lse != kNegInf) {
             const A delta = static_cast<const A*>(p.delta)[b * c.lq + i];
-            const A s =
-                scale * row_dot<T, A>(p.q, q_base + i * p.q.row_stride, p.k, k_row, c.d);
+            const A s = scale * row_dot<T, A>(p.q, q_base + i * p.q.row_stride, p.k, k_row, c.d);
             const A prob = exp_of(s - lse);
             const A f = dropout_factor<A>(c, drop_base, i, j);
-            const A dp = f == A(0) ? A(0)
-                                   : f * row_dot<T, A>(p.grad_out, g_base + i * p.grad_out.row_stride,
-                                                       p.v, v_row, c.d);
+            const A dp = f == A(0)
+                             ? A(0)
+                             : f * row_dot<T, A>(p.grad_out, g_base + i * p.grad_out.row_stride,
+                                                 p.v, v_row, c.d);
             ds = prob * (dp - delta);
             kept = prob * f;
           }
@@ -446,10 +445,25 @@ Call call_of(const StridedView& q, const StridedView& k, const AttentionParams& 
   c.keep_scale = 1 / (1 - params.dropout);
   c.seed = params.seed;
   c.offset = params.offset;
-  c.numbering = resolve_dropout_indexing(params.dropout_indexing, c.batch_sizes, c.batch_dims,
-                                         c.lq, c.lk);
+  c.numbering =
+      resolve_dropout_indexing(params.dropout_indexing, c.batch_sizes, c.batch_dims, c.lq, c.lk);
   c.key_order = params.key_order;
   return c;
+}
+
+// Forward or backward params with the call and the operands both read (q, k, v, out, lse)
+// set from `args`, an AttentionForwardArgs or AttentionBackwardArgs.
+template <class Params, class Args>
+Params params_with_inputs(const Args& args) {
+  Params p;
+  p.call = call_of(args.q, args.k, args.params);
+  const int dims = p.call.batch_dims;
+  p.q = operand_of(args.q, dims);
+  p.k = operand_of(args.k, dims);
+  p.v = operand_of(args.v, dims);
+  p.out = operand_of(args.out, dims);
+  p.lse = operand_of(args.lse, dims);
+  return p;
 }
 
 unsigned blocks_for_rows(int64_t rows) {
@@ -461,14 +475,7 @@ unsigned blocks_for_rows(int64_t rows) {
 
 void attention_math_forward(const AttentionForwardArgs& args, cudaStream_t stream) {
   check_attention_forward_args(args);
-  ForwardParams p;
-  p.call = call_of(args.q, args.k, args.params);
-  const int dims = p.call.batch_dims;
-  p.q = operand_of(args.q, dims);
-  p.k = operand_of(args.k, dims);
-  p.v = operand_of(args.v, dims);
-  p.out = operand_of(args.out, dims);
-  p.lse = operand_of(args.lse, dims);
+  const auto p = params_with_inputs<ForwardParams>(args);
   const int64_t rows = p.call.batch * p.call.lq;
   if (rows == 0) return;
   dispatch_floating(args.q.dtype, "attention", [&](auto tag) {
@@ -481,14 +488,8 @@ void attention_math_forward(const AttentionForwardArgs& args, cudaStream_t strea
 void attention_math_backward(const AttentionBackwardArgs& args, Allocator& scratch,
                              cudaStream_t stream) {
   check_attention_backward_args(args);
-  BackwardParams p;
-  p.call = call_of(args.q, args.k, args.params);
+  auto p = params_with_inputs<BackwardParams>(args);
   const int dims = p.call.batch_dims;
-  p.q = operand_of(args.q, dims);
-  p.k = operand_of(args.k, dims);
-  p.v = operand_of(args.v, dims);
-  p.out = operand_of(args.out, dims);
-  p.lse = operand_of(args.lse, dims);
   p.grad_out = operand_of(args.grad_out, dims);
   p.grad_lse = operand_of(args.grad_lse, dims);
   p.grad_q = operand_of(args.grad_q, dims);

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "ringdilated/kernels/cuda/device_info.h"
+#include "ringdilated/kernels/cuda/event_queue.h"
 #include "ringdilated/kernels/cuda/runtime.h"
 #include "ringdilated/kernels/error.h"
 
@@ -64,9 +65,7 @@ CudaCachingAllocator::~CudaCachingAllocator() {
   for (Block* block : records) delete block;
 }
 
-size_t CudaCachingAllocator::block_size(size_t nbytes) {
-  return round_up(nbytes, kBlockAlignment);
-}
+size_t CudaCachingAllocator::block_size(size_t nbytes) { return round_up(nbytes, kBlockAlignment); }
 
 size_t CudaCachingAllocator::segment_size(size_t block) {
   if (block <= kSmallBlockBytes) return kSmallSegmentBytes;
@@ -188,8 +187,7 @@ CudaCachingAllocator::FreeSet& CudaCachingAllocator::free_set(bool small) {
   return small ? small_free_ : large_free_;
 }
 
-CudaCachingAllocator::Block* CudaCachingAllocator::take_free_block(size_t size,
-                                                                   cudaStream_t stream,
+CudaCachingAllocator::Block* CudaCachingAllocator::take_free_block(size_t size, cudaStream_t stream,
                                                                    bool small) {
   Block key;
   key.stream = stream;
@@ -288,26 +286,10 @@ void CudaCachingAllocator::merge(Block* block, Block* other) {
 }
 
 void CudaCachingAllocator::process_events(bool wait) {
-  // Each entry is looked at once; one still running goes to the back. A failing call
-  // leaves its entry in place, so the bookkeeping stays consistent for the caller's error.
-  for (size_t n = pending_events_.size(); n > 0; --n) {
-    const PendingEvent pending = pending_events_.front();
-    const cudaError_t status =
-        wait ? cudaEventSynchronize(pending.event) : cudaEventQuery(pending.event);
-    if (status == cudaErrorNotReady) {
-      static_cast<void>(cudaGetLastError());  // "not ready" is an answer, not an error
-      pending_events_.pop_front();
-      pending_events_.push_back(pending);
-      continue;
-    }
-    if (status != cudaSuccess) {
-      throw_cuda_error(status, wait ? "cudaEventSynchronize(event)" : "cudaEventQuery(event)",
-                       __FILE__, __LINE__);
-    }
-    pending_events_.pop_front();
+  retire_completed_events(pending_events_, wait, [&](const PendingEvent& pending) {
     spare_events_.push_back(pending.event);
     if (--pending.block->pending_events == 0) free_block(pending.block);
-  }
+  });
 }
 
 void CudaCachingAllocator::release_cached_segments() {
@@ -331,17 +313,7 @@ void CudaCachingAllocator::release_cached_segments() {
   }
 }
 
-cudaEvent_t CudaCachingAllocator::acquire_event() {
-  if (!spare_events_.empty()) {
-    cudaEvent_t event = spare_events_.back();
-    spare_events_.pop_back();
-    return event;
-  }
-  cudaEvent_t event = nullptr;
-  // Timing is never read; events without it are cheaper to record and query.
-  RD_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
-  return event;
-}
+cudaEvent_t CudaCachingAllocator::acquire_event() { return take_spare_event(spare_events_); }
 
 void CudaCachingAllocator::throw_out_of_memory(size_t nbytes, size_t segment_bytes,
                                                const char* reason) const {

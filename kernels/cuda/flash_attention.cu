@@ -163,6 +163,20 @@ Operand contiguous_operand(void* data, const StridedView& q) {
   return op;
 }
 
+// Forward or backward params with the problem and the inputs both read (q, k, v, out) set
+// from `args`, an AttentionForwardArgs or AttentionBackwardArgs.
+template <class Params, class Args>
+Params params_with_inputs(const Args& args) {
+  const int nb = batch_dims(args.q);
+  Params p;
+  p.pr = make_problem(args.q, args.k, args.params);
+  p.q = make_operand(args.q, nb);
+  p.k = make_operand(args.k, nb);
+  p.v = make_operand(args.v, nb);
+  p.out = make_operand(args.out, nb);
+  return p;
+}
+
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 constexpr const char* kKeyOrderRefusal =
@@ -212,15 +226,11 @@ void flash_attention_forward(const AttentionForwardArgs& args, cudaStream_t stre
   std::string why_not;
   RD_CHECK(flash_attention_supports(args, &why_not), kUnimplemented,
            "flash_attention_forward: ", why_not);
-  const int nb = batch_dims(args.q);
-  ForwardParams p;
-  p.pr = make_problem(args.q, args.k, args.params);
+  auto p = params_with_inputs<ForwardParams>(args);
   if (p.pr.batch_count == 0 || p.pr.lq == 0) return;
-  p.q = make_operand(args.q, nb);
-  p.k = make_operand(args.k, nb);
-  p.v = make_operand(args.v, nb);
-  p.out = make_operand(args.out, nb);
-  if (args.lse.data != nullptr) p.lse = make_operand(args.lse, nb, /*statistic=*/true);
+  if (args.lse.data != nullptr) {
+    p.lse = make_operand(args.lse, batch_dims(args.q), /*statistic=*/true);
+  }
   flash::launch_forward(args.q.dtype, p, stream);
 }
 
@@ -230,15 +240,10 @@ void flash_attention_backward(const AttentionBackwardArgs& args, Allocator& scra
   std::string why_not;
   RD_CHECK(flash_attention_supports_backward(args, &why_not), kUnimplemented,
            "flash_attention_backward: ", why_not);
-  const int nb = batch_dims(args.q);
-  BackwardParams p;
-  p.pr = make_problem(args.q, args.k, args.params);
+  auto p = params_with_inputs<BackwardParams>(args);
   // No rows or no keys: every gradient term is an empty sum, nothing to add.
   if (p.pr.batch_count == 0 || p.pr.lq == 0 || p.pr.lk == 0) return;
-  p.q = make_operand(args.q, nb);
-  p.k = make_operand(args.k, nb);
-  p.v = make_operand(args.v, nb);
-  p.out = make_operand(args.out, nb);
+  const int nb = batch_dims(args.q);
   p.grad_out = make_operand(args.grad_out, nb);
   p.lse = make_operand(args.lse, nb, /*statistic=*/true);
   if (args.grad_lse.data != nullptr) p.grad_lse = make_operand(args.grad_lse, nb, true);

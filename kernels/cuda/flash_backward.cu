@@ -50,48 +50,62 @@ using BackwardConfigFor = std::conditional_t<
     std::conditional_t<kD == 256, BackwardConfig<T, kD, 32, 32, 4, 1>,
                        BackwardConfig<T, kD, 32, 32, 4, 2>>>;
 
+// The query row of one warp of a row kernel (256 threads a block, one warp per row).
+struct WarpRow {
+  int64_t id;   // b * lq + row
+  int64_t row;  // within its batch
+  int lane;
+  BatchIndex bi;
+};
+
+// This warp's row; false for the warps past the last row.
+__device__ __forceinline__ bool warp_row(const Problem& pr, WarpRow* r) {
+  r->id = static_cast<int64_t>(blockIdx.x) * 8 + threadIdx.x / kWarpSize;
+  r->lane = threadIdx.x % kWarpSize;
+  if (r->id >= pr.batch_count * pr.lq) return false;
+  r->row = r->id % pr.lq;
+  r->bi = batch_index(pr.batch, r->id / pr.lq);
+  return true;
+}
+
 // delta[b * lq + i] = sum_d dO[b, i, d] * O[b, i, d] - grad_lse[b, i]: one warp per row.
 template <class T>
 __global__ void __launch_bounds__(256) delta_kernel(const BackwardParams p) {
-  const Problem& pr = p.pr;
-  const int64_t row_id = static_cast<int64_t>(blockIdx.x) * 8 + threadIdx.x / kWarpSize;
-  const int lane = threadIdx.x % kWarpSize;
-  if (row_id >= pr.batch_count * pr.lq) return;
-  const int64_t b = row_id / pr.lq, row = row_id % pr.lq;
-  const BatchIndex bi = batch_index(pr.batch, b);
+  WarpRow r;
+  if (!warp_row(p.pr, &r)) return;
   auto row_ptr = [&](const Operand& op) {
     const int64_t elem = op.is_float32 ? 4 : static_cast<int64_t>(sizeof(T));
-    return static_cast<const char*>(op.data) + (batch_offset(bi, op) + row * op.row_stride) * elem;
+    return static_cast<const char*>(op.data) +
+           (batch_offset(r.bi, op) + r.row * op.row_stride) * elem;
   };
   const void* out = row_ptr(p.out);
   const void* grad_out = row_ptr(p.grad_out);
   float sum = 0.0f;
-  for (int c = lane; c < pr.d; c += kWarpSize) {
+  for (int c = r.lane; c < p.pr.d; c += kWarpSize) {
     sum += load_float<T>(p.out, out, c) * load_float<T>(p.grad_out, grad_out, c);
   }
 #pragma unroll
   for (int m = 16; m > 0; m >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, m);
-  if (lane == 0) {
+  if (r.lane == 0) {
     if (p.grad_lse.data != nullptr) {
       sum -= static_cast<const float*>(
-          p.grad_lse.data)[batch_offset(bi, p.grad_lse) + row * p.grad_lse.row_stride];
+          p.grad_lse.data)[batch_offset(r.bi, p.grad_lse) + r.row * p.grad_lse.row_stride];
     }
-    p.delta[row_id] = sum;
+    p.delta[r.id] = sum;
   }
 }
 
 // grad_q[b, i, :] += dq_accum[b, i, :] (scratch, contiguous [batch * lq, d]): one warp per row.
 template <class T>
 __global__ void __launch_bounds__(256) add_dq_kernel(const BackwardParams p) {
-  const Problem& pr = p.pr;
-  const int64_t row_id = static_cast<int64_t>(blockIdx.x) * 8 + threadIdx.x / kWarpSize;
-  const int lane = threadIdx.x % kWarpSize;
-  if (row_id >= pr.batch_count * pr.lq) return;
-  const int64_t b = row_id / pr.lq, row = row_id % pr.lq;
-  const BatchIndex bi = batch_index(pr.batch, b);
-  const float* src = static_cast<const float*>(p.dq_accum.data) + row_id * pr.d;
-  T* dst = static_cast<T*>(p.grad_q.data) + batch_offset(bi, p.grad_q) + row * p.grad_q.row_stride;
-  for (int c = lane; c < pr.d; c += kWarpSize) dst[c] = from_float<T>(to_float(dst[c]) + src[c]);
+  WarpRow r;
+  if (!warp_row(p.pr, &r)) return;
+  const float* src = static_cast<const float*>(p.dq_accum.data) + r.id * p.pr.d;
+  T* dst =
+      static_cast<T*>(p.grad_q.data) + batch_offset(r.bi, p.grad_q) + r.row * p.grad_q.row_stride;
+  for (int c = r.lane; c < p.pr.d; c += kWarpSize) {
+    dst[c] = from_float<T>(to_float(dst[c]) + src[c]);
+  }
 }
 
 // dq[row0 + ..., col0 + ...] += scale * part (this warp's accumulator tiles), atomically.
@@ -250,9 +264,9 @@ __global__ void __launch_bounds__(Cfg::kThreads) backward_kernel(const BackwardP
       const int diag = static_cast<int>(
           std::clamp<int64_t>(m0 + pr.causal_offset - n0, -(int64_t{1} << 30), int64_t{1} << 30));
       const bool need_mask = rows_left < kBM || kv_left < kBN || (pr.causal && kBN - 1 > diag);
-      const uint64_t keep = pr.dropout ? dropout_keep_mask<SG::kMT, SG::kNT>(
-                                             pr, drop_base, m0 + s_row0, n0 + s_col0)
-                                       : 0;
+      const uint64_t keep =
+          pr.dropout ? dropout_keep_mask<SG::kMT, SG::kNT>(pr, drop_base, m0 + s_row0, n0 + s_col0)
+                     : 0;
       // P, Z (P with dropout) and dS into shared memory. kMasked (a type tag) selects the
       // variant with the per-element visibility test; most tiles take the plain one.
       auto write_p_ds = [&](auto masked_tag) {
@@ -374,11 +388,7 @@ void launch_config(const BackwardParams& params, cudaStream_t stream) {
   using T = typename Cfg::Elem;
   delta_kernel<T><<<static_cast<unsigned>(row_blocks), 256, 0, stream>>>(params);
   RD_CUDA_CHECK_LAUNCH();
-  auto* kernel = &backward_kernel<Cfg>;
-  RD_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     static_cast<int>(Cfg::kSmemBytes)));
-  kernel<<<static_cast<unsigned>(blocks), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(params);
-  RD_CUDA_CHECK_LAUNCH();
+  launch_with_smem<Cfg>(&backward_kernel<Cfg>, blocks, params, stream);
   if (params.dq_accum.data != params.grad_q.data) {
     add_dq_kernel<T><<<static_cast<unsigned>(row_blocks), 256, 0, stream>>>(params);
     RD_CUDA_CHECK_LAUNCH();
@@ -393,6 +403,8 @@ void launch_backward(DType dtype, const BackwardParams& params, cudaStream_t str
   });
 }
 
-size_t backward_smem_bytes(DType dtype, int d) { return config_smem_bytes<BackwardConfigFor>(dtype, d); }
+size_t backward_smem_bytes(DType dtype, int d) {
+  return config_smem_bytes<BackwardConfigFor>(dtype, d);
+}
 
 }  // namespace rd::kernels::cuda::flash

@@ -19,6 +19,7 @@
 #include <type_traits>
 
 #include "ringdilated/kernels/attention_dropout.h"
+#include "ringdilated/kernels/cuda/runtime.h"
 #include "ringdilated/kernels/dtype.h"
 #include "ringdilated/kernels/error.h"
 #include "ringdilated/kernels/philox.h"
@@ -123,13 +124,24 @@ auto with_config(DType dtype, int d, const char* op, F&& f) {
 // Shared memory a config needs per block, or 0 where no config serves (dtype, d).
 template <template <class, int> class ConfigFor>
 size_t config_smem_bytes(DType dtype, int d) {
-  const bool served = head_dim_bucket(d) != 0 &&
-                      (dtype == DType::kFloat32 || dtype == DType::kBFloat16 ||
-                       dtype == DType::kFloat16);
+  const bool served =
+      head_dim_bucket(d) != 0 &&
+      (dtype == DType::kFloat32 || dtype == DType::kBFloat16 || dtype == DType::kFloat16);
   if (!served) return 0;
   return with_config<ConfigFor>(dtype, d, "flash attention", [](auto config) -> size_t {
     return decltype(config)::type::kSmemBytes;
   });
+}
+
+// Launches `kernel` of config Cfg on `blocks` blocks with the config's dynamic shared memory,
+// which may exceed the 48 KiB a kernel gets unless it asks for more.
+template <class Cfg, class Params>
+void launch_with_smem(void (*kernel)(Params), int64_t blocks, const Params& params,
+                      cudaStream_t stream) {
+  RD_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     static_cast<int>(Cfg::kSmemBytes)));
+  kernel<<<static_cast<unsigned>(blocks), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(params);
+  RD_CUDA_CHECK_LAUNCH();
 }
 
 // ---------------------------------------------------------------------------------------
@@ -531,8 +543,8 @@ __device__ __forceinline__ uint64_t dropout_keep_mask(const Problem& pr, uint64_
   const int lane = threadIdx.x & 31;
   const uint64_t first =
       dropout_element(pr.numbering, batch_base, row0 + (lane >> 2), col0 + 2 * (lane & 3));
-  return dropout_keep_mask<MT, NT>(pr.seed, pr.offset, pr.keep_threshold, pr.lq, pr.lk, row0,
-                                   col0, first, static_cast<uint64_t>(pr.numbering.row_stride),
+  return dropout_keep_mask<MT, NT>(pr.seed, pr.offset, pr.keep_threshold, pr.lq, pr.lk, row0, col0,
+                                   first, static_cast<uint64_t>(pr.numbering.row_stride),
                                    static_cast<uint64_t>(pr.numbering.col_stride));
 }
 

@@ -362,11 +362,7 @@ void launch_config(const ForwardParams& params, cudaStream_t stream) {
   const int64_t blocks = m_blocks * params.pr.batch_count;
   RD_CHECK(blocks <= 2147483647, kUnimplemented, "flash_attention_forward: ", blocks, " blocks of ",
            Cfg::kBlockM, " query rows exceed one CUDA grid");
-  auto* kernel = &forward_kernel<Cfg>;
-  RD_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     static_cast<int>(Cfg::kSmemBytes)));
-  kernel<<<static_cast<unsigned>(blocks), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(params);
-  RD_CUDA_CHECK_LAUNCH();
+  launch_with_smem<Cfg>(&forward_kernel<Cfg>, blocks, params, stream);
 }
 
 }  // namespace
@@ -377,6 +373,8 @@ void launch_forward(DType dtype, const ForwardParams& params, cudaStream_t strea
   });
 }
 
-size_t forward_smem_bytes(DType dtype, int d) { return config_smem_bytes<ForwardConfigFor>(dtype, d); }
+size_t forward_smem_bytes(DType dtype, int d) {
+  return config_smem_bytes<ForwardConfigFor>(dtype, d);
+}
 
 }  // namespace rd::kernels::cuda::flash

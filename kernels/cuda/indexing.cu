@@ -31,7 +31,6 @@
 namespace rd::kernels::cuda {
 namespace {
 
-
 // Writes through an index run one line per thread, in order, when a line has at most this many
 // elements or there are at least kMinSerialLines lines (enough threads to fill the GPU);
 // otherwise one thread per element with atomics. Deterministic whenever the former holds.
@@ -187,14 +186,19 @@ void scatter_kernel(const StridedView& out, const StridedView& out_base, int dim
   // With overlapping out elements, different lines may hit one target: assignment then runs
   // every line on a single thread in the CPU's order; accumulation uses atomics.
   const bool distinct = has_distinct_elements(out);
-  const bool line_mode = distinct ? (length <= kMaxSerialLineLength || lines >= kMinSerialLines)
-                                  : !accumulate;
+  const bool line_mode =
+      distinct ? (length <= kMaxSerialLineLength || lines >= kMinSerialLines) : !accumulate;
   const bool serial = !distinct;
   dispatch_dtype(out.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    const ScatterArgs<T> args{static_cast<T*>(out_base.data), static_cast<const T*>(src.data),
-                              index.data, index.dtype == DType::kInt64, accumulate,
-                              out.strides[dim], out.shape[dim], errors};
+    const ScatterArgs<T> args{static_cast<T*>(out_base.data),
+                              static_cast<const T*>(src.data),
+                              index.data,
+                              index.dtype == DType::kInt64,
+                              accumulate,
+                              out.strides[dim],
+                              out.shape[dim],
+                              errors};
     if (line_mode) {
       const StridedView out_lines = lines_of(out_base, dim);
       const StridedView index_lines = lines_of(index, dim);
@@ -313,8 +317,8 @@ __global__ void __launch_bounds__(kScanThreads)
 
 }  // namespace
 
-void index_select(const StridedView& out, const StridedView& in, int dim,
-                  const StridedView& index, AsyncErrors& errors, cudaStream_t stream) {
+void index_select(const StridedView& out, const StridedView& in, int dim, const StridedView& index,
+                  AsyncErrors& errors, cudaStream_t stream) {
   check_index_select_args(out, in, dim, index);
   check_index_dtype("index_select", index);
   gather_kernel(out, line_base(in, out, dim), index_along(index, out, dim), in.strides[dim],
@@ -353,15 +357,8 @@ void cumsum(const StridedView& out, const StridedView& in, int dim, bool reverse
   const int64_t n = in.numel();
   if (n == 0) return;
   const int64_t length = in.shape[dim];
-  // Reverse scans are forward scans of views whose `dim` runs backwards.
-  StridedView o = out, i = in;
-  if (reverse) {
-    for (StridedView* v : {&o, &i}) {
-      v->data = static_cast<char*>(v->data) +
-                (length - 1) * v->strides[dim] * static_cast<int64_t>(dtype_size(v->dtype));
-      v->strides[dim] = -v->strides[dim];
-    }
-  }
+  const StridedView o = reverse ? flipped(out, dim) : out;
+  const StridedView i = reverse ? flipped(in, dim) : in;
   const StridedView o_lines = lines_of(o, dim);
   const StridedView i_lines = lines_of(i, dim);
   const CumsumLines shape{make_offset_calculator<2>({&o_lines, &i_lines}), n / length, length,

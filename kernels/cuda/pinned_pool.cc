@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "ringdilated/kernels/cpu/caching_allocator.h"
+#include "ringdilated/kernels/cuda/event_queue.h"
 #include "ringdilated/kernels/cuda/runtime.h"
 #include "ringdilated/kernels/error.h"
 
@@ -23,8 +24,8 @@ PinnedHostPool::~PinnedHostPool() {
 
 void* PinnedHostPool::allocate(size_t nbytes) {
   if (nbytes == 0) return nullptr;
-  RD_CHECK(nbytes <= kMaxRequestBytes, kOutOfMemory, "PinnedHostPool::allocate: requested ",
-           nbytes, " bytes, more than the largest supported size ", kMaxRequestBytes);
+  RD_CHECK(nbytes <= kMaxRequestBytes, kOutOfMemory, "PinnedHostPool::allocate: requested ", nbytes,
+           " bytes, more than the largest supported size ", kMaxRequestBytes);
   const size_t size = CpuCachingAllocator::block_size(nbytes);
   std::vector<void*> to_free;  // completed buffers that did not fit in the cache
   void* ptr = nullptr;
@@ -53,8 +54,8 @@ void* PinnedHostPool::allocate(size_t nbytes) {
   }
   if (status == cudaErrorMemoryAllocation) {
     static_cast<void>(cudaGetLastError());
-    RD_FAIL(kOutOfMemory, "PinnedHostPool::allocate: out of pinned host memory: requested ",
-            nbytes, " bytes (buffer of ", size, " bytes); stats: ", memory_stats_str(stats()));
+    RD_FAIL(kOutOfMemory, "PinnedHostPool::allocate: out of pinned host memory: requested ", nbytes,
+            " bytes (buffer of ", size, " bytes); stats: ", memory_stats_str(stats()));
   }
   if (status != cudaSuccess) {
     throw_cuda_error(status, "cudaHostAlloc(&ptr, size, cudaHostAllocPortable)", __FILE__,
@@ -115,26 +116,10 @@ void PinnedHostPool::empty_cache() {
 }
 
 void PinnedHostPool::process_events(bool wait, std::vector<void*>* to_free) {
-  // Each entry is looked at once; one still running goes to the back. A failing call
-  // leaves its entry in place.
-  for (size_t n = pending_.size(); n > 0; --n) {
-    const PendingRelease pending = pending_.front();
-    const cudaError_t status =
-        wait ? cudaEventSynchronize(pending.event) : cudaEventQuery(pending.event);
-    if (status == cudaErrorNotReady) {
-      static_cast<void>(cudaGetLastError());  // "not ready" is an answer, not an error
-      pending_.pop_front();
-      pending_.push_back(pending);
-      continue;
-    }
-    if (status != cudaSuccess) {
-      throw_cuda_error(status, wait ? "cudaEventSynchronize(event)" : "cudaEventQuery(event)",
-                       __FILE__, __LINE__);
-    }
-    pending_.pop_front();
+  retire_completed_events(pending_, wait, [&](const PendingRelease& pending) {
     spare_events_[pending.device].push_back(pending.event);
     cache_or_free(pending.ptr, pending.size, to_free);
-  }
+  });
 }
 
 void PinnedHostPool::cache_or_free(void* ptr, size_t size, std::vector<void*>* to_free) {
@@ -164,17 +149,9 @@ void PinnedHostPool::record_handout(void* ptr, size_t size) {
   stats_.peak_allocated_bytes = std::max(stats_.peak_allocated_bytes, stats_.allocated_bytes);
 }
 
+// A new event belongs to `device`, current under the caller's guard.
 cudaEvent_t PinnedHostPool::acquire_event(int device) {
-  std::vector<cudaEvent_t>& spare = spare_events_[device];
-  if (!spare.empty()) {
-    cudaEvent_t event = spare.back();
-    spare.pop_back();
-    return event;
-  }
-  cudaEvent_t event = nullptr;
-  // Created while `device` is current (the caller's guard): events belong to one device.
-  RD_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
-  return event;
+  return take_spare_event(spare_events_[device]);
 }
 
 void PinnedHostPool::free_buffers(const std::vector<void*>& buffers) {
