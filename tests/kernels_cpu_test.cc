@@ -14,9 +14,9 @@
 
 #include "ringdilated/kernels/backend.h"
 #include "ringdilated/kernels/cpu/parallel.h"
-#include "ringdilated/kernels/view_checks.h"
 #include "ringdilated/kernels/error.h"
 #include "ringdilated/kernels/half.h"
+#include "ringdilated/kernels/view_checks.h"
 #include "testing/dtype_precision.h"
 #include "testing/host_views.h"
 
@@ -25,8 +25,7 @@ namespace {
 
 KernelBackend& cpu() { return cpu_backend(); }
 
-const DType kFloatTypes[] = {DType::kFloat32, DType::kFloat64, DType::kBFloat16,
-                             DType::kFloat16};
+const DType kFloatTypes[] = {DType::kFloat32, DType::kFloat64, DType::kBFloat16, DType::kFloat16};
 
 using test::unit_roundoff;
 
@@ -152,8 +151,7 @@ TEST(CpuKernelsTest, CopyConvertsEveryDtypePairThroughBroadcastAndTransposedView
       cpu().copy(dst, src);
       for_each_index({3, 4, 5}, [&](const std::vector<int64_t>& i) {
         double want = stored(to, in.get(i[0] * 5 + i[2]));
-        ASSERT_EQ(out.get(offset_of(dst, i)), want)
-            << dtype_name(from) << " -> " << dtype_name(to);
+        ASSERT_EQ(out.get(offset_of(dst, i)), want) << dtype_name(from) << " -> " << dtype_name(to);
       });
     }
   }
@@ -192,12 +190,12 @@ TEST(CpuKernelsTest, AccumulateIntoOverlappingOutputAppliesAddsInOrder) {
 TEST(CpuKernelsTest, OverlapDetectionIsExactOnCommonLayouts) {
   Buffer b(DType::kFloat32, 64);
   EXPECT_TRUE(has_distinct_elements(b.view({4, 8})));
-  EXPECT_TRUE(has_distinct_elements(b.view({8, 4}, {1, 8})));      // transposed
+  EXPECT_TRUE(has_distinct_elements(b.view({8, 4}, {1, 8})));         // transposed
   EXPECT_TRUE(has_distinct_elements(b.view({3, 2, 5}, {20, 1, 2})));  // interleaved
-  EXPECT_TRUE(has_distinct_elements(b.view({1, 4}, {0, 1})));      // size-1 dim
-  EXPECT_TRUE(has_distinct_elements(b.view({0, 4}, {0, 1})));      // empty
-  EXPECT_FALSE(has_distinct_elements(b.view({4, 8}, {0, 1})));     // broadcast
-  EXPECT_FALSE(has_distinct_elements(b.view({4, 3}, {2, 1})));     // rows overlap
+  EXPECT_TRUE(has_distinct_elements(b.view({1, 4}, {0, 1})));         // size-1 dim
+  EXPECT_TRUE(has_distinct_elements(b.view({0, 4}, {0, 1})));         // empty
+  EXPECT_FALSE(has_distinct_elements(b.view({4, 8}, {0, 1})));        // broadcast
+  EXPECT_FALSE(has_distinct_elements(b.view({4, 3}, {2, 1})));        // rows overlap
   EXPECT_FALSE(has_distinct_elements(b.view({2, 3, 2}, {3, 2, 1})));  // offset 3 twice
 }
 
@@ -264,10 +262,9 @@ TEST(CpuKernelsTest, UnaryOpsMatchFloat64References) {
       {UnaryOp::kGeluTanh, gelu_tanh_ref, -4, 4},
       {UnaryOp::kGeluErf, gelu_erf_ref, -4, 4},
       // The gradient ops are checked against numerical derivatives of the forward refs.
-      {UnaryOp::kGeluTanhGrad, [](double x) { return central_difference(gelu_tanh_ref, x); },
-       -4, 4},
-      {UnaryOp::kGeluErfGrad, [](double x) { return central_difference(gelu_erf_ref, x); },
-       -4, 4},
+      {UnaryOp::kGeluTanhGrad, [](double x) { return central_difference(gelu_tanh_ref, x); }, -4,
+       4},
+      {UnaryOp::kGeluErfGrad, [](double x) { return central_difference(gelu_erf_ref, x); }, -4, 4},
       {UnaryOp::kPowScalar, [](double x) { return std::pow(x, 2.5); }, 0.1, 3},
       {UnaryOp::kClamp, [](double x) { return std::min(std::max(x, -0.5), 1.25); }, -3, 3},
   };
@@ -438,8 +435,11 @@ TEST(CpuKernelsTest, FloatOnlyOpsRejectOtherDtypesNamingTheOp) {
   expect_error(
       [&] { cpu().binary(BinaryOp::kAdd, out.view({4}), floats.view({4}), ints.view({4})); },
       ErrorCode::kDTypeMismatch, "binary");
-  expect_error([&] { cpu().copy(out.view({4}), floats.view({2, 2})); }, ErrorCode::kShapeMismatch,
-               "copy");
+  expect_error(
+      [&] {
+        cpu().copy(out.view({4}), floats.view({2, 2}));
+      },
+      ErrorCode::kShapeMismatch, "copy");
 }
 
 // ---------------------------------------------------------------------------------------
@@ -570,28 +570,41 @@ TEST(CpuKernelsTest, SumOfBoolIntoInt64AndEmptyReductions) {
   EXPECT_TRUE(std::isnan(out.get(1)));
   cpu().reduce(ReduceOp::kLogSumExp, out.view({3, 1}), ev, 0b10);
   EXPECT_EQ(out.get(2), -INFINITY);
-  expect_error([&] { cpu().reduce(ReduceOp::kMax, out.view({3, 1}), ev, 0b10); },
-               ErrorCode::kInvalidArgument, "max");
-  expect_error([&] { cpu().reduce(ReduceOp::kArgMin, idx.view({3, 1}), ev, 0b10); },
-               ErrorCode::kInvalidArgument, "argmin");
+  expect_error(
+      [&] {
+        cpu().reduce(ReduceOp::kMax, out.view({3, 1}), ev, 0b10);
+      },
+      ErrorCode::kInvalidArgument, "max");
+  expect_error(
+      [&] {
+        cpu().reduce(ReduceOp::kArgMin, idx.view({3, 1}), ev, 0b10);
+      },
+      ErrorCode::kInvalidArgument, "argmin");
   // argmax needs one reduced dim and an int64 output.
   Buffer x(DType::kFloat32, 6);
-  expect_error([&] { cpu().reduce(ReduceOp::kArgMax, idx.view({1, 1}), x.view({2, 3}), 0b11); },
-               ErrorCode::kInvalidArgument, "argmax");
-  expect_error([&] { cpu().reduce(ReduceOp::kArgMax, out.view({2, 1}), x.view({2, 3}), 0b10); },
-               ErrorCode::kDTypeMismatch, "argmax");
-  expect_error([&] { cpu().reduce(ReduceOp::kSum, out.view({2, 3}), x.view({2, 3}), 0b10); },
-               ErrorCode::kShapeMismatch, "sum");
+  expect_error(
+      [&] {
+        cpu().reduce(ReduceOp::kArgMax, idx.view({1, 1}), x.view({2, 3}), 0b11);
+      },
+      ErrorCode::kInvalidArgument, "argmax");
+  expect_error(
+      [&] {
+        cpu().reduce(ReduceOp::kArgMax, out.view({2, 1}), x.view({2, 3}), 0b10);
+      },
+      ErrorCode::kDTypeMismatch, "argmax");
+  expect_error(
+      [&] {
+        cpu().reduce(ReduceOp::kSum, out.view({2, 3}), x.view({2, 3}), 0b10);
+      },
+      ErrorCode::kShapeMismatch, "sum");
 }
 
 TEST(CpuKernelsTest, ArgMaxAndArgMinReturnTheFirstOccurrence) {
   // Rows with repeated extremes, reduced along dim 1 of a transposed view and along dim 0.
   for (DType t : {DType::kFloat32, DType::kBFloat16, DType::kInt32, DType::kInt64}) {
     Buffer in(t, 4 * 6);
-    const double rows[4][6] = {{1, 5, 2, 5, 0, 5},
-                               {-3, -3, -3, -3, -3, -3},
-                               {2, 1, 0, 0, 1, 2},
-                               {0, 9, 9, -9, -9, 3}};
+    const double rows[4][6] = {
+        {1, 5, 2, 5, 0, 5}, {-3, -3, -3, -3, -3, -3}, {2, 1, 0, 0, 1, 2}, {0, 9, 9, -9, -9, 3}};
     StridedView v = in.view({4, 6}, {1, 4});  // transposed storage
     for (int i = 0; i < 4; ++i) {
       for (int j = 0; j < 6; ++j) in.set(j * 4 + i, rows[i][j]);
@@ -771,62 +784,75 @@ TEST(CpuKernelsTest, CumsumForwardAndReverseAlongEachDimOfAStridedView) {
 // GEMM
 // ---------------------------------------------------------------------------------------
 
+// One batched product of dtype t against a float64 reference: padded leading dims, A's
+// batch stride, B broadcast over the batch; beta == 0 with NaN in C (it must not leak).
+void check_gemm(DType t, bool ta, bool tb, int64_t m, int64_t n, double beta, std::mt19937& rng) {
+  const int64_t k = 6, batch = 3;
+  GemmArgs g;
+  g.dtype = t;
+  g.trans_a = ta;
+  g.trans_b = tb;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.lda = (ta ? m : k) + 3;  // padded rows
+  g.ldb = (tb ? k : n) + 2;
+  g.ldc = n + 4;
+  g.batch = batch;
+  g.stride_a = (ta ? k : m) * g.lda + 1;
+  g.stride_b = 0;  // B broadcast over the batch
+  g.stride_c = m * g.ldc + 5;
+  g.alpha = 1.25;
+  g.beta = beta;
+  Buffer a(t, batch * g.stride_a), b(t, (tb ? n : k) * g.ldb), c(t, batch * g.stride_c);
+  a.randomize(rng);
+  b.randomize(rng);
+  c.randomize(rng);
+  g.a = a.data();
+  g.b = b.data();
+  g.c = c.data();
+  auto A = [&](int64_t bi, int64_t i, int64_t p) {
+    return a.get(bi * g.stride_a + (ta ? p * g.lda + i : i * g.lda + p));
+  };
+  auto B = [&](int64_t p, int64_t j) { return b.get(tb ? j * g.ldb + p : p * g.ldb + j); };
+  std::vector<double> want(c.size()), scale(c.size());
+  for (int64_t q = 0; q < c.size(); ++q) want[q] = c.get(q);  // padding stays as is
+  for (int64_t bi = 0; bi < batch; ++bi) {
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < n; ++j) {
+        double dot = 0, mag = 0;
+        for (int64_t p = 0; p < k; ++p) {
+          dot += A(bi, i, p) * B(p, j);
+          mag += std::fabs(A(bi, i, p) * B(p, j));
+        }
+        const int64_t q = bi * g.stride_c + i * g.ldc + j;
+        if (beta == 0.0) c.set(q, NAN);
+        want[q] = g.alpha * dot + (beta == 0.0 ? 0.0 : g.beta * c.get(q));
+        scale[q] = g.alpha * mag + (beta == 0.0 ? 0.0 : g.beta * std::fabs(c.get(q)));
+      }
+    }
+  }
+  cpu().gemm(g);
+  const double u = std::max(unit_roundoff(t), 1e-16);
+  const double accumulation = t == DType::kFloat64 ? 1e-15 : 1e-6;
+  for (int64_t q = 0; q < c.size(); ++q) {
+    const double tol = (2 * u + k * accumulation) * scale[q];
+    ASSERT_NEAR(c.get(q), want[q], tol)
+        << dtype_name(t) << " ta=" << ta << " tb=" << tb << " m=" << m << " n=" << n
+        << " beta=" << beta << " element " << q;
+  }
+}
+
+// Every transpose, and the shapes with one row or one column of C (matrix-vector products,
+// which the CPU backend hands to gemv).
 TEST(CpuKernelsTest, GemmHandlesTransposesLeadingDimsBatchStridesAndBeta) {
   std::mt19937 rng(12);
-  const int64_t m = 5, n = 7, k = 6, batch = 3;
+  const std::pair<int64_t, int64_t> shapes[] = {{5, 7}, {1, 7}, {5, 1}, {1, 1}};
   for (DType t : kFloatTypes) {
     for (bool ta : {false, true}) {
       for (bool tb : {false, true}) {
-        GemmArgs g;
-        g.dtype = t;
-        g.trans_a = ta;
-        g.trans_b = tb;
-        g.m = m;
-        g.n = n;
-        g.k = k;
-        g.lda = (ta ? m : k) + 3;  // padded rows
-        g.ldb = (tb ? k : n) + 2;
-        g.ldc = n + 4;
-        g.batch = batch;
-        g.stride_a = (ta ? k : m) * g.lda + 1;
-        g.stride_b = 0;  // B broadcast over the batch
-        g.stride_c = m * g.ldc + 5;
-        g.alpha = 1.25;
-        g.beta = 0.5;
-        Buffer a(t, batch * g.stride_a), b(t, (tb ? n : k) * g.ldb), c(t, batch * g.stride_c);
-        a.randomize(rng);
-        b.randomize(rng);
-        c.randomize(rng);
-        g.a = a.data();
-        g.b = b.data();
-        g.c = c.data();
-        auto A = [&](int64_t bi, int64_t i, int64_t p) {
-          return a.get(bi * g.stride_a + (ta ? p * g.lda + i : i * g.lda + p));
-        };
-        auto B = [&](int64_t p, int64_t j) { return b.get(tb ? j * g.ldb + p : p * g.ldb + j); };
-        std::vector<double> want(c.size()), scale(c.size());
-        for (int64_t q = 0; q < c.size(); ++q) want[q] = c.get(q);  // padding stays as is
-        for (int64_t bi = 0; bi < batch; ++bi) {
-          for (int64_t i = 0; i < m; ++i) {
-            for (int64_t j = 0; j < n; ++j) {
-              double dot = 0, mag = 0;
-              for (int64_t p = 0; p < k; ++p) {
-                dot += A(bi, i, p) * B(p, j);
-                mag += std::fabs(A(bi, i, p) * B(p, j));
-              }
-              int64_t q = bi * g.stride_c + i * g.ldc + j;
-              want[q] = g.alpha * dot + g.beta * c.get(q);
-              scale[q] = g.alpha * mag + g.beta * std::fabs(c.get(q));
-            }
-          }
-        }
-        cpu().gemm(g);
-        double u = std::max(unit_roundoff(t), 1e-16);
-        double accumulation = t == DType::kFloat64 ? 1e-15 : 1e-6;
-        for (int64_t q = 0; q < c.size(); ++q) {
-          double tol = (2 * u + k * accumulation) * scale[q];
-          ASSERT_NEAR(c.get(q), want[q], tol) << dtype_name(t) << " ta=" << ta << " tb=" << tb
-                                              << " element " << q;
+        for (const auto& [m, n] : shapes) {
+          for (double beta : {0.5, 0.0}) check_gemm(t, ta, tb, m, n, beta, rng);
         }
       }
     }
@@ -1238,8 +1264,8 @@ TEST(CpuKernelsTest, NormWithResidualNormalizesTheStoredSumAndAddsGradSum) {
           for (int64_t j = 0; j < cols; ++j) {
             const int64_t q = r * cols + j;
             if (!(std::fabs(y.get(q) - yr[j]) <= tol * (std::fabs(yr[j]) + 1)) && failures++ < 10) {
-              ADD_FAILURE() << "out row " << r << " col " << j << ": got " << y.get(q)
-                            << ", want " << yr[j];
+              ADD_FAILURE() << "out row " << r << " col " << j << ": got " << y.get(q) << ", want "
+                            << yr[j];
             }
             const double xhat = (sr[j] - mu) * rstd_want;
             gw_want[j] += gor[j] * xhat;
@@ -1254,8 +1280,8 @@ TEST(CpuKernelsTest, NormWithResidualNormalizesTheStoredSumAndAddsGradSum) {
             if (!(std::fabs(gi.get(q) - want) <= 20 * tol * (std::fabs(want) + 1)) &&
                 failures++ < 10) {
               ADD_FAILURE() << "grad_in row " << r << " col " << j << ": got " << gi.get(q)
-                            << ", want " << want << " (" << dx[j] << " + grad_sum "
-                            << gs.get(q) << ")";
+                            << ", want " << want << " (" << dx[j] << " + grad_sum " << gs.get(q)
+                            << ")";
             }
           }
         }
@@ -1345,16 +1371,15 @@ TEST(CpuKernelsTest, CrossEntropyMatchesFloat64ReferenceOnShortAndLongRows) {
   };
   // Long rows exceed the parallel grain and the logsumexp's 128-value blocks many times
   // over; ignore_index 3 is also a valid class, so targets equal to it must be skipped.
-  for (const Case& c : {Case{7, 37, -100}, Case{5, 1, -100}, Case{4, 70001, -100},
-                        Case{6, 300, 3}}) {
+  for (const Case& c :
+       {Case{7, 37, -100}, Case{5, 1, -100}, Case{4, 70001, -100}, Case{6, 300, 3}}) {
     for (DType t : kFloatTypes) {
-      SCOPED_TRACE(std::string(dtype_name(t)) + " rows=" + std::to_string(c.rows) +
-                   " cols=" + std::to_string(c.cols) +
-                   " ignore_index=" + std::to_string(c.ignore_index));
+      SCOPED_TRACE(std::string(dtype_name(t)) + " rows=" + std::to_string(c.rows) + " cols=" +
+                   std::to_string(c.cols) + " ignore_index=" + std::to_string(c.ignore_index));
       const int64_t rows = c.rows, cols = c.cols, n = rows * cols;
       const DType acc = accumulation_dtype(t);
-      Buffer x(t, n), targets(DType::kInt64, rows), loss(acc, rows), lse(acc, rows),
-          g(acc, rows), gx(t, n);
+      Buffer x(t, n), targets(DType::kInt64, rows), loss(acc, rows), lse(acc, rows), g(acc, rows),
+          gx(t, n);
       x.randomize(rng, -8, 8);
       // A few -inf logits (never a target): they must add exactly 0 to the sum.
       for (int64_t i = 5; i < n; i += 997) x.set(i, -INFINITY);
@@ -1422,9 +1447,8 @@ TEST(CpuKernelsTest, CrossEntropyMatchesFloat64ReferenceOnShortAndLongRows) {
                                              32 * u_acc * scale * std::fabs(gr) * p +
                                              (t == DType::kFloat16 ? std::ldexp(1.0, -24) : 0.0);
             if (!(std::fabs(gx.get(r * cols + j) - want) <= tol) && failures++ < 10) {
-              ADD_FAILURE() << "grad row " << r << " col " << j << ": got "
-                            << gx.get(r * cols + j) << ", want " << want << " (tol " << tol
-                            << ")";
+              ADD_FAILURE() << "grad row " << r << " col " << j << ": got " << gx.get(r * cols + j)
+                            << ", want " << want << " (tol " << tol << ")";
             }
           }
         }
@@ -1642,11 +1666,17 @@ TEST(CpuKernelsTest, IndexSelectAndGatherReadThroughIndices) {
         }
       }
       index.set(2, 6);  // out of range
-      expect_error([&] { cpu().index_select(out.view({4, 5}), iv, 1, index.view({5})); },
-                   ErrorCode::kOutOfRange, "index 6");
+      expect_error(
+          [&] {
+            cpu().index_select(out.view({4, 5}), iv, 1, index.view({5}));
+          },
+          ErrorCode::kOutOfRange, "index 6");
       gidx.set(3, -1);
-      expect_error([&] { cpu().gather(gout.view({2, 6}), iv, 0, gidx.view({2, 6})); },
-                   ErrorCode::kOutOfRange, "index -1");
+      expect_error(
+          [&] {
+            cpu().gather(gout.view({2, 6}), iv, 0, gidx.view({2, 6}));
+          },
+          ErrorCode::kOutOfRange, "index -1");
     }
   }
 }
