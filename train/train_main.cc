@@ -402,7 +402,7 @@ bool print_help_if_asked(int argc, char** argv) {
 // OpenMP's worker threads spin after each parallel region (libgomp's default: active
 // waiting) while OpenBLAS's own thread pool (Debian's pthread build) runs the GEMMs between
 // the regions, so the two fight over the cores: on 2 cores the default passkey run trained at
-// 22.8k tokens/s, and at 39.0k with passive waiting (the same losses). libgomp reads
+// about 12k tokens/s, and at 33k to 37k with passive waiting (the same losses). libgomp reads
 // OMP_WAIT_POLICY as it loads, before main, so setting it takes a fresh start of this program:
 // once, and never over the user's own setting. A failed exec just runs on with the default.
 void start_with_passive_openmp_waiting(char** argv) {
