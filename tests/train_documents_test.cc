@@ -288,6 +288,9 @@ TEST_F(TrainDocumentsTest, BadDocumentOptionsAreNamed) {
         make_dataset("tokens:" + (dir_ / "t.rdtok").string(), window_options(8, "separator:x"));
       },
       {ErrorCode::kInvalidArgument}, {"--documents=separator:x", "eos:<token id>"}));
+  EXPECT_TRUE(raises([&] { make_dataset(text, window_options(8, "eos:300")); },
+                     {ErrorCode::kInvalidArgument},
+                     {"--documents", "token 300", "vocabulary [0, 260)"}));
   fs::create_directories(dir_ / "nothing");
   EXPECT_TRUE(raises(
       [&] { make_dataset("text:" + (dir_ / "nothing").string(), window_options(8, "auto")); },

@@ -169,6 +169,10 @@ std::vector<int64_t> starts_after_separators(const TokenSource& source,
 std::vector<int64_t> document_starts_of(const TokenSource& source, const DocumentSplit& split) {
   if (!split.enabled) return {};
   std::vector<int64_t> starts = source.document_starts();
+  for (const int32_t token : split.separator) {
+    RD_CHECK(token < source.vocab_size(), kInvalidArgument, "--documents: the separator's token ",
+             token, " is outside the data's vocabulary [0, ", source.vocab_size(), ")");
+  }
   if (!split.separator.empty()) {
     const std::vector<int64_t> after = starts_after_separators(source, split.separator);
     std::vector<int64_t> merged;
@@ -310,8 +314,8 @@ WindowDataset::WindowDataset(TokenSource source, std::string name, const Dataset
   val_begin_ = total - val_tokens;
   train_windows_ = (val_begin_ - 1) / seq_len_;
   val_windows_ = val_tokens > 0 ? (val_tokens - 1) / seq_len_ : 0;
-  const bool tokens = name_.starts_with(kTokensPrefix);
-  document_starts_ = document_starts_of(source_, parse_documents(options.documents, tokens));
+  document_starts_ =
+      document_starts_of(source_, parse_documents(options.documents, !source_.is_text()));
 }
 
 int64_t WindowDataset::train_window_start(int64_t epoch, int64_t position) const {

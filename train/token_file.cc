@@ -197,11 +197,12 @@ TokenFileLayout read_token_file_layout(const MappedFile& file) {
 }  // namespace
 
 TokenSource::TokenSource(std::vector<Part> parts, int64_t vocab_size,
-                         std::vector<int64_t> document_starts)
+                         std::vector<int64_t> document_starts, bool text)
     : parts_(std::move(parts)),
       count_(parts_.back().first + parts_.back().count),
       vocab_size_(vocab_size),
-      document_starts_(std::move(document_starts)) {}
+      document_starts_(std::move(document_starts)),
+      text_(text) {}
 
 TokenSource TokenSource::open_text(const std::vector<std::string>& paths) {
   RD_CHECK(!paths.empty(), kInvalidArgument, "text dataset: no files given");
@@ -219,7 +220,8 @@ TokenSource TokenSource::open_text(const std::vector<std::string>& paths) {
   RD_CHECK(total > 0, kInvalidArgument, "text dataset: '", paths.front(), "'",
            paths.size() > 1 ? str_cat(" and the ", paths.size() - 1, " other files are") : " is",
            " empty");
-  return TokenSource(std::move(parts), ByteTokenizer::kVocabSize, std::move(starts));
+  return TokenSource(std::move(parts), ByteTokenizer::kVocabSize, std::move(starts),
+                     /*text=*/true);
 }
 
 TokenSource TokenSource::open_token_files(const std::vector<std::string>& paths) {
@@ -239,7 +241,7 @@ TokenSource TokenSource::open_token_files(const std::vector<std::string>& paths)
         Part{std::move(file), layout.data_offset, total, layout.count, layout.bytes_per_token});
     total += layout.count;
   }
-  return TokenSource(std::move(parts), vocab_size, std::move(starts));
+  return TokenSource(std::move(parts), vocab_size, std::move(starts), /*text=*/false);
 }
 
 std::string TokenSource::path() const {

@@ -84,6 +84,8 @@ class TokenSource {
 
   int64_t size() const { return count_; }
   int64_t vocab_size() const { return vocab_size_; }
+  // Whether the tokens are the bytes of text files (open_text).
+  bool is_text() const { return text_; }
   // The first file's path, and how many more there are: for messages.
   std::string path() const;
   // Where documents start (token indices, the first 0, strictly increasing): each file's
@@ -103,13 +105,15 @@ class TokenSource {
     int64_t count = 0;
     int bytes_per_token = 1;
   };
-  TokenSource(std::vector<Part> parts, int64_t vocab_size, std::vector<int64_t> document_starts);
+  TokenSource(std::vector<Part> parts, int64_t vocab_size, std::vector<int64_t> document_starts,
+              bool text);
   void read_part(const Part& part, int64_t begin, std::span<int32_t> out) const;
 
   std::vector<Part> parts_;  // in order, non-empty
   int64_t count_ = 0;
   int64_t vocab_size_ = 0;
   std::vector<int64_t> document_starts_;
+  bool text_ = false;
 };
 
 }  // namespace rd::train
