@@ -21,6 +21,7 @@
 #include "testing/elementwise_close.h"
 #include "testing/gradcheck.h"
 #include "testing/raises.h"
+#include "testing/ring_invariance.h"
 
 namespace rd {
 namespace {
@@ -183,35 +184,33 @@ class DocumentMaskRing : public ::testing::TestWithParam<RingCase> {};
 TEST_P(DocumentMaskRing, MatchesOneDevice) {
   const auto [P, strategy, mixing, causal, layout] = GetParam();
   const DilatedAttentionOptions o = options_for(mixing, OffsetRule::kConstant, causal);
-  Generator gen(23);
-  const TensorOptions f64(DType::kFloat64);
-  Tensor q = randn({kB, kN, kH, kD}, gen, f64), k = randn({kB, kN, kH, kD}, gen, f64),
-         v = randn({kB, kN, kH, kD}, gen, f64);
-  const Tensor w = randn({kB, kN, kH, kD}, gen, f64);
-  for (Tensor* t : {&q, &k, &v}) t->set_requires_grad(true);
-  nn::AttentionCallContext context;
-  context.document_starts = &kDocuments;
-  const Tensor out = nn::dilated_attention(q, k, v, o, context);
-  sum(mul(out, w)).backward();
-  std::vector<Tensor> outs(P), gq(P), gk(P), gv(P);
-  dist::run_in_process(P, [&](dist::Communicator& comm) {
-    const int r = comm.rank();
-    auto block = [&](const Tensor& t) {
-      return nn::sequence_block(t.detach(), r, P, layout).contiguous();
-    };
-    Tensor qr = block(q), kr = block(k), vr = block(v);
-    for (Tensor* t : {&qr, &kr, &vr}) t->set_requires_grad(true);
-    const Tensor o_r = nn::ring_dilated_attention(qr, kr, vr, o, comm, strategy, context, layout);
-    sum(mul(o_r, block(w))).backward();
-    outs[r] = o_r.detach();
-    gq[r] = qr.grad();
-    gk[r] = kr.grad();
-    gv[r] = vr.grad();
-  });
-  test::expect_tensors_close("out", nn::sequence_from_blocks(outs, layout), out.detach(), 1e-10);
-  test::expect_tensors_close("grad_q", nn::sequence_from_blocks(gq, layout), q.grad(), 1e-10);
-  test::expect_tensors_close("grad_k", nn::sequence_from_blocks(gk, layout), k.grad(), 1e-10);
-  test::expect_tensors_close("grad_v", nn::sequence_from_blocks(gv, layout), v.grad(), 1e-10);
+  const test::FullSequence f = test::single_device(o, DType::kFloat64, 23, Device::cpu(),
+                                                   test::RingDims{kB, kN, kH, kD}, kDocuments);
+  test::expect_ranks_match(test::run_in_process_ranks(f, o, P, strategy, layout), f,
+                           test::RingTolerance{1e-10, 1e-10, 1e-10});
+}
+
+// One GPU shared by P ranks (threads): documents crossing the ranks' blocks, bf16 on the
+// path one GPU picks, against the single-GPU call (both layouts, both strategies, causal).
+TEST(DocumentMaskRingCuda, RanksSharingOneGpuMatchIt) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  DilatedAttentionOptions o = options_for(HeadMixing::kAllHeads, OffsetRule::kRotating, true);
+  o.segment_lengths = {128, 256, 512};
+  const nn::DocumentStarts documents = {{0, 37, 200, 201, 390}, {0, 128, 300}};
+  const test::FullSequence f = test::single_device(o, DType::kBFloat16, 41, Device::cuda(0),
+                                                   test::RingDims{2, 512, 8, 64}, documents);
+  for (const int P : {2, 4}) {
+    for (const nn::DistStrategy strategy :
+         {nn::DistStrategy::kRing, nn::DistStrategy::kAllGather}) {
+      for (const nn::SequenceLayout layout :
+           {nn::SequenceLayout::kContiguous, nn::SequenceLayout::kZigzag}) {
+        SCOPED_TRACE("P" + std::to_string(P) + " " + nn::strategy_name(strategy) + " " +
+                     nn::layout_name(layout));
+        test::expect_ranks_match(test::run_in_process_ranks(f, o, P, strategy, layout), f,
+                                 test::gpu_ring_tolerance(DType::kBFloat16));
+      }
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(

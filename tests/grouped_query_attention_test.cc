@@ -188,6 +188,30 @@ INSTANTIATE_TEST_SUITE_P(
 // Only the key/value rows travel: with head groups that each share one key/value head (16
 // heads in 4 groups, 4 key/value heads: the benchmark's shape), the ring sends H_kv / H of
 // the bytes of the same call without grouping.
+// One GPU shared by P ranks (threads): 8 query heads on 2 key/value heads in bf16, on the path
+// one GPU picks, against the single-GPU call (both layouts, both strategies, causal).
+TEST(GroupedQueryRingCuda, RanksSharingOneGpuMatchIt) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  DilatedAttentionOptions o = options_for(DilationVariant::kSegmentLocal, HeadMixing::kAllHeads,
+                                          OffsetRule::kConstant, true, 3);
+  o.segment_lengths = {128, 256, 512};
+  o.dilation_rates = {1, 2, 4};
+  const test::FullSequence f = test::single_device(o, DType::kBFloat16, 43, Device::cuda(0),
+                                                   test::RingDims{2, 512, 8, 64, /*kv_heads=*/2});
+  for (const int P : {2, 4}) {
+    for (const nn::DistStrategy strategy :
+         {nn::DistStrategy::kRing, nn::DistStrategy::kAllGather}) {
+      for (const nn::SequenceLayout layout :
+           {nn::SequenceLayout::kContiguous, nn::SequenceLayout::kZigzag}) {
+        SCOPED_TRACE("P" + std::to_string(P) + " " + nn::strategy_name(strategy) + " " +
+                     nn::layout_name(layout));
+        test::expect_ranks_match(test::run_in_process_ranks(f, o, P, strategy, layout), f,
+                                 test::gpu_ring_tolerance(DType::kBFloat16));
+      }
+    }
+  }
+}
+
 TEST(GroupedQueryRingTraffic, SendsTheKeyValueHeadsOnly) {
   const DilatedAttentionOptions o = options_for(
       DilationVariant::kSegmentLocal, HeadMixing::kHeadGroups, OffsetRule::kConstant, false, 4);

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "ringdilated/dist/in_process.h"
 #include "ringdilated/tensor/ops.h"
@@ -14,8 +15,12 @@
 namespace rd::test {
 namespace {
 
-nn::AttentionCallContext training_context(const nn::DilatedAttentionOptions& o, Generator* gen) {
-  return {o.dropout > 0, gen, nullptr};
+// Dropout in training mode, and f's documents.
+nn::AttentionCallContext call_context(const nn::DilatedAttentionOptions& o, Generator* gen,
+                                      const FullSequence& f) {
+  nn::AttentionCallContext context{o.dropout > 0, gen, nullptr};
+  if (!f.documents.empty()) context.document_starts = &f.documents;
+  return context;
 }
 
 }  // namespace
@@ -26,12 +31,13 @@ Tensor ring_loss(const Tensor& out, const Tensor& lse, const Tensor& w_out, cons
 }
 
 FullSequence single_device(const nn::DilatedAttentionOptions& o, DType dtype, uint64_t seed,
-                           Device device, RingDims d) {
+                           Device device, RingDims d, nn::DocumentStarts documents) {
   Generator gen(seed);
   const TensorOptions opts(dtype);
   const Shape bnhd{d.batch, d.seq, d.heads, d.dim};
   const Shape kv_shape{d.batch, d.seq, d.kv_heads > 0 ? d.kv_heads : d.heads, d.dim};
   FullSequence f;
+  f.documents = std::move(documents);
   f.q = randn(bnhd, gen, opts).to(device);
   f.k = randn(kv_shape, gen, opts).to(device);
   f.v = randn(kv_shape, gen, opts).to(device);
@@ -40,7 +46,7 @@ FullSequence single_device(const nn::DilatedAttentionOptions& o, DType dtype, ui
   for (Tensor* t : {&f.q, &f.k, &f.v}) t->set_requires_grad(true);
   Generator dropout_gen(kRingDropoutSeed);
   const nn::DilatedAttentionResult r =
-      nn::dilated_attention_with_lse(f.q, f.k, f.v, o, training_context(o, &dropout_gen));
+      nn::dilated_attention_with_lse(f.q, f.k, f.v, o, call_context(o, &dropout_gen, f));
   ring_loss(r.out, r.lse, f.w_out, f.w_lse).backward();
   f.out = r.out.detach();
   f.lse = r.lse.detach();
@@ -53,15 +59,15 @@ FullSequence single_device(const nn::DilatedAttentionOptions& o, DType dtype, ui
 
 FullSequence inputs_on(const FullSequence& f, Device device) {
   FullSequence copy = f;
-  for (Tensor* t : {&copy.q, &copy.k, &copy.v, &copy.w_out, &copy.w_lse}) *t = t->detach().to(device);
+  for (Tensor* t : {&copy.q, &copy.k, &copy.v, &copy.w_out, &copy.w_lse})
+    *t = t->detach().to(device);
   return copy;
 }
 
 RankResult run_rank(const FullSequence& f, const nn::DilatedAttentionOptions& o,
                     dist::Communicator& comm, nn::DistStrategy strategy, Device device,
                     nn::SequenceLayout layout) {
-  const nn::SequenceLayout resolved =
-      nn::resolve_layout(layout, o, f.q.size(1), comm.size());
+  const nn::SequenceLayout resolved = nn::resolve_layout(layout, o, f.q.size(1), comm.size());
   auto block = [&](const Tensor& t, int64_t dim) {
     return nn::sequence_block(t.detach(), comm.rank(), comm.size(), resolved, dim)
         .contiguous()
@@ -71,20 +77,29 @@ RankResult run_rank(const FullSequence& f, const nn::DilatedAttentionOptions& o,
   for (Tensor* t : {&q, &k, &v}) t->set_requires_grad(true);
   Generator dropout_gen(kRingDropoutSeed);
   nn::RingAttentionResult info = nn::ring_dilated_attention_with_lse(
-      q, k, v, o, comm, strategy, training_context(o, &dropout_gen), layout);
+      q, k, v, o, comm, strategy, call_context(o, &dropout_gen, f), layout);
   ring_loss(info.attention.out, info.attention.lse, block(f.w_out, 1), block(f.w_lse, 2))
       .backward();
-  return {info.attention.out.detach(), info.attention.lse.detach(), q.grad(), k.grad(), v.grad(),
-          info, resolved};
+  return {info.attention.out.detach(),
+          info.attention.lse.detach(),
+          q.grad(),
+          k.grad(),
+          v.grad(),
+          info,
+          resolved};
 }
 
 std::vector<RankResult> run_in_process_ranks(const FullSequence& f,
                                              const nn::DilatedAttentionOptions& o, int P,
                                              nn::DistStrategy strategy, nn::SequenceLayout layout) {
   std::vector<RankResult> results(static_cast<size_t>(P));
-  dist::run_in_process(P, [&](dist::Communicator& comm) {
-    results[static_cast<size_t>(comm.rank())] = run_rank(f, o, comm, strategy, f.q.device(), layout);
-  }, f.q.device());
+  dist::run_in_process(
+      P,
+      [&](dist::Communicator& comm) {
+        results[static_cast<size_t>(comm.rank())] =
+            run_rank(f, o, comm, strategy, f.q.device(), layout);
+      },
+      f.q.device());
   return results;
 }
 
@@ -112,7 +127,9 @@ double relative_error(const Tensor& got, const Tensor& want) {
 }
 
 FullSequence block_of(const FullSequence& f, int rank, int P, nn::SequenceLayout layout) {
-  auto rows = [&](const Tensor& t, int64_t dim) { return nn::sequence_block(t, rank, P, layout, dim); };
+  auto rows = [&](const Tensor& t, int64_t dim) {
+    return nn::sequence_block(t, rank, P, layout, dim);
+  };
   FullSequence b = f;
   b.out = rows(f.out, 1);
   b.lse = rows(f.lse, 2);

@@ -30,15 +30,18 @@ Tensor ring_loss(const Tensor& out, const Tensor& lse, const Tensor& w_out, cons
 
 // Inputs, loss weights and the single-device results on the whole sequence.
 struct FullSequence {
-  Tensor q, k, v, w_out, w_lse;              // inputs and loss weights
+  Tensor q, k, v, w_out, w_lse;             // inputs and loss weights
   Tensor out, lse, grad_q, grad_k, grad_v;  // single-device results
   nn::AttentionPath path = nn::AttentionPath::kMath;
+  nn::DocumentStarts documents;  // the document masks of every call; empty: none
 };
 
 // Random inputs (drawn on the CPU from `seed`, then moved to `device`), the single-device
-// result and its gradients. Dropout (options.dropout > 0) runs in training mode.
+// result and its gradients. Dropout (options.dropout > 0) runs in training mode. With
+// `documents` (per batch row, AttentionCallContext::document_starts), every call of f, the
+// ranks' too, masks them.
 FullSequence single_device(const nn::DilatedAttentionOptions& o, DType dtype, uint64_t seed,
-                           Device device, RingDims dims);
+                           Device device, RingDims dims, nn::DocumentStarts documents = {});
 
 // f's inputs and loss weights copied to `device` (results stay where they are). Ranks that
 // are threads driving one GPU each must not read another GPU's memory once the ring runs:
