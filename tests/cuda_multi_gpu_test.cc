@@ -53,7 +53,20 @@ struct Case {
   HeadMixing mixing;
   bool causal;
   nn::SequenceLayout layout = nn::SequenceLayout::kAuto;
+  int64_t kv_heads = 0;    // grouped-query attention: key/value heads (0: as many as q's)
+  bool documents = false;  // document masks (kDocuments)
 };
+
+// Documents crossing the ranks' blocks (of 512 at P = 4), one of a single position.
+const nn::DocumentStarts kDocuments = {{0, 300, 301, 700, 1500}};
+
+// f of one case: its inputs, documents and single-GPU results.
+FullSequence single_gpu(const Case& c, const DilatedAttentionOptions& o, Device gpu) {
+  test::RingDims dims = kDims;
+  dims.kv_heads = c.kv_heads;
+  return test::single_device(o, c.dtype, kSeed, gpu, dims,
+                             c.documents ? kDocuments : nn::DocumentStarts{});
+}
 
 DilatedAttentionOptions options_of(const Case& c) {
   DilatedAttentionOptions o;
@@ -69,7 +82,8 @@ std::string case_name(const Case& c) {
   return str_cat(dtype_name(c.dtype), "_", nn::strategy_name(c.strategy), "_",
                  c.variant == DilationVariant::kGlobal ? "original" : "fixed", "_",
                  c.mixing == HeadMixing::kAllHeads ? "allheads" : "groups",
-                 c.causal ? "_causal" : "", "_", nn::layout_name(c.layout));
+                 c.causal ? "_causal" : "", "_", nn::layout_name(c.layout),
+                 c.kv_heads > 0 ? str_cat("_kv", c.kv_heads) : "", c.documents ? "_documents" : "");
 }
 
 // Every combination the library supports (the original (global) variant mixes heads in
@@ -85,6 +99,19 @@ std::vector<Case> all_cases() {
           cases.push_back({dtype, s, DilationVariant::kGlobal, HeadMixing::kHeadGroups, causal, layout});
         }
       }
+    }
+  }
+  // Issue 21's features through NCCL: grouped-query attention (8 heads on 2) and document
+  // masks, bf16, causal, both layouts and both explicit strategies.
+  for (DistStrategy s : {DistStrategy::kRing, DistStrategy::kAllGather}) {
+    for (nn::SequenceLayout layout : {nn::SequenceLayout::kContiguous, nn::SequenceLayout::kZigzag}) {
+      const Case base{DType::kBFloat16, s, DilationVariant::kSegmentLocal, HeadMixing::kAllHeads,
+                      true, layout};
+      Case grouped = base, packed = base;
+      grouped.kv_heads = 2;
+      packed.documents = true;
+      cases.push_back(grouped);
+      cases.push_back(packed);
     }
   }
   return cases;
@@ -155,7 +182,7 @@ TEST_P(NcclThreads, EveryCaseMatchesOneGpu) {
   for (const Case& c : all_cases()) {
     SCOPED_TRACE(case_name(c));
     const DilatedAttentionOptions o = options_of(c);
-    const FullSequence f = test::single_device(o, c.dtype, kSeed, Device::cuda(0), kDims);
+    const FullSequence f = single_gpu(c, o, Device::cuda(0));
     const std::vector<RankResult> rs = run_on_gpus(f, o, P, c.strategy, c.layout);
     test::expect_ranks_match(rs, f, test::gpu_ring_tolerance(c.dtype));
     // Every rank's traffic went through NCCL and was counted.
@@ -276,7 +303,7 @@ TEST(MultiGpuWorker, EveryCaseMatchesOneGpu) {
   for (const Case& c : all_cases()) {
     SCOPED_TRACE(case_name(c));
     const DilatedAttentionOptions o = options_of(c);
-    const FullSequence f = test::single_device(o, c.dtype, kSeed, gpu, kDims);
+    const FullSequence f = single_gpu(c, o, gpu);
     const RankResult mine = test::run_rank(f, o, *comm, c.strategy, gpu, c.layout);
     test::expect_ranks_match({mine}, test::block_of(f, comm->rank(), comm->size(), mine.layout),
                              test::gpu_ring_tolerance(c.dtype));
@@ -296,7 +323,7 @@ TEST(MultiGpuWorker, KilledRankStopsTheOthers) {
   const Case c{DType::kBFloat16, DistStrategy::kRing, DilationVariant::kSegmentLocal,
                HeadMixing::kHeadGroups, false};
   const DilatedAttentionOptions o = options_of(c);
-  const FullSequence f = test::single_device(o, c.dtype, kSeed, gpu, kDims);
+  const FullSequence f = single_gpu(c, o, gpu);
   test::run_rank(f, o, *comm, c.strategy, gpu);  // a healthy step: connections are up
   comm->barrier();
   if (comm->rank() == victim) {
