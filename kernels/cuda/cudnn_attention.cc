@@ -58,10 +58,10 @@ namespace rd::kernels::cuda {
 namespace {
 
 constexpr int64_t kMaxHeadDim = 256;
-constexpr int64_t kHeadDimMultiple = 8;      // cuDNN's fused kernels load 16-byte vectors
-constexpr int64_t kStrideMultiple = 8;       // 16 bytes of a 16-bit dtype
+constexpr int64_t kHeadDimMultiple = 8;  // cuDNN's fused kernels load 16-byte vectors
+constexpr int64_t kStrideMultiple = 8;   // 16 bytes of a 16-bit dtype
 constexpr uintptr_t kPointerAlignment = 16;
-constexpr int kMinComputeCapability = 80;    // sm_80 (Ampere)
+constexpr int kMinComputeCapability = 80;  // sm_80 (Ampere)
 constexpr int kMinCudnnVersion = 90000;
 constexpr size_t kGraphCacheCapacity = 128;
 
@@ -86,8 +86,7 @@ const LoadedCudnn& loaded_cudnn() {
     auto* result = new LoadedCudnn();
     // The soname through the loader's search path first, then where CMake found cuDNN.
     const SharedLibrary cudnn = open_shared_library(
-        "the cuDNN 9 library",
-        {"libcudnn.so.9", str_cat(RD_CUDNN_LIBRARY_DIR, "/libcudnn.so.9")});
+        "the cuDNN 9 library", {"libcudnn.so.9", str_cat(RD_CUDNN_LIBRARY_DIR, "/libcudnn.so.9")});
     if (!cudnn.usable()) {
       result->problem = cudnn.problem;
       return result;
@@ -108,8 +107,8 @@ const LoadedCudnn& loaded_cudnn() {
       return result;
     }
     if (result->version < kMinCudnnVersion) {
-      result->problem = str_cat("the cuDNN library is version ", result->version,
-                                " (9.0.0 or newer is needed)");
+      result->problem =
+          str_cat("the cuDNN library is version ", result->version, " (9.0.0 or newer is needed)");
     }
     return result;
   }();
@@ -171,10 +170,56 @@ std::optional<BatchFold> find_fold(std::initializer_list<const StridedView*> vie
   return std::nullopt;
 }
 
+// The folds of one call: q (and out, lse) by `q`; k and v by `kv`, which leaves out the batch
+// dims that k and v both read through stride 0. Those dims (grouped-query attention: query
+// heads sharing a key/value head) must end q's head group, so that cuDNN's H_q = H_kv x G
+// maps query head h to key/value head h / G, as the views do. Without them kv == q.
+struct CallFold {
+  BatchFold q;
+  BatchFold kv;
+};
+
+// q's batch dims of size > 1 that `v` reads through stride 0.
+std::vector<int> broadcast_dims(const StridedView& q, const StridedView& v) {
+  std::vector<int> dims;
+  for (int d = 0; d < q.ndim - 2; ++d) {
+    if (q.shape[d] != 1 && v.strides[d] == 0) dims.push_back(d);
+  }
+  return dims;
+}
+
+// The fold of q, k and v; with `allow_broadcast`, k and v may broadcast the trailing dims of
+// q's head group (CallFold). nullopt when no fold fits.
+std::optional<CallFold> find_call_fold(const StridedView& q, const StridedView& k,
+                                       const StridedView& v, bool allow_broadcast) {
+  const std::vector<int> shared = broadcast_dims(q, k);
+  if (shared.empty() || !allow_broadcast) {
+    std::optional<BatchFold> fold = find_fold({&q, &k, &v});
+    if (!fold) return std::nullopt;
+    return CallFold{*fold, *fold};
+  }
+  if (broadcast_dims(q, v) != shared) return std::nullopt;  // k and v broadcast alike
+  BatchFold fold;
+  for (int d = 0; d < q.ndim - 2; ++d) {
+    if (q.shape[d] != 1) fold.dims.push_back(d);
+  }
+  const size_t n = fold.dims.size(), broadcast = shared.size();
+  if (!std::equal(shared.begin(), shared.end(), fold.dims.end() - broadcast)) return std::nullopt;
+  BatchFold kv;
+  kv.dims.assign(fold.dims.begin(), fold.dims.end() - broadcast);
+  for (size_t split = 0; split <= n - broadcast; ++split) {
+    fold.outer_count = kv.outer_count = split;
+    if (fold_fits(q, fold) && fold_fits(k, kv) && fold_fits(v, kv)) return CallFold{fold, kv};
+  }
+  return std::nullopt;
+}
+
 // Why v cannot be read or written by cuDNN in place ("" when it can): the head dim
-// contiguous, other strides of size > 1 dims positive multiples of 8, a 16-byte aligned
-// pointer. An lse view ([batch..., L], float32) needs positive strides and L contiguous.
-std::string layout_problem(const char* name, const StridedView& v, bool has_head_dim) {
+// contiguous, other strides of size > 1 dims positive multiples of 8 (or 0 where
+// `allow_broadcast`: dims that find_call_fold leaves out), a 16-byte aligned pointer. An lse
+// view ([batch..., L], float32) needs positive strides and L contiguous.
+std::string layout_problem(const char* name, const StridedView& v, bool has_head_dim,
+                           bool allow_broadcast = false) {
   const int seq_dim = has_head_dim ? v.ndim - 2 : v.ndim - 1;
   if (has_head_dim && v.shape[v.ndim - 1] > 1 && v.strides[v.ndim - 1] != 1) {
     return str_cat(name, " has head-dim stride ", v.strides[v.ndim - 1], " (cuDNN needs 1)");
@@ -185,6 +230,7 @@ std::string layout_problem(const char* name, const StridedView& v, bool has_head
   }
   for (int d = 0; d <= seq_dim; ++d) {
     if (v.shape[d] == 1) continue;
+    if (allow_broadcast && d < seq_dim && v.strides[d] == 0) continue;
     if (v.strides[d] <= 0) {
       return str_cat(name, " has stride ", v.strides[d], " in dim ", d, " (cuDNN needs > 0)");
     }
@@ -220,8 +266,9 @@ std::string shape_problem(const StridedView& q, const StridedView& k, const Stri
       v.shape[v.ndim - 2] != k.shape[k.ndim - 2]) {
     return str_cat("v ", shape_of(v), " does not match k ", shape_of(k));
   }
-  if (out != nullptr && (!same_batch(*out, q.ndim) || out->shape[q.ndim - 2] != q.shape[q.ndim - 2] ||
-                         out->shape[q.ndim - 1] != head)) {
+  if (out != nullptr &&
+      (!same_batch(*out, q.ndim) || out->shape[q.ndim - 2] != q.shape[q.ndim - 2] ||
+       out->shape[q.ndim - 1] != head)) {
     return str_cat("out ", shape_of(*out), " does not match q ", shape_of(q));
   }
   if (lse != nullptr && lse->data != nullptr &&
@@ -243,9 +290,10 @@ std::string dtype_problem(const StridedView& q, const StridedView& k, const Stri
 }
 
 // The checks every call shares: availability, device, head dim, dropout, causal offset, and
-// whether q/k/v fold into [B, H, L, D] in place.
+// whether q/k/v fold into [B, H, L, D] in place (k and v broadcasting query heads where
+// `grouped`: the forward only, since the backward's dK and dV are per query head).
 std::string common_problem(const StridedView& q, const StridedView& k, const StridedView& v,
-                           const AttentionParams& params) {
+                           const AttentionParams& params, bool grouped) {
   if (!cudnn_attention_available()) {
 #if defined(RD_WITH_CUDNN)
     return loaded_cudnn().problem;
@@ -286,12 +334,13 @@ std::string common_problem(const StridedView& q, const StridedView& k, const Str
   if (q.numel() > 0 && k.shape[k.ndim - 2] == 0) return "there are no keys (Lk = 0)";
   using Named = std::pair<const char*, const StridedView*>;
   for (auto [name, view] : {Named{"q", &q}, Named{"k", &k}, Named{"v", &v}}) {
-    std::string problem = layout_problem(name, *view, true);
+    std::string problem = layout_problem(name, *view, true, grouped && view != &q);
     if (!problem.empty()) return problem;
   }
-  if (!find_fold({&q, &k, &v})) {
+  if (!find_call_fold(q, k, v, grouped)) {
     return str_cat("the batch dims of q ", shape_of(q),
-                   " cannot be folded into cuDNN's two (B, H) for q, k and v alike");
+                   " cannot be folded into cuDNN's two (B, H) for q, k and v alike",
+                   grouped ? " (k and v may broadcast only the last dims of the head group)" : "");
   }
   return "";
 }
@@ -306,7 +355,7 @@ std::string forward_problem(const AttentionForwardArgs& a) {
     problem = str_cat("lse is ", dtype_name(a.lse.dtype), " (must be float32)");
   }
   if (problem.empty()) problem = shape_problem(a.q, a.k, a.v, &a.out, &a.lse);
-  if (problem.empty()) problem = common_problem(a.q, a.k, a.v, a.params);
+  if (problem.empty()) problem = common_problem(a.q, a.k, a.v, a.params, /*grouped=*/true);
   return problem;
 }
 
@@ -317,9 +366,9 @@ std::string backward_problem(const AttentionBackwardArgs& a) {
   }
   if (problem.empty() && a.lse.data == nullptr) problem = "lse is missing (the backward needs it)";
   using Named = std::pair<const char*, const StridedView*>;
-  for (auto [name, view] : {Named{"out", &a.out}, Named{"grad_out", &a.grad_out},
-                            Named{"grad_q", &a.grad_q}, Named{"grad_k", &a.grad_k},
-                            Named{"grad_v", &a.grad_v}}) {
+  for (auto [name, view] :
+       {Named{"out", &a.out}, Named{"grad_out", &a.grad_out}, Named{"grad_q", &a.grad_q},
+        Named{"grad_k", &a.grad_k}, Named{"grad_v", &a.grad_v}}) {
     if (problem.empty() && view->dtype != a.q.dtype && view->dtype != DType::kFloat32) {
       problem = str_cat(name, " is ", dtype_name(view->dtype), " (q's dtype or float32 expected)");
     }
@@ -338,7 +387,7 @@ std::string backward_problem(const AttentionBackwardArgs& a) {
                         shape_of(a.k), ", ", shape_of(a.v));
     }
   }
-  if (problem.empty()) problem = common_problem(a.q, a.k, a.v, a.params);
+  if (problem.empty()) problem = common_problem(a.q, a.k, a.v, a.params, /*grouped=*/false);
   return problem;
 }
 
@@ -376,8 +425,7 @@ bool cudnn_attention_supports(const AttentionForwardArgs& args, std::string* why
   return problem.empty();
 }
 
-bool cudnn_attention_supports_backward(const AttentionBackwardArgs& args,
-                                       std::string* why_not) {
+bool cudnn_attention_supports_backward(const AttentionBackwardArgs& args, std::string* why_not) {
   std::string problem = backward_problem(args);
   if (why_not != nullptr) *why_not = problem;
   return problem.empty();
@@ -421,8 +469,8 @@ View4 fold_view(const StridedView& v, const BatchFold& fold, bool has_head_dim) 
   r.stride[2] = len == 1 ? head : v.strides[seq_dim];
   r.stride[1] = fold.outer_count < fold.dims.size() ? v.strides[fold.dims.back()]
                                                     : r.stride[2] * std::max<int64_t>(len, 1);
-  r.stride[0] = fold.outer_count > 0 ? v.strides[fold.dims[fold.outer_count - 1]]
-                                     : r.stride[1] * inner;
+  r.stride[0] =
+      fold.outer_count > 0 ? v.strides[fold.dims[fold.outer_count - 1]] : r.stride[1] * inner;
   return r;
 }
 
@@ -453,7 +501,6 @@ size_t view_bytes(const StridedView& v, DType dtype) {
   return static_cast<size_t>(v.numel()) * dtype_size(dtype);
 }
 
-
 // ---------------------------------------------------------------------------------------
 // cuDNN handles: a pool per device, since a handle must not be used by two threads at once.
 
@@ -478,8 +525,9 @@ class HandlePool {
     }
     cudnnHandle_t handle = nullptr;
     const cudnnStatus_t status = fe::detail::create_handle(&handle);
-    RD_CHECK(status == CUDNN_STATUS_SUCCESS, kUnimplemented, "cuDNN attention: cudnnCreate on device ",
-             device, " failed: ", fe::detail::get_error_string(status));
+    RD_CHECK(status == CUDNN_STATUS_SUCCESS, kUnimplemented,
+             "cuDNN attention: cudnnCreate on device ", device,
+             " failed: ", fe::detail::get_error_string(status));
     return handle;
   }
 
@@ -491,7 +539,7 @@ class HandlePool {
  private:
   HandlePool() = default;
   absl::Mutex mu_;
-  absl::flat_hash_map<int, std::vector<cudnnHandle_t>> free_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<int, std::vector<cudnnHandle_t> > free_ ABSL_GUARDED_BY(mu_);
 };
 
 // A pooled handle of the current device, bound to `stream`, for one scope.
@@ -503,8 +551,8 @@ class HandleLease {
     const cudnnStatus_t status = fe::detail::set_stream(handle_, stream);
     if (status != CUDNN_STATUS_SUCCESS) {
       HandlePool::instance().release(device_, handle_);
-      RD_FAIL(kInternal, "cuDNN attention: cudnnSetStream failed: ",
-              fe::detail::get_error_string(status));
+      RD_FAIL(kInternal,
+              "cuDNN attention: cudnnSetStream failed: ", fe::detail::get_error_string(status));
     }
   }
   ~HandleLease() {
@@ -600,7 +648,7 @@ class GraphCache {
   std::list<GraphKey> lru_ ABSL_GUARDED_BY(mu_);  // most recently used first
   absl::flat_hash_map<GraphKey, Slot> entries_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_set<int64_t> devices_ ABSL_GUARDED_BY(mu_);  // that built a graph
-  std::vector<std::shared_ptr<GraphEntry>> retired_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::shared_ptr<GraphEntry> > retired_ ABSL_GUARDED_BY(mu_);
   CudnnGraphCacheStats stats_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -615,16 +663,17 @@ struct GraphSpec {
   Direction direction = Direction::kForward;
   int device = 0;
   DType dtype = DType::kBFloat16;
-  bool causal = false;        // after folding offsets that mask nothing into non-causal
-  int64_t right_bound = 0;    // the causal offset
+  bool causal = false;      // after folding offsets that mask nothing into non-causal
+  int64_t right_bound = 0;  // the causal offset
   float scale = 1.0f;
-  bool stats = true;          // forward: whether the lse is written
+  bool stats = true;  // forward: whether the lse is written
   // [uid] -> layout; forward uses q, k, v, o, stats; backward all but the gradients' inputs.
-  std::vector<std::pair<TensorUid, View4>> tensors;
+  std::vector<std::pair<TensorUid, View4> > tensors;
 
   GraphKey key() const {
-    GraphKey k = {static_cast<int64_t>(direction), device, static_cast<int64_t>(dtype), causal,
-                  right_bound, std::bit_cast<int32_t>(scale), stats};
+    GraphKey k = {
+        static_cast<int64_t>(direction), device, static_cast<int64_t>(dtype), causal, right_bound,
+        std::bit_cast<int32_t>(scale),   stats};
     for (const auto& [uid, view] : tensors) {
       k.push_back(uid);
       k.insert(k.end(), view.dim.begin(), view.dim.end());
@@ -664,9 +713,10 @@ void describe_forward(fe::graph::Graph& graph, const GraphSpec& spec) {
   auto q = add_input(graph, spec, kQ, "q");
   auto k = add_input(graph, spec, kK, "k");
   auto v = add_input(graph, spec, kV, "v");
-  auto options =
-      fe::graph::SDPA_attributes().set_name("sdpa").set_generate_stats(spec.stats).set_attn_scale(
-          spec.scale);
+  auto options = fe::graph::SDPA_attributes()
+                     .set_name("sdpa")
+                     .set_generate_stats(spec.stats)
+                     .set_attn_scale(spec.scale);
   if (spec.causal) {
     options.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
         .set_diagonal_band_right_bound(static_cast<int>(spec.right_bound));
@@ -709,8 +759,9 @@ std::shared_ptr<GraphEntry> build_graph(const GraphSpec& spec, cudnnHandle_t han
     return entry;
   };
   try {
-    graph->set_io_data_type(spec.dtype == DType::kBFloat16 ? fe::DataType_t::BFLOAT16
-                                                           : fe::DataType_t::HALF)
+    graph
+        ->set_io_data_type(spec.dtype == DType::kBFloat16 ? fe::DataType_t::BFLOAT16
+                                                          : fe::DataType_t::HALF)
         .set_intermediate_data_type(fe::DataType_t::FLOAT)
         .set_compute_data_type(fe::DataType_t::FLOAT);
     if (spec.direction == Direction::kForward) {
@@ -748,9 +799,8 @@ std::shared_ptr<GraphEntry> build_graph(const GraphSpec& spec, cudnnHandle_t han
 }
 
 // Finds or builds the graph of `spec` and runs it on `stream` with `pointers` (uid -> data).
-void run_graph(const char* op, const GraphSpec& spec,
-               std::unordered_map<int64_t, void*> pointers, Allocator& scratch,
-               cudaStream_t stream) {
+void run_graph(const char* op, const GraphSpec& spec, std::unordered_map<int64_t, void*> pointers,
+               Allocator& scratch, cudaStream_t stream) {
   HandleLease handle(stream);
   std::shared_ptr<GraphEntry> entry =
       GraphCache::instance().get(spec.key(), [&] { return build_graph(spec, handle.get()); });
@@ -763,8 +813,8 @@ void run_graph(const char* op, const GraphSpec& spec,
   } catch (const std::exception& e) {
     RD_FAIL(kInternal, op, ": cuDNN SDPA execution threw: ", e.what());
   }
-  RD_CHECK(status.is_good(), kInternal, op, ": cuDNN SDPA execution failed: ",
-           status.get_message());
+  RD_CHECK(status.is_good(), kInternal, op,
+           ": cuDNN SDPA execution failed: ", status.get_message());
 }
 
 // The spec fields shared by both directions.
@@ -868,23 +918,24 @@ void cudnn_attention_forward(const AttentionForwardArgs& args, Allocator& scratc
   if (!problem.empty()) throw_unsupported(kOp, problem, false);
   if (args.q.numel() == 0) return;
 
-  const BatchFold fold = *find_fold({&args.q, &args.k, &args.v});
+  // Grouped-query attention runs natively: k and v fold to their own heads (CallFold).
+  const CallFold fold = *find_call_fold(args.q, args.k, args.v, /*allow_broadcast=*/true);
   const bool with_lse = args.lse.data != nullptr;
-  Staged out(args.out, args.q.dtype, true, fold, false, scratch, stream);
+  Staged out(args.out, args.q.dtype, true, fold.q, false, scratch, stream);
   std::optional<Staged> lse;
-  if (with_lse) lse.emplace(args.lse, DType::kFloat32, false, fold, false, scratch, stream);
+  if (with_lse) lse.emplace(args.lse, DType::kFloat32, false, fold.q, false, scratch, stream);
 
-  GraphSpec spec = base_spec(Direction::kForward, args.k, args.q.dtype, args.params,
-                             current_device());
+  GraphSpec spec =
+      base_spec(Direction::kForward, args.k, args.q.dtype, args.params, current_device());
   spec.stats = with_lse;
-  spec.tensors = {{kQ, fold_view(args.q, fold, true)},
-                  {kK, fold_view(args.k, fold, true)},
-                  {kV, fold_view(args.v, fold, true)},
-                  {kO, fold_view(out.view(), fold, true)}};
+  spec.tensors = {{kQ, fold_view(args.q, fold.q, true)},
+                  {kK, fold_view(args.k, fold.kv, true)},
+                  {kV, fold_view(args.v, fold.kv, true)},
+                  {kO, fold_view(out.view(), fold.q, true)}};
   std::unordered_map<int64_t, void*> pointers = {
       {kQ, args.q.data}, {kK, args.k.data}, {kV, args.v.data}, {kO, out.view().data}};
   if (with_lse) {
-    spec.tensors.push_back({kStats, fold_view(lse->view(), fold, false)});
+    spec.tensors.push_back({kStats, fold_view(lse->view(), fold.q, false)});
     pointers[kStats] = lse->view().data;
   }
   run_graph(kOp, spec, std::move(pointers), scratch, stream);
@@ -896,10 +947,9 @@ void cudnn_attention_backward(const AttentionBackwardArgs& args, Allocator& scra
                               cudaStream_t stream) {
   constexpr const char* kOp = "cudnn_attention_backward";
   std::string contract = shape_problem(args.q, args.k, args.v, &args.out, &args.lse);
-  if (contract.empty() && (shape_of(args.grad_out) != shape_of(args.q) ||
-                           shape_of(args.grad_q) != shape_of(args.q) ||
-                           shape_of(args.grad_k) != shape_of(args.k) ||
-                           shape_of(args.grad_v) != shape_of(args.v))) {
+  if (contract.empty() &&
+      (shape_of(args.grad_out) != shape_of(args.q) || shape_of(args.grad_q) != shape_of(args.q) ||
+       shape_of(args.grad_k) != shape_of(args.k) || shape_of(args.grad_v) != shape_of(args.v))) {
     contract = "grad_out/grad_q/grad_k/grad_v must be shaped like q/q/k/v";
   }
   if (!contract.empty()) throw_unsupported(kOp, contract, true);

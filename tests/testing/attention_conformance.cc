@@ -255,6 +255,21 @@ void add_cudnn_cases(std::vector<AttentionCase>& t) {
     c.grad_lse = false;
     t.push_back(std::move(c));
   };
+  // Grouped-query attention: 3 key/value heads, each shared by 4 query heads (stride 0). The
+  // forward runs natively (k and v fold to their own heads); the backward, whose dK and dV
+  // are per query head, is refused and left to the other kernels.
+  for (bool causal : {false, true}) {
+    AttentionCase grouped = base;
+    grouped.name = std::string("cudnn_bf16_grouped_heads") + (causal ? "_causal" : "");
+    grouped.dtype = kBF16;
+    grouped.batch = {2, 3, 4};
+    grouped.lq = grouped.lk = 64;
+    grouped.d = 64;
+    grouped.causal = causal;
+    grouped.layout = AttentionLayout::kGroupedHeads;
+    grouped.must = kCudnnForward;
+    add(grouped);
+  }
   AttentionCase c = base;
   c.name = "cudnn_bf16_packed_heads_first";
   c.dtype = kBF16;
@@ -344,8 +359,8 @@ Operand plain(DType dtype, const Shape& shape) {
   return make_strided_operand(dtype, shape, contiguous_strides(shape), 0, product(shape));
 }
 
-enum class Style { kPlain, kTransposed, kReversedRows, kBroadcastFirst, kEveryOther, kShifted,
-                   kHeadsInside, kDilated };
+enum class Style { kPlain, kTransposed, kReversedRows, kBroadcastFirst, kBroadcastLastBatch,
+                   kEveryOther, kShifted, kHeadsInside, kDilated };
 
 Style style_for(const AttentionCase& c, Role role) {
   const bool q_like = role == Role::kQ || role == Role::kOut || role == Role::kGradOut ||
@@ -357,6 +372,8 @@ Style style_for(const AttentionCase& c, Role role) {
                  ? Style::kPlain
                  : Style::kDilated;
     case AttentionLayout::kHeadsInside: return q_like ? Style::kHeadsInside : Style::kPlain;
+    case AttentionLayout::kGroupedHeads:
+      return role == Role::kK || role == Role::kV ? Style::kBroadcastLastBatch : Style::kPlain;
     case AttentionLayout::kUnaligned:
       return role == Role::kQ ? Style::kShifted : role == Role::kK ? Style::kReversedRows
                                                                    : Style::kPlain;
@@ -414,6 +431,16 @@ Operand make_attention_operand(const AttentionCase& c, Role role, DType dtype, c
       if (n > 2 && shape[0] > 1) {
         strides = concat({0}, contiguous_strides(Shape(shape.begin() + 1, shape.end())));
         count = product(shape) / shape[0];
+      }
+      break;
+    case Style::kBroadcastLastBatch:  // [batch..., G, L, D] reading [batch..., L, D]
+      if (n > 2 && shape[n - 3] > 1) {
+        const Shape stored(shape.begin(), shape.begin() + (n - 3));
+        const Shape rows = concat(stored, Shape{shape[n - 2], shape[n - 1]});
+        const Shape packed = contiguous_strides(rows);
+        strides = concat(Shape(packed.begin(), packed.begin() + (n - 3)),
+                         Shape{0, packed[n - 3], packed[n - 2]});
+        count = product(rows);
       }
       break;
     case Style::kEveryOther:

@@ -47,6 +47,8 @@ enum class AttentionLayout {
   kDilated,      // [B, S, Hg, n, D] selections of [B, N, H, D] buffers (see Dilation)
   kHeadsInside,  // q, out, grad_out, grad_q as [B, H, L, D] of [B, L, H, D] storage
   kUnaligned,    // q one element past an aligned start, k stored in reverse
+  kGroupedHeads, // k and v read the last batch dim through stride 0: query heads sharing a
+                 // key/value head (grouped-query attention); their gradients per query head
 };
 
 // The dilated selection of docs/dilated-attention.md: segments of w = n * rate positions,
