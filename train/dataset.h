@@ -81,8 +81,10 @@ class Dataset {
   virtual int64_t vocab_size() const = 0;
   virtual int64_t seq_len() const = 0;
   virtual std::string name() const = 0;
-  // Whether batches carry document starts (Batch::documents).
-  virtual bool packs_documents() const { return false; }
+  // How many documents the data packs when batches carry their starts (Batch::documents);
+  // 0 when they do not (synthetic tasks, one document, --documents=off).
+  virtual int64_t document_count() const { return 0; }
+  bool packs_documents() const { return document_count() > 0; }
 };
 
 // Options of make_dataset; each dataset reads the ones it needs.
@@ -153,7 +155,7 @@ class WindowDataset final : public Dataset {
   int64_t vocab_size() const override { return source_.vocab_size(); }
   int64_t seq_len() const override { return seq_len_; }
   std::string name() const override { return name_; }
-  bool packs_documents() const override { return !document_starts_.empty(); }
+  int64_t document_count() const override { return static_cast<int64_t>(document_starts_.size()); }
 
   int64_t train_windows() const { return train_windows_; }
   // Where the documents start (token indices, the first 0); empty with at most one document.

@@ -306,10 +306,8 @@ void note_documents(Trainer::State& s) {
            "--documents=", c.data_options.documents, ": ", c.data,
            " packs documents, but the original (global) variant has no document masks; use "
            "--variant=fixed, or --documents=off to attend across documents");
-  const auto* windows = dynamic_cast<const WindowDataset*>(s.data.get());
-  const int64_t count =
-      windows != nullptr ? static_cast<int64_t>(windows->document_starts().size()) : 0;
-  s.note(str_cat(c.data, ": ", count, " documents (--documents=", c.data_options.documents,
+  s.note(str_cat(c.data, ": ", s.data->document_count(),
+                 " documents (--documents=", c.data_options.documents,
                  "); attention stays within each, and the last token of a document is not "
                  "scored on the next one's first"));
 }
