@@ -199,18 +199,7 @@ TEST(DocumentMaskRingCuda, RanksSharingOneGpuMatchIt) {
   const nn::DocumentStarts documents = {{0, 37, 200, 201, 390}, {0, 128, 300}};
   const test::FullSequence f = test::single_device(o, DType::kBFloat16, 41, Device::cuda(0),
                                                    test::RingDims{2, 512, 8, 64}, documents);
-  for (const int P : {2, 4}) {
-    for (const nn::DistStrategy strategy :
-         {nn::DistStrategy::kRing, nn::DistStrategy::kAllGather}) {
-      for (const nn::SequenceLayout layout :
-           {nn::SequenceLayout::kContiguous, nn::SequenceLayout::kZigzag}) {
-        SCOPED_TRACE("P" + std::to_string(P) + " " + nn::strategy_name(strategy) + " " +
-                     nn::layout_name(layout));
-        test::expect_ranks_match(test::run_in_process_ranks(f, o, P, strategy, layout), f,
-                                 test::gpu_ring_tolerance(DType::kBFloat16));
-      }
-    }
-  }
+  test::expect_every_split_matches(f, o, test::gpu_ring_tolerance(DType::kBFloat16));
 }
 
 INSTANTIATE_TEST_SUITE_P(

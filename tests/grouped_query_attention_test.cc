@@ -198,18 +198,7 @@ TEST(GroupedQueryRingCuda, RanksSharingOneGpuMatchIt) {
   o.dilation_rates = {1, 2, 4};
   const test::FullSequence f = test::single_device(o, DType::kBFloat16, 43, Device::cuda(0),
                                                    test::RingDims{2, 512, 8, 64, /*kv_heads=*/2});
-  for (const int P : {2, 4}) {
-    for (const nn::DistStrategy strategy :
-         {nn::DistStrategy::kRing, nn::DistStrategy::kAllGather}) {
-      for (const nn::SequenceLayout layout :
-           {nn::SequenceLayout::kContiguous, nn::SequenceLayout::kZigzag}) {
-        SCOPED_TRACE("P" + std::to_string(P) + " " + nn::strategy_name(strategy) + " " +
-                     nn::layout_name(layout));
-        test::expect_ranks_match(test::run_in_process_ranks(f, o, P, strategy, layout), f,
-                                 test::gpu_ring_tolerance(DType::kBFloat16));
-      }
-    }
-  }
+  test::expect_every_split_matches(f, o, test::gpu_ring_tolerance(DType::kBFloat16));
 }
 
 TEST(GroupedQueryRingTraffic, SendsTheKeyValueHeadsOnly) {

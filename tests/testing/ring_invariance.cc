@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 #include <utility>
 
 #include "ringdilated/dist/in_process.h"
@@ -159,6 +160,21 @@ bool expect_ranks_match(const std::vector<RankResult>& rs, const FullSequence& f
   ok &= check(&RankResult::grad_k, 1, f.grad_k, tol.grads, "grad k");
   ok &= check(&RankResult::grad_v, 1, f.grad_v, tol.grads, "grad v");
   return ok;
+}
+
+void expect_every_split_matches(const FullSequence& f, const nn::DilatedAttentionOptions& o,
+                                RingTolerance tol) {
+  for (const int P : {2, 4}) {
+    for (const nn::DistStrategy strategy :
+         {nn::DistStrategy::kRing, nn::DistStrategy::kAllGather}) {
+      for (const nn::SequenceLayout layout :
+           {nn::SequenceLayout::kContiguous, nn::SequenceLayout::kZigzag}) {
+        SCOPED_TRACE("P" + std::to_string(P) + " " + nn::strategy_name(strategy) + " " +
+                     nn::layout_name(layout));
+        expect_ranks_match(run_in_process_ranks(f, o, P, strategy, layout), f, tol);
+      }
+    }
+  }
 }
 
 }  // namespace rd::test

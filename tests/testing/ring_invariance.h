@@ -91,4 +91,9 @@ RingTolerance gpu_ring_tolerance(DType dtype);
 bool expect_ranks_match(const std::vector<RankResult>& rs, const FullSequence& f,
                         RingTolerance tol);
 
+// expect_ranks_match for P = 2 and 4 in-process ranks on f's device, with the ring and the
+// all-gather strategy, in the contiguous and the zigzag layout.
+void expect_every_split_matches(const FullSequence& f, const nn::DilatedAttentionOptions& o,
+                                RingTolerance tol);
+
 }  // namespace rd::test
