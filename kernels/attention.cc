@@ -1,9 +1,10 @@
 // The argument checks of the attention primitive (kernels/attention.h), shared by every
 // backend so that a bad call fails with the same message whichever device runs it.
+#include "ringdilated/kernels/attention.h"
+
 #include <cmath>
 #include <utility>
 
-#include "ringdilated/kernels/attention.h"
 #include "ringdilated/kernels/attention_merge.h"
 #include "ringdilated/kernels/error.h"
 #include "ringdilated/kernels/view_checks.h"
@@ -33,9 +34,8 @@ void check_distinct(const char* op, const char* name, const StridedView& v) {
 
 // q [batch..., Lq, D], k and v [batch..., Lk, D]: one floating dtype, same batch dims and D.
 void check_qkv(const char* op, const StridedView& q, const StridedView& k, const StridedView& v) {
-  RD_CHECK(q.ndim >= 2 && q.ndim <= kMaxDims, kShapeMismatch, op,
-           ": argument 'q' must have 2 to ", kMaxDims, " dims ([batch..., Lq, D]), got shape ",
-           shape_of(q));
+  RD_CHECK(q.ndim >= 2 && q.ndim <= kMaxDims, kShapeMismatch, op, ": argument 'q' must have 2 to ",
+           kMaxDims, " dims ([batch..., Lq, D]), got shape ", shape_of(q));
   RD_CHECK(is_floating(q.dtype), kDTypeMismatch, op,
            ": argument 'q' must have a floating dtype, got ", dtype_name(q.dtype));
   check_dtype(op, "k", k, q.dtype);
@@ -111,9 +111,33 @@ void check_attention_backward_args(const AttentionBackwardArgs& args) {
   check_like(kOp, "grad_k", args.grad_k, "k", args.k, dtype);
   check_like(kOp, "grad_v", args.grad_v, "v", args.v, dtype);
   check_distinct(kOp, "grad_q", args.grad_q);
-  check_distinct(kOp, "grad_k", args.grad_k);
-  check_distinct(kOp, "grad_v", args.grad_v);
+  // Shared gradients (grouped-query attention) repeat elements along k's broadcast dims only.
+  const bool shared = attention_grads_shared(args);
+  check_distinct(kOp, "grad_k", shared ? without_broadcast_dims(args.grad_k) : args.grad_k);
+  check_distinct(kOp, "grad_v", shared ? without_broadcast_dims(args.grad_v) : args.grad_v);
   check_params(kOp, args.params);
+}
+
+StridedView without_broadcast_dims(const StridedView& v) {
+  StridedView r = v;
+  for (int d = 0; d < v.ndim; ++d) {
+    if (v.shape[d] > 1 && v.strides[d] == 0) r.shape[d] = 1;
+  }
+  return r;
+}
+
+bool attention_grads_shared(const AttentionBackwardArgs& args) {
+  const StridedView &k = args.k, &v = args.v, &grad_k = args.grad_k, &grad_v = args.grad_v;
+  if (v.ndim != k.ndim || grad_k.ndim != k.ndim || grad_v.ndim != k.ndim) return false;
+  bool any = false;
+  for (int d = 0; d < batch_dims(k); ++d) {
+    if (k.shape[d] <= 1) continue;
+    const bool inputs = k.strides[d] == 0 && v.strides[d] == 0;
+    const bool grads = grad_k.strides[d] == 0 && grad_v.strides[d] == 0;
+    if (inputs != grads) return false;
+    any = any || grads;
+  }
+  return any;
 }
 
 void check_attention_merge_args(const StridedView& acc_out, const StridedView& acc_lse,
@@ -122,8 +146,7 @@ void check_attention_merge_args(const StridedView& acc_out, const StridedView& a
   RD_CHECK(acc_out.ndim >= 1 && acc_out.ndim <= kMaxDims, kShapeMismatch, kOp,
            ": argument 'acc_out' must be [rows..., D], got shape ", shape_of(acc_out));
   RD_CHECK(acc_out.dtype == DType::kFloat32 || acc_out.dtype == DType::kFloat64, kDTypeMismatch,
-           kOp, ": argument 'acc_out' must be float32 or float64, got ",
-           dtype_name(acc_out.dtype));
+           kOp, ": argument 'acc_out' must be float32 or float64, got ", dtype_name(acc_out.dtype));
   check_dtype(kOp, "acc_lse", acc_lse, acc_out.dtype);
   const bool half_part = acc_out.dtype == DType::kFloat32 &&
                          (part_out.dtype == DType::kBFloat16 || part_out.dtype == DType::kFloat16);
@@ -134,12 +157,13 @@ void check_attention_merge_args(const StridedView& acc_out, const StridedView& a
   check_dtype(kOp, "part_lse", part_lse, acc_out.dtype);
   check_same_shape(kOp, "acc_out", acc_out, "part_out", part_out);
   check_same_shape(kOp, "acc_lse", acc_lse, "part_lse", part_lse);
-  const bool rows_match = acc_lse.ndim == acc_out.ndim - 1 && same_dims(acc_lse, acc_out, acc_lse.ndim);
+  const bool rows_match =
+      acc_lse.ndim == acc_out.ndim - 1 && same_dims(acc_lse, acc_out, acc_lse.ndim);
   RD_CHECK(rows_match, kShapeMismatch, kOp, ": argument 'acc_lse' has shape ", shape_of(acc_lse),
            " but 'acc_out' has shape ", shape_of(acc_out), ", which needs [rows...]");
-  for (const auto& [name, view] : {std::pair{"acc_out", &acc_out}, std::pair{"acc_lse", &acc_lse},
-                                   std::pair{"part_out", &part_out},
-                                   std::pair{"part_lse", &part_lse}}) {
+  for (const auto& [name, view] :
+       {std::pair{"acc_out", &acc_out}, std::pair{"acc_lse", &acc_lse},
+        std::pair{"part_out", &part_out}, std::pair{"part_lse", &part_lse}}) {
     check_data(kOp, name, *view);
   }
   check_distinct(kOp, "acc_out", acc_out);

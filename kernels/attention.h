@@ -89,11 +89,15 @@ struct AttentionForwardArgs {
 // exactly that call's share of the gradient.
 struct AttentionBackwardArgs {
   StridedView q, k, v;
-  StridedView out;       // the (merged) forward output, q's dtype or float32
-  StridedView lse;       // the (merged) forward log-sum-exp, dtype as in the forward
-  StridedView grad_out;  // like out
-  StridedView grad_lse;  // like lse, or data == nullptr when the lse was not used
+  StridedView out;                     // the (merged) forward output, q's dtype or float32
+  StridedView lse;                     // the (merged) forward log-sum-exp, dtype as in the forward
+  StridedView grad_out;                // like out
+  StridedView grad_lse;                // like lse, or data == nullptr when the lse was not used
   StridedView grad_q, grad_k, grad_v;  // like q, k, v (q's dtype or float32)
+  // grad_k and grad_v may also read, through stride 0, exactly the batch dims that k and v
+  // read so (grouped-query attention: query heads sharing a key/value head): each element
+  // then receives the sum over those dims. Only cuDNN takes such gradients (the other kernels
+  // report them unsupported: attention_grads_shared).
   AttentionParams params;
   // A promise by the caller: grad_q, grad_k and grad_v hold zeros, and no other call writes
   // them before this one ends. A kernel may then store its gradients instead of adding them
@@ -114,5 +118,16 @@ namespace rd::kernels {
 // an rd::Error naming "attention" (or "attention_backward"), the argument and the shapes.
 void check_attention_forward_args(const AttentionForwardArgs& args);
 void check_attention_backward_args(const AttentionBackwardArgs& args);
+
+// Whether grad_k and grad_v read k's and v's stride-0 batch dims through stride 0 too, so
+// that they sum over the query heads sharing a key/value head (AttentionBackwardArgs).
+bool attention_grads_shared(const AttentionBackwardArgs& args);
+
+// Why a kernel other than cuDNN refuses shared gradients (its threads would race on them).
+inline constexpr const char* kSharedGradsUnsupported =
+    "grad_k and grad_v are shared by query heads (stride 0); only cuDNN sums them natively";
+
+// v with its stride-0 batch dims (of size > 1) cut to size 1: each element it addresses, once.
+StridedView without_broadcast_dims(const StridedView& v);
 
 }  // namespace rd::kernels

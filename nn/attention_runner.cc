@@ -99,7 +99,7 @@ Tensor AttentionRunner::key_order(int64_t n, Device device) const {
 }
 
 void AttentionRunner::forward(const kernels::AttentionForwardArgs& args) {
-  slowest_ = slower(slowest_, run(args, nullptr));
+  slowest_ = slower(slowest_, *run(args, nullptr));
 }
 
 void AttentionRunner::backward(const kernels::AttentionForwardArgs& fwd,
@@ -107,8 +107,14 @@ void AttentionRunner::backward(const kernels::AttentionForwardArgs& fwd,
   run(fwd, &args);
 }
 
-AttentionKernel AttentionRunner::run(const kernels::AttentionForwardArgs& fwd,
-                                     const kernels::AttentionBackwardArgs* backward) {
+bool AttentionRunner::backward_if_supported(const kernels::AttentionForwardArgs& fwd,
+                                            const kernels::AttentionBackwardArgs& args) {
+  return run(fwd, &args, /*optional=*/true).has_value();
+}
+
+std::optional<AttentionKernel> AttentionRunner::run(const kernels::AttentionForwardArgs& fwd,
+                                                    const kernels::AttentionBackwardArgs* backward,
+                                                    bool optional) {
   kernels::KernelBackend& backend = backend_for(device_);
   std::string reasons;
   for (AttentionKernel kernel : kernels_) {
@@ -132,13 +138,14 @@ AttentionKernel AttentionRunner::run(const kernels::AttentionForwardArgs& fwd,
       reasons += str_cat(kernels::kernel_name(kernel), ": ", e.what(), "; ");
       continue;
     }
-    if (forced_ && kernel != kernels_.front()) {
+    if (forced_ && kernel != kernels_.front() && !optional) {
       log_once(str_cat(op_, ": the ", kernels::kernel_name(kernels_.front()),
                        " path cannot run this call (", reasons, "); using ",
                        kernels::kernel_name(kernel)));
     }
     return kernel;
   }
+  if (optional) return std::nullopt;
   RD_FAIL(kUnimplemented, op_, ": no attention path can run this call: ", reasons);
 }
 

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <vector>
 
 #include "ringdilated/kernels/attention.h"
@@ -61,13 +62,21 @@ class AttentionRunner {
   void forward(const kernels::AttentionForwardArgs& args);
   void backward(const kernels::AttentionForwardArgs& fwd,
                 const kernels::AttentionBackwardArgs& args);
+  // backward() where some kernel takes the call; false, with nothing run, where none does (a
+  // caller with another way to the same gradients: grouped-query attention's shared dK/dV,
+  // which only cuDNN sums natively).
+  bool backward_if_supported(const kernels::AttentionForwardArgs& fwd,
+                             const kernels::AttentionBackwardArgs& args);
 
   // The slowest kernel any call ran (cuDNN when none ran).
   AttentionPath path_used() const { return path_of(slowest_); }
 
  private:
-  kernels::AttentionKernel run(const kernels::AttentionForwardArgs& fwd,
-                               const kernels::AttentionBackwardArgs* backward);
+  // The kernel that ran the call; none when no kernel could (then nothing ran), which is an
+  // error unless `optional`.
+  std::optional<kernels::AttentionKernel> run(const kernels::AttentionForwardArgs& fwd,
+                                              const kernels::AttentionBackwardArgs* backward,
+                                              bool optional = false);
 
   const char* op_;
   Device device_;

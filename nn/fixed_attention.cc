@@ -301,8 +301,14 @@ class FixedBackward {
       return;
     }
     // Grouped-query attention: head_repeat query heads read each key/value head through a
-    // zero stride, which a gradient may not be written through. Each query head's dK/dV go to
-    // scratch, then add up into the shared head's rows.
+    // zero stride. cuDNN sums their dK/dV into the shared head itself (the gradients passed
+    // through the same zero stride); the other kernels would race on such gradients, so each
+    // query head's dK/dV go to scratch, then add up into the shared head's rows.
+    AttentionBackwardArgs shared = backward_args(runner_.op(), fwd, grad_out, grad_lse, dq,
+                                                 select_bnhd(rows_of(grad_k, row), keys.sel),
+                                                 select_bnhd(rows_of(grad_v, row), keys.sel));
+    shared.grads_start_at_zero = start_at_zero;
+    if (runner_.backward_if_supported(fwd, shared)) return;
     const TensorOptions acc_opts =
         TensorOptions(accumulation_dtype(q_.dtype())).with_device(q_.device());
     const Shape key_shape = select_bnhd(rows_of(keys.k, row), keys.sel).shape();

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "ringdilated/kernels/attention.h"
+#include "ringdilated/kernels/backend.h"
 #include "ringdilated/kernels/cpu/attention.h"
 #include "ringdilated/kernels/cpu/parallel.h"
 #include "ringdilated/kernels/error.h"
@@ -236,6 +237,43 @@ void expect_error(const F& call, ErrorCode code, const std::vector<std::string>&
           << "message '" << e.what() << "' lacks '" << piece << "'";
     }
   }
+}
+
+// Gradients shared like k and v (grouped-query attention: stride 0 over the query heads of a
+// key/value head) pass the argument checks; the CPU's math kernel, whose threads would race
+// on them, reports them unsupported with the reason, so callers go another way. Gradients
+// that repeat elements in any other way are still refused.
+TEST(AttentionKernelTest, SharedKeyValueGradientsAreAcceptedOnlyLikeTheirInputs) {
+  std::vector<double> memory(4096, 0.0);
+  void* m = memory.data();
+  const DType f32 = DType::kFloat32;
+  // [B = 2, H_kv = 3, G = 2, L, D]: k, v and their gradients read dim 2 through stride 0.
+  const std::vector<int64_t> q_shape = {2, 3, 2, 5, 8}, kv_shape = {2, 3, 2, 6, 8};
+  const std::vector<int64_t> shared = {3 * 6 * 8, 6 * 8, 0, 8, 1};
+  AttentionBackwardArgs args;
+  args.q = args.out = args.grad_out = args.grad_q = make_view(m, f32, q_shape);
+  args.lse = make_view(m, f32, {2, 3, 2, 5});
+  args.k = args.v = args.grad_k = args.grad_v = make_view(m, f32, kv_shape, shared);
+  args.params.scale = 0.5;
+  EXPECT_TRUE(attention_grads_shared(args));
+  EXPECT_NO_THROW(check_attention_backward_args(args));
+  std::string why;
+  EXPECT_FALSE(cpu_backend().attention_supports(AttentionKernel::kMath, {}, &args,
+                                                             &why));
+  EXPECT_NE(why.find("only cuDNN"), std::string::npos) << why;
+  // Per query head gradients (the scratch path): ordinary, supported.
+  AttentionBackwardArgs scratch = args;
+  scratch.grad_k = scratch.grad_v = make_view(m, f32, kv_shape);
+  EXPECT_FALSE(attention_grads_shared(scratch));
+  EXPECT_NO_THROW(check_attention_backward_args(scratch));
+  EXPECT_TRUE(
+      cpu_backend().attention_supports(AttentionKernel::kMath, {}, &scratch, &why));
+  // A gradient repeating elements along a dim k reads in full: an overlapping output.
+  AttentionBackwardArgs wrong = scratch;
+  wrong.grad_k = make_view(m, f32, kv_shape, {3 * 6 * 8, 0, 6 * 8, 8, 1});
+  EXPECT_FALSE(attention_grads_shared(wrong));
+  expect_error([&] { check_attention_backward_args(wrong); }, ErrorCode::kInvalidArgument,
+               {"output 'grad_k' overlaps itself"});
 }
 
 TEST(AttentionKernelTest, BadArgumentsAreClearErrors) {

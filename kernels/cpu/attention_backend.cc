@@ -9,15 +9,21 @@
 namespace rd::kernels::cpu {
 
 bool CpuBackend::attention_supports(AttentionKernel kernel, const AttentionForwardArgs&,
-                                    const AttentionBackwardArgs*, std::string* why_not) {
-  if (kernel == AttentionKernel::kMath) return true;
-  if (why_not != nullptr) *why_not = str_cat(kernel_name(kernel), " kernels need a CUDA device");
-  return false;
+                                    const AttentionBackwardArgs* backward, std::string* why_not) {
+  if (kernel != AttentionKernel::kMath) {
+    if (why_not != nullptr) *why_not = str_cat(kernel_name(kernel), " kernels need a CUDA device");
+    return false;
+  }
+  if (backward != nullptr && attention_grads_shared(*backward)) {
+    if (why_not != nullptr) *why_not = kSharedGradsUnsupported;
+    return false;
+  }
+  return true;
 }
 
 void CpuBackend::attention_forward(AttentionKernel kernel, const AttentionForwardArgs& args) {
-  RD_CHECK(kernel == AttentionKernel::kMath, kUnimplemented, "attention: the ",
-           kernel_name(kernel), " kernel does not run on the CPU");
+  RD_CHECK(kernel == AttentionKernel::kMath, kUnimplemented, "attention: the ", kernel_name(kernel),
+           " kernel does not run on the CPU");
   cpu::attention_forward(args);
 }
 

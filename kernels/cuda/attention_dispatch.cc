@@ -13,9 +13,13 @@ namespace rd::kernels::cuda {
 
 bool attention_supports(AttentionKernel kernel, const AttentionForwardArgs& forward,
                         const AttentionBackwardArgs* backward, std::string* why_not) {
+  if (kernel != AttentionKernel::kCudnn && backward != nullptr &&
+      attention_grads_shared(*backward)) {
+    if (why_not != nullptr) *why_not = kSharedGradsUnsupported;
+    return false;
+  }
   switch (kernel) {
-    case AttentionKernel::kMath:
-      return true;
+    case AttentionKernel::kMath: return true;
     case AttentionKernel::kFlash:
       return flash_attention_supports(forward, why_not) &&
              (backward == nullptr || flash_attention_supports_backward(*backward, why_not));
@@ -30,8 +34,8 @@ bool attention_supports(AttentionKernel kernel, const AttentionForwardArgs& forw
   return false;
 }
 
-void attention_forward(AttentionKernel kernel, const AttentionForwardArgs& args,
-                       Allocator& scratch, cudaStream_t stream) {
+void attention_forward(AttentionKernel kernel, const AttentionForwardArgs& args, Allocator& scratch,
+                       cudaStream_t stream) {
   switch (kernel) {
     case AttentionKernel::kMath: return attention_math_forward(args, stream);
     case AttentionKernel::kFlash: return flash_attention_forward(args, stream);

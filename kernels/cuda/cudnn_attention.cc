@@ -291,7 +291,7 @@ std::string dtype_problem(const StridedView& q, const StridedView& k, const Stri
 
 // The checks every call shares: availability, device, head dim, dropout, causal offset, and
 // whether q/k/v fold into [B, H, L, D] in place (k and v broadcasting query heads where
-// `grouped`: the forward only, since the backward's dK and dV are per query head).
+// `grouped`: the forward, and the backward whose gradients are shared like k and v).
 std::string common_problem(const StridedView& q, const StridedView& k, const StridedView& v,
                            const AttentionParams& params, bool grouped) {
   if (!cudnn_attention_available()) {
@@ -387,7 +387,9 @@ std::string backward_problem(const AttentionBackwardArgs& a) {
                         shape_of(a.k), ", ", shape_of(a.v));
     }
   }
-  if (problem.empty()) problem = common_problem(a.q, a.k, a.v, a.params, /*grouped=*/false);
+  // Grouped-query attention natively only when the gradients are shared like k and v
+  // (attention_grads_shared): cuDNN's dK and dV come per key/value head, not per query head.
+  if (problem.empty()) problem = common_problem(a.q, a.k, a.v, a.params, attention_grads_shared(a));
   return problem;
 }
 
@@ -958,25 +960,31 @@ void cudnn_attention_backward(const AttentionBackwardArgs& args, Allocator& scra
   if (args.q.numel() == 0) return;  // no query: no gradient
 
   const DType dtype = args.q.dtype;
-  const BatchFold fold = *find_fold({&args.q, &args.k, &args.v});
-  const Staged out(args.out, dtype, true, fold, true, scratch, stream);
-  const Staged grad_out(args.grad_out, dtype, true, fold, true, scratch, stream);
-  const Staged lse(args.lse, DType::kFloat32, false, fold, true, scratch, stream,
+  // Shared gradients (grouped-query attention): k, v and their gradients as their own heads,
+  // the shared dims cut to size 1, so that cuDNN's dK and dV land once per key/value head.
+  const bool shared = attention_grads_shared(args);
+  const CallFold fold = *find_call_fold(args.q, args.k, args.v, shared);
+  const auto own = [shared](const StridedView& v) {
+    return shared ? without_broadcast_dims(v) : v;
+  };
+  const Staged out(args.out, dtype, true, fold.q, true, scratch, stream);
+  const Staged grad_out(args.grad_out, dtype, true, fold.q, true, scratch, stream);
+  const Staged lse(args.lse, DType::kFloat32, false, fold.q, true, scratch, stream,
                    /*packed=*/true);
-  const GradientTarget grad_q(args.grad_q, dtype, fold, args.grads_start_at_zero, scratch);
-  const GradientTarget grad_k(args.grad_k, dtype, fold, args.grads_start_at_zero, scratch);
-  const GradientTarget grad_v(args.grad_v, dtype, fold, args.grads_start_at_zero, scratch);
+  const GradientTarget grad_q(args.grad_q, dtype, fold.q, args.grads_start_at_zero, scratch);
+  const GradientTarget grad_k(own(args.grad_k), dtype, fold.kv, args.grads_start_at_zero, scratch);
+  const GradientTarget grad_v(own(args.grad_v), dtype, fold.kv, args.grads_start_at_zero, scratch);
 
   GraphSpec spec = base_spec(Direction::kBackward, args.k, dtype, args.params, current_device());
-  spec.tensors = {{kQ, fold_view(args.q, fold, true)},
-                  {kK, fold_view(args.k, fold, true)},
-                  {kV, fold_view(args.v, fold, true)},
-                  {kO, fold_view(out.view(), fold, true)},
-                  {kGradO, fold_view(grad_out.view(), fold, true)},
-                  {kStats, fold_view(lse.view(), fold, false)},
-                  {kGradQ, fold_view(grad_q.view(), fold, true)},
-                  {kGradK, fold_view(grad_k.view(), fold, true)},
-                  {kGradV, fold_view(grad_v.view(), fold, true)}};
+  spec.tensors = {{kQ, fold_view(args.q, fold.q, true)},
+                  {kK, fold_view(own(args.k), fold.kv, true)},
+                  {kV, fold_view(own(args.v), fold.kv, true)},
+                  {kO, fold_view(out.view(), fold.q, true)},
+                  {kGradO, fold_view(grad_out.view(), fold.q, true)},
+                  {kStats, fold_view(lse.view(), fold.q, false)},
+                  {kGradQ, fold_view(grad_q.view(), fold.q, true)},
+                  {kGradK, fold_view(grad_k.view(), fold.kv, true)},
+                  {kGradV, fold_view(grad_v.view(), fold.kv, true)}};
   run_graph(kOp, spec,
             {{kQ, args.q.data},
              {kK, args.k.data},
