@@ -170,14 +170,7 @@ TEST(DocumentMaskCuda, EveryPathMatchesTheCpu) {
 
 // Ranks (threads) against one device: rows, lse and gradients, documents crossing the ranks'
 // blocks (N = 40 over 2 or 4 ranks: blocks of 20 or 10, zigzag pieces of 10 or 5).
-using RingCase = std::tuple<int, nn::DistStrategy, HeadMixing, bool, nn::SequenceLayout>;
-
-std::string ring_name(const ::testing::TestParamInfo<RingCase>& info) {
-  const auto [P, strategy, mixing, causal, layout] = info.param;
-  return "P" + std::to_string(P) + "_" + nn::strategy_name(strategy) + "_" +
-         (mixing == HeadMixing::kAllHeads ? "allheads" : "groups") + (causal ? "_causal" : "") +
-         "_" + nn::layout_name(layout);
-}
+using test::RingCase;
 
 class DocumentMaskRing : public ::testing::TestWithParam<RingCase> {};
 
@@ -202,15 +195,8 @@ TEST(DocumentMaskRingCuda, RanksSharingOneGpuMatchIt) {
   test::expect_every_split_matches(f, o, test::gpu_ring_tolerance(DType::kBFloat16));
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Ranks, DocumentMaskRing,
-    ::testing::Combine(::testing::Values(2, 4),
-                       ::testing::Values(nn::DistStrategy::kRing, nn::DistStrategy::kAllGather),
-                       ::testing::Values(HeadMixing::kHeadGroups, HeadMixing::kAllHeads),
-                       ::testing::Bool(),
-                       ::testing::Values(nn::SequenceLayout::kContiguous,
-                                         nn::SequenceLayout::kZigzag)),
-    ring_name);
+INSTANTIATE_TEST_SUITE_P(Ranks, DocumentMaskRing, ::testing::ValuesIn(test::every_ring_case()),
+                         test::ring_case_name);
 
 // The module with rotary positions: a document starting at 16 (a boundary of the segments of
 // 4 and 8; the segment of 32 spans both documents) is attended as if it were a sequence of

@@ -153,7 +153,7 @@ TEST(GroupedQueryHilbert, EqualsRepeatedKeyValueHeads) {
 }
 
 // Across ranks (threads in this process): every strategy and layout gives one device's rows.
-using RingCase = std::tuple<int, nn::DistStrategy, HeadMixing, bool, nn::SequenceLayout>;
+using test::RingCase;
 
 class GroupedQueryRing : public ::testing::TestWithParam<RingCase> {};
 
@@ -168,26 +168,9 @@ TEST_P(GroupedQueryRing, MatchesOneDevice) {
                            {1e-10, 1e-10, 1e-10});
 }
 
-std::string ring_case_name(const ::testing::TestParamInfo<RingCase>& info) {
-  const auto [P, strategy, mixing, causal, layout] = info.param;
-  return "P" + std::to_string(P) + "_" + nn::strategy_name(strategy) + "_" +
-         (mixing == HeadMixing::kAllHeads ? "allheads" : "groups") + (causal ? "_causal" : "") +
-         "_" + nn::layout_name(layout);
-}
+INSTANTIATE_TEST_SUITE_P(Ranks, GroupedQueryRing, ::testing::ValuesIn(test::every_ring_case()),
+                         test::ring_case_name);
 
-INSTANTIATE_TEST_SUITE_P(
-    Ranks, GroupedQueryRing,
-    ::testing::Combine(::testing::Values(2, 4),
-                       ::testing::Values(nn::DistStrategy::kRing, nn::DistStrategy::kAllGather),
-                       ::testing::Values(HeadMixing::kHeadGroups, HeadMixing::kAllHeads),
-                       ::testing::Bool(),
-                       ::testing::Values(nn::SequenceLayout::kContiguous,
-                                         nn::SequenceLayout::kZigzag)),
-    ring_case_name);
-
-// Only the key/value rows travel: with head groups that each share one key/value head (16
-// heads in 4 groups, 4 key/value heads: the benchmark's shape), the ring sends H_kv / H of
-// the bytes of the same call without grouping.
 // One GPU shared by P ranks (threads): 8 query heads on 2 key/value heads in bf16, on the path
 // one GPU picks, against the single-GPU call (both layouts, both strategies, causal).
 TEST(GroupedQueryRingCuda, RanksSharingOneGpuMatchIt) {
@@ -201,6 +184,9 @@ TEST(GroupedQueryRingCuda, RanksSharingOneGpuMatchIt) {
   test::expect_every_split_matches(f, o, test::gpu_ring_tolerance(DType::kBFloat16));
 }
 
+// Only the key/value rows travel: with head groups that each share one key/value head (16
+// heads in 4 groups, 4 key/value heads: the benchmark's shape), the ring sends H_kv / H of
+// the bytes of the same call without grouping.
 TEST(GroupedQueryRingTraffic, SendsTheKeyValueHeadsOnly) {
   const DilatedAttentionOptions o = options_for(
       DilationVariant::kSegmentLocal, HeadMixing::kHeadGroups, OffsetRule::kConstant, false, 4);

@@ -177,4 +177,29 @@ void expect_every_split_matches(const FullSequence& f, const nn::DilatedAttentio
   }
 }
 
+std::vector<RingCase> every_ring_case() {
+  std::vector<RingCase> cases;
+  for (const int P : {2, 4}) {
+    for (const nn::DistStrategy strategy :
+         {nn::DistStrategy::kRing, nn::DistStrategy::kAllGather}) {
+      for (const nn::HeadMixing mixing : {nn::HeadMixing::kHeadGroups, nn::HeadMixing::kAllHeads}) {
+        for (const bool causal : {false, true}) {
+          for (const nn::SequenceLayout layout :
+               {nn::SequenceLayout::kContiguous, nn::SequenceLayout::kZigzag}) {
+            cases.emplace_back(P, strategy, mixing, causal, layout);
+          }
+        }
+      }
+    }
+  }
+  return cases;
+}
+
+std::string ring_case_name(const ::testing::TestParamInfo<RingCase>& info) {
+  const auto [P, strategy, mixing, causal, layout] = info.param;
+  return "P" + std::to_string(P) + "_" + nn::strategy_name(strategy) + "_" +
+         (mixing == nn::HeadMixing::kAllHeads ? "allheads" : "groups") + (causal ? "_causal" : "") +
+         "_" + nn::layout_name(layout);
+}
+
 }  // namespace rd::test

@@ -4,7 +4,11 @@
 // (cuda_multi_gpu_test), so both check exactly the same thing.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <cstdint>
+#include <string>
+#include <tuple>
 #include <vector>
 
 #include "ringdilated/dist/communicator.h"
@@ -90,6 +94,15 @@ RingTolerance gpu_ring_tolerance(DType dtype);
 // failures name the result).
 bool expect_ranks_match(const std::vector<RankResult>& rs, const FullSequence& f,
                         RingTolerance tol);
+
+// A parameterized ring case: P ranks, strategy, mixing, causal, layout.
+using RingCase = std::tuple<int, nn::DistStrategy, nn::HeadMixing, bool, nn::SequenceLayout>;
+
+// Every RingCase of P = 2 and 4, ring and all-gather, both mixings, causal or not, both
+// layouts (P outermost, layout innermost), and each one's test name ("P2_ring_groups_causal_
+// contiguous").
+std::vector<RingCase> every_ring_case();
+std::string ring_case_name(const ::testing::TestParamInfo<RingCase>& info);
 
 // expect_ranks_match for P = 2 and 4 in-process ranks on f's device, with the ring and the
 // all-gather strategy, in the contiguous and the zigzag layout.
