@@ -191,6 +191,11 @@ new_logs() {
 unpack_suite() {
   [[ -f "$PACK" ]] || die "no $PACK: run ./rd gpu-pack first and carry .carry"
   tar -C .carry -xJf "$PACK"
+  read_suite
+}
+
+# Reads the unpacked pack's suite list and sets the environment (see unpack_suite).
+read_suite() {
   [[ -f "$SUITE" ]] || die "$PACK has no suite list: pack it again with ./rd gpu-pack"
   local name timeout args
   while IFS=$'\t' read -r name timeout args; do
@@ -385,6 +390,11 @@ case "$command" in
   targets) cmd_targets ;;
   pack) cmd_pack "$@" ;;
   run) cmd_run "$@" ;;
+  # run-one NAME LOGS: one suite binary of the unpacked pack (parallel runners call it).
+  run-one)
+    read_suite
+    run_gpu_test "$1" "$2" "${SUITE_TIMEOUT[$1]}"
+    ;;
   help | -h | --help) usage ;;
   *)
     usage >&2

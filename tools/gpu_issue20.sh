@@ -10,7 +10,7 @@
 #   targets the other open issues' GPU rows, on the redesign's pack only (part_targets)
 # Prints one table per bench: row, before ms (two runs), after ms (two runs), after/before.
 # Logs and JSON go to $OUT (or build/issue20).
-#   tools/gpu_issue20.sh tests|single|multi|targets
+#   tools/gpu_issue20.sh tests|single|multi
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
 export NCCL_NVLS_ENABLE=0
@@ -57,13 +57,38 @@ for name in names:
 PY
 }
 
+# The suites that need several GPUs run alone with every GPU; the others run in parallel,
+# one binary per GPU at a time (each job takes the first free GPU's lock).
+MULTI_GPU_SUITES='cuda_multi_gpu_test cuda_nccl_test train_multiprocess_test cuda_transfer_test'
+
+# suite_job NAME: one single-GPU suite binary on the first free GPU (called by xargs).
+suite_job() {
+  local name="$1" gpu rc=0
+  while :; do
+    for gpu in $(seq 0 $(($(nvidia-smi -L | grep -c '^GPU ') - 1))); do
+      exec 9>"/tmp/rd_gpu_lane.$gpu"
+      if flock -n 9; then
+        CUDA_VISIBLE_DEVICES="$gpu" tools/gpu.sh run-one "$name" "$LOGS" || rc=$?
+        flock -u 9
+        return "$rc"
+      fi
+    done
+    sleep 1
+  done
+}
+export -f suite_job
+
 part_tests() {
-  tools/gpu.sh run tests
-  local bin=.carry/after/gpu/bin
-  LD_LIBRARY_PATH=".carry/after/gpu/lib:${LD_LIBRARY_PATH:-}" timeout 300 \
-    "$bin/cuda_multi_gpu_test" --gtest_brief=1 >"$LOGS/cuda_multi_gpu_test.log" 2>&1
-  echo "cuda_multi_gpu_test: exit $?"
-  grep -E '^\[  (PASSED|FAILED) ' "$LOGS/cuda_multi_gpu_test.log" | tail -n 12
+  tar -C .carry -xJf .carry/gpu.tar.xz
+  local names name
+  names="$(cut -f1 .carry/gpu/suite.tsv)"
+  export LOGS
+  grep -vxF -f <(tr ' ' '\n' <<<"$MULTI_GPU_SUITES") <<<"$names" |
+    xargs -P "$(nvidia-smi -L | grep -c '^GPU ')" -I{} bash -c 'suite_job {}'
+  for name in $MULTI_GPU_SUITES; do
+    tools/gpu.sh run-one "$name" "$LOGS"
+  done
+  grep -lE '^\[  FAILED  \]|exit [1-9]' "$LOGS"/*.log 2>/dev/null | sed 's/^/failed: /'
 }
 
 part_single() {
@@ -84,17 +109,19 @@ part_multi() {
   compare cuda_multi_gpu_bench
 }
 
-# The open issues' GPU targets on the redesign's pack only (no before/after): issue 21's
-# grouped-query and document-mask rows and decoding latency; issue 19's weak scaling and the
-# NCCL thread-mode timeout (2 or more GPUs).
-part_targets() {
-  local bin=.carry/after/gpu/bin
-  export LD_LIBRARY_PATH=".carry/after/gpu/lib:${LD_LIBRARY_PATH:-}"
+# The open issues' GPU targets on the redesign's pack only (no before/after). One GPU:
+# issue 21's grouped-query and document-mask rows and decoding latency.
+targets_single() {
   bench after 1 cuda_dilated_attention_bench 'target/(gqa|documents)'
   grep -E '^target' "$LOGS/cuda_dilated_attention_bench.after.1.txt"
   bench after 1 decode_bench 'cuda'
   tail -n 20 "$LOGS/decode_bench.after.1.txt"
-  timeout 200 "$bin/cuda_nccl_test" --gtest_filter='NcclGroup.*' >"$LOGS/nccl_group.log" 2>&1
+}
+
+# Two or more GPUs: issue 19's NCCL thread-mode timeout and weak scaling.
+targets_multi() {
+  LD_LIBRARY_PATH=".carry/after/gpu/lib:${LD_LIBRARY_PATH:-}" timeout 200 \
+    .carry/after/gpu/bin/cuda_nccl_test --gtest_filter='NcclGroup.*' >"$LOGS/nccl_group.log" 2>&1
   echo "cuda_nccl_test NcclGroup.*: exit $?"
   grep -E '^\[ +(OK|FAILED|SKIPPED) ' "$LOGS/nccl_group.log"
   bench after 1 cuda_multi_gpu_bench 'weak'
@@ -103,8 +130,7 @@ part_targets() {
 
 case "${1:-}" in
   tests) part_tests ;;
-  single) part_single ;;
-  multi) part_multi ;;
-  targets) part_targets ;;
-  *) echo "usage: tools/gpu_issue20.sh tests|single|multi|targets" >&2; exit 2 ;;
+  single) part_single && targets_single ;;
+  multi) part_multi && targets_multi ;;
+  *) echo "usage: tools/gpu_issue20.sh tests|single|multi" >&2; exit 2 ;;
 esac
