@@ -472,18 +472,31 @@ class NcclComm final : public Communicator {
     std::unique_lock<std::timed_mutex> lock(issue_mu_);
     check_alive("split");
     kernels::cuda::DeviceGuard guard(device_.index);
-    // A non-blocking split writes `child` from NCCL's thread when it ends: every way out of
-    // finish_issue has that thread ended (its work done, or comm_ aborted, which joins it).
-    ncclComm_t child = nullptr;
+    // NCCL's set-up thread writes the child into `slot` when it ends, which for a
+    // non-blocking communicator can be after ncclCommSplit returned ncclSuccess (2.28 does:
+    // the split's group end answers ncclInProgress, the split returns its own success). So
+    // the slot is on the heap and freed only once that write is seen; a failed split leaks
+    // it (one pointer) rather than leave NCCL's thread a dangling address.
+    auto* slot = new ncclComm_t(nullptr);
+    const auto written = [slot] { return __atomic_load_n(slot, __ATOMIC_ACQUIRE); };
     try {
-      finish_issue(lock,
-                   api().split(comm_, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &child, nullptr),
-                   "split");
+      ncclResult_t result =
+          api().split(comm_, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, slot, nullptr);
+      // The parent's state says when NCCL's thread is done (it is ncclInProgress until then).
+      if (options_.nonblocking && result == ncclSuccess) result = ncclInProgress;
+      finish_issue(lock, result, "split");
+      if (color >= 0 && options_.nonblocking) {
+        lock.unlock();
+        wait_on_host("split", [&] { return child_ready(written()); });
+        lock.lock();
+      }
     } catch (...) {
       // NCCL's advice: a child made by a failed split is aborted too.
-      if (child != nullptr) api().abort(child);
+      if (ncclComm_t child = written(); child != nullptr) api().abort(child);
       throw;
     }
+    const ncclComm_t child = written();
+    delete slot;
     if (color < 0 || child == nullptr) return nullptr;
     int child_rank = 0, child_size = 0;
     check_nccl(api().user_rank(child, &child_rank), "split", rank_);
@@ -492,6 +505,17 @@ class NcclComm final : public Communicator {
         ledger_ ? ledger_->child(splits_made_++, color, child_size) : nullptr;
     return std::make_shared<NcclComm>(child, child_rank, child_size, device_, options_, watchdog_,
                                       std::move(child_ledger));
+  }
+
+  // Whether a non-blocking split's child is set up: written by NCCL's thread and out of
+  // ncclInProgress. A failed set-up raises, naming the split.
+  bool child_ready(ncclComm_t child) {
+    if (child == nullptr) return false;
+    ncclResult_t state = ncclInProgress;
+    check_nccl(api().async_error(child, &state), "split", rank_);
+    if (state == ncclInProgress) return false;
+    check_nccl(state, "split", rank_);
+    return true;
   }
 
   // Aborts here and, through the store, on the other ranks.

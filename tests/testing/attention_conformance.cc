@@ -662,7 +662,9 @@ class Mirror {
   void upload() {
     const int64_t n = host_->buffer.count();
     if (!device_.defined() || n == 0) return;
-    device_.narrow(0, 0, n).copy_(from_blob(host_->buffer.data(), {n}, host_->buffer.dtype()));
+    // copy_ stays on one device: the host bytes travel through to() first.
+    device_.narrow(0, 0, n).copy_(
+        from_blob(host_->buffer.data(), {n}, host_->buffer.dtype()).to(device_.device()));
   }
   void download() {
     if (!device_.defined() || host_->buffer.count() == 0) return;
