@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <optional>
 #include <utility>
 
 #include "ringdilated/kernels/error.h"
@@ -132,7 +133,133 @@ std::vector<LocalCall> piece_calls(const DilatedAttentionOptions& o, const RankL
   return result;
 }
 
-// Every rank plans every (query piece, key piece), so all agree on the units and the ring.
+// A call of rank a on rank b's keys, and whether it runs in place: within one piece of a
+// (its query rows get no other call of its pair and heads, so it writes them directly).
+struct PlannedCall {
+  LocalCall call;
+  bool in_place = false;
+};
+
+bool same_heads(const Selection& x, const Selection& y) {
+  return x.first_head == y.first_head && x.head_stride == y.head_stride &&
+         x.head_count == y.head_count && x.head_repeat == y.head_repeat &&
+         x.repeat_stride == y.repeat_stride;
+}
+
+bool same_selection(const Selection& x, const Selection& y) {
+  return same_heads(x, y) && x.first_position == y.first_position &&
+         x.segment_stride == y.segment_stride && x.segments == y.segments && x.rate == y.rate &&
+         x.count == y.count;
+}
+
+// Whether y's positions continue x's (one segment each, same rate and heads): x then y is
+// one arithmetic run of local rows.
+bool continues(const Selection& x, const Selection& y) {
+  return same_heads(x, y) && x.segments == 1 && y.segments == 1 && x.rate == y.rate &&
+         y.first_position == x.first_position + x.count * x.rate;
+}
+
+Selection joined(Selection x, const Selection& y) {
+  x.count += y.count;
+  return x;
+}
+
+bool same_call_family(const PlannedCall& x, const PlannedCall& y) {
+  return x.call.pair == y.call.pair && x.call.head_set == y.call.head_set &&
+         x.call.batch_row == y.call.batch_row && x.in_place == y.in_place;
+}
+
+// x and y as one call when their rows continue each other: the queries of both pieces on
+// the same keys, or one piece's queries on keys of both pieces (neither masked).
+std::optional<PlannedCall> join_two(const PlannedCall& x, const PlannedCall& y) {
+  if (!same_call_family(x, y) || x.call.causal || y.call.causal) return std::nullopt;
+  PlannedCall result = x;
+  if (x.call.key_piece == y.call.key_piece && same_selection(x.call.k, y.call.k) &&
+      continues(x.call.q, y.call.q)) {
+    result.call.q = joined(x.call.q, y.call.q);
+    return result;
+  }
+  if (same_selection(x.call.q, y.call.q) && continues(x.call.k, y.call.k)) {
+    result.call.k = joined(x.call.k, y.call.k);
+    return result;
+  }
+  return std::nullopt;
+}
+
+// Zigzag layout, rank a on its own keys: the causal calls of its two pieces (queries and keys
+// the same rows) and the second piece's queries on the first piece's keys are, since a
+// rank's rows run in global order, one causal call over both pieces' rows, run in place.
+bool join_diagonal(std::vector<PlannedCall>& calls) {
+  for (size_t first = 0; first < calls.size(); ++first) {
+    const PlannedCall& x = calls[first];
+    if (!x.in_place || !x.call.causal) continue;
+    for (size_t second = 0; second < calls.size(); ++second) {
+      const PlannedCall& y = calls[second];
+      if (second == first || !same_call_family(x, y) || !y.call.causal ||
+          !continues(x.call.q, y.call.q) || !continues(x.call.k, y.call.k)) {
+        continue;
+      }
+      const auto cross = std::find_if(calls.begin(), calls.end(), [&](const PlannedCall& z) {
+        return !z.in_place && !z.call.causal && z.call.pair == x.call.pair &&
+               z.call.head_set == x.call.head_set && z.call.batch_row == x.call.batch_row &&
+               same_selection(z.call.q, y.call.q) && same_selection(z.call.k, x.call.k);
+      });
+      if (cross == calls.end()) continue;
+      PlannedCall both = x;
+      both.call.q = joined(x.call.q, y.call.q);
+      both.call.k = joined(x.call.k, y.call.k);
+      const size_t cross_at = static_cast<size_t>(cross - calls.begin());
+      std::vector<PlannedCall> kept;
+      for (size_t c = 0; c < calls.size(); ++c) {
+        if (c != first && c != second && c != cross_at) kept.push_back(calls[c]);
+      }
+      kept.push_back(both);
+      calls = std::move(kept);
+      return true;
+    }
+  }
+  return false;
+}
+
+// Fewer, larger calls under the zigzag layout: the piece-by-piece calls of a pair whose
+// segments span both of a rank's pieces join where their rows continue (same results;
+// larger calls fill the GPU better). Not with dropout (a joined call's global positions are
+// not one run, which its mask numbering needs) or documents (calls split per document).
+void join_piece_calls(std::vector<PlannedCall>& calls) {
+  while (join_diagonal(calls)) {
+  }
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (size_t x = 0; x < calls.size() && !changed; ++x) {
+      for (size_t y = 0; y < calls.size() && !changed; ++y) {
+        if (x == y) continue;
+        if (std::optional<PlannedCall> both = join_two(calls[x], calls[y])) {
+          calls[x] = *both;
+          calls.erase(calls.begin() + static_cast<std::ptrdiff_t>(y));
+          changed = true;
+        }
+      }
+    }
+  }
+}
+
+// The calls of rank a's queries on rank b's keys, over every (query piece, key piece).
+std::vector<PlannedCall> rank_pair_calls(const DilatedAttentionOptions& o, const RankLayout& l,
+                                         int a, int b,
+                                         const std::vector<std::vector<int64_t>>* documents) {
+  std::vector<PlannedCall> calls;
+  for (int i = 0; i < l.pieces(); ++i) {
+    for (int j = 0; j < l.pieces(); ++j) {
+      for (LocalCall& c : piece_calls(o, l, a, i, b, j, documents)) {
+        calls.push_back({c, a == b && i == j});
+      }
+    }
+  }
+  if (l.zigzag && o.dropout == 0.0 && documents == nullptr) join_piece_calls(calls);
+  return calls;
+}
+
+// Every rank plans every (query rank, key rank), so all agree on the units and the ring.
 // Returns, per unit, the (query rank, key rank) of every call through it.
 std::vector<std::vector<std::pair<int, int>>> plan_calls(
     const DilatedAttentionOptions& o, RankPlan& plan,
@@ -142,19 +269,14 @@ std::vector<std::vector<std::pair<int, int>>> plan_calls(
   std::vector<std::vector<std::pair<int, int>>> reads(plan.units.size());
   for (int a = 0; a < l.ranks; ++a) {
     for (int b = 0; b < l.ranks; ++b) {
-      for (int i = 0; i < l.pieces(); ++i) {
-        for (int j = 0; j < l.pieces(); ++j) {
-          const bool same_piece = a == b && i == j;
-          for (LocalCall& c : piece_calls(o, l, a, i, b, j, documents)) {
-            if (!same_piece) {
-              const int unit = plan.unit_of(c);
-              plan.units[static_cast<size_t>(unit)].remote = true;
-              reads[static_cast<size_t>(unit)].push_back({a, b});
-            }
-            if (a != l.rank) continue;
-            (same_piece ? plan.local_calls : plan.calls[static_cast<size_t>(b)]).push_back(c);
-          }
+      for (PlannedCall& c : rank_pair_calls(o, l, a, b, documents)) {
+        if (!c.in_place) {
+          const int unit = plan.unit_of(c.call);
+          plan.units[static_cast<size_t>(unit)].remote = true;
+          reads[static_cast<size_t>(unit)].push_back({a, b});
         }
+        if (a != l.rank) continue;
+        (c.in_place ? plan.local_calls : plan.calls[static_cast<size_t>(b)]).push_back(c.call);
       }
     }
   }
