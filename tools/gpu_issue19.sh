@@ -6,6 +6,7 @@
 #   bench  strong scaling at 1M and 4M, causal per sequence layout (cuda_multi_gpu_bench)
 #   links  the ring over NCCL's socket transport against NVLink, with and without overlap
 #   train  the reference model context parallel (1, 2, 4 GPUs), data parallel and both
+#   loss   train's first part: the loss of the first steps on 1, 2 and 4 GPUs
 # Logs and JSON go to $OUT (or build/issue19); each part prints a short summary last.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -79,15 +80,19 @@ train() {
   tr '\r' '\n' <"$LOGS/train-$name.txt" | grep -iE 'error|out of memory' | head -n 3
 }
 
-part_train() {
-  # Loss against one GPU for the first steps: context parallel 2 and 4, data parallel 2,
-  # both (global batch 2 everywhere).
+# Loss against one GPU for the first steps: context parallel 2 and 4, data parallel 2,
+# both (global batch 2 everywhere).
+part_loss() {
   local N=262144
   train one 1 "$N" --batch_size=2
   train cp2 2 "$N" --batch_size=2 --context_parallel=2
   train cp4 4 "$N" --batch_size=2 --context_parallel=4
   train dp2 2 "$N" --batch_size=1
   train dp2cp2 4 "$N" --batch_size=1 --context_parallel=2
+}
+
+part_train() {
+  part_loss
   # Throughput: 2M tokens per GPU, one GPU against context parallel 4 (8M tokens).
   train tput1 1 2097152
   train tput4 4 8388608 --context_parallel=4
@@ -109,5 +114,6 @@ case "${1:-}" in
   bench) part_bench ;;
   links) part_links ;;
   train) part_train ;;
-  *) echo "usage: tools/gpu_issue19.sh quick|tests|bench|links|train" >&2; exit 2 ;;
+  loss) part_loss ;;
+  *) echo "usage: tools/gpu_issue19.sh quick|tests|bench|links|train|loss" >&2; exit 2 ;;
 esac

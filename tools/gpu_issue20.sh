@@ -7,10 +7,11 @@
 #   single  cuda_dilated_attention_bench's fixed-variant kAuto rows, before, after, before,
 #           after (ABAB: a drift shows as a difference between the two runs of one side)
 #   multi   cuda_multi_gpu_bench's strong rows at 4M (P = 1, 2, 4; causal per layout), ABAB
-#   targets the other open issues' GPU rows, on the redesign's pack only (part_targets)
+#   targets-single, targets-multi  the other open issues' GPU rows on one GPU and on several,
+#           on the redesign's pack only (single and multi run them last)
 # Prints one table per bench: row, before ms (two runs), after ms (two runs), after/before.
 # Logs and JSON go to $OUT (or build/issue20).
-#   tools/gpu_issue20.sh tests|single|multi
+#   tools/gpu_issue20.sh tests|single|multi|targets-single|targets-multi
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
 export NCCL_NVLS_ENABLE=0
@@ -132,5 +133,7 @@ case "${1:-}" in
   tests) part_tests ;;
   single) part_single && targets_single ;;
   multi) part_multi && targets_multi ;;
-  *) echo "usage: tools/gpu_issue20.sh tests|single|multi" >&2; exit 2 ;;
+  targets-single) targets_single ;;
+  targets-multi) targets_multi ;;
+  *) echo "usage: tools/gpu_issue20.sh tests|single|multi|targets-single|targets-multi" >&2; exit 2 ;;
 esac
