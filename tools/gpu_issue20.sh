@@ -144,7 +144,7 @@ targets_multi() {
     .carry/after/gpu/bin/cuda_nccl_test --gtest_filter='NcclGroup.*' >"$LOGS/nccl_group.log" 2>&1
   echo "cuda_nccl_test NcclGroup.*: exit $?"
   grep -E '^\[ +(OK|FAILED|SKIPPED) ' "$LOGS/nccl_group.log"
-  bench after 1 cuda_multi_gpu_bench 'weak'
+  CUDA_MODULE_LOADING=LAZY bench after 1 cuda_multi_gpu_bench 'weak'
   grep -E '^weak' "$LOGS/cuda_multi_gpu_bench.after.1.txt"
 }
 
