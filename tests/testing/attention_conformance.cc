@@ -256,19 +256,24 @@ void add_cudnn_cases(std::vector<AttentionCase>& t) {
     t.push_back(std::move(c));
   };
   // Grouped-query attention: 3 key/value heads, each shared by 4 query heads (stride 0). The
-  // forward runs natively (k and v fold to their own heads); the backward, whose dK and dV
-  // are per query head, is refused and left to the other kernels.
-  for (bool causal : {false, true}) {
-    AttentionCase grouped = base;
-    grouped.name = std::string("cudnn_bf16_grouped_heads") + (causal ? "_causal" : "");
-    grouped.dtype = kBF16;
-    grouped.batch = {2, 3, 4};
-    grouped.lq = grouped.lk = 64;
-    grouped.d = 64;
-    grouped.causal = causal;
-    grouped.layout = AttentionLayout::kGroupedHeads;
-    grouped.must = kCudnnForward;
-    add(grouped);
+  // forward runs natively (k and v fold to their own heads). Gradients per query head: the
+  // backward is refused and left to the other kernels; gradients shared like k and v: cuDNN
+  // writes each key/value head's sum (the other kernels refuse them).
+  for (bool shared : {false, true}) {
+    for (bool causal : {false, true}) {
+      AttentionCase grouped = base;
+      grouped.name = std::string("cudnn_bf16_grouped_heads") + (shared ? "_shared_grads" : "") +
+                     (causal ? "_causal" : "");
+      grouped.dtype = kBF16;
+      grouped.batch = {2, 3, 4};
+      grouped.lq = grouped.lk = 64;
+      grouped.d = 64;
+      grouped.causal = causal;
+      grouped.layout =
+          shared ? AttentionLayout::kGroupedHeadsSharedGrads : AttentionLayout::kGroupedHeads;
+      grouped.must = shared ? kCudnn : kCudnnForward;
+      add(grouped);
+    }
   }
   AttentionCase c = base;
   c.name = "cudnn_bf16_packed_heads_first";
@@ -374,6 +379,10 @@ Style style_for(const AttentionCase& c, Role role) {
     case AttentionLayout::kHeadsInside: return q_like ? Style::kHeadsInside : Style::kPlain;
     case AttentionLayout::kGroupedHeads:
       return role == Role::kK || role == Role::kV ? Style::kBroadcastLastBatch : Style::kPlain;
+    case AttentionLayout::kGroupedHeadsSharedGrads:
+      return role == Role::kK || role == Role::kV || role == Role::kGradK || role == Role::kGradV
+                 ? Style::kBroadcastLastBatch
+                 : Style::kPlain;
     case AttentionLayout::kUnaligned:
       return role == Role::kQ ? Style::kShifted : role == Role::kK ? Style::kReversedRows
                                                                    : Style::kPlain;
@@ -678,6 +687,23 @@ class Mirror {
   Tensor device_;
 };
 
+// Gradients shared like k and v (kGroupedHeadsSharedGrads): each element of the last batch
+// dim's group holds the group's sum, as the shared storage does. The reference is per query
+// head, in [batch..., lk, d] order.
+void sum_shared_key_grads(const AttentionCase& c, GradReference& gr) {
+  const int64_t group = c.batch.back(), row = c.lk * c.d;
+  for (std::vector<double>* v : {&gr.dk, &gr.dv, &gr.dk_err, &gr.dv_err, &gr.dk_abs, &gr.dv_abs}) {
+    std::vector<double>& x = *v;
+    for (size_t first = 0; first < x.size(); first += static_cast<size_t>(group * row)) {
+      for (int64_t e = 0; e < row; ++e) {
+        double sum = 0;
+        for (int64_t g = 0; g < group; ++g) sum += x[first + static_cast<size_t>(g * row + e)];
+        for (int64_t g = 0; g < group; ++g) x[first + static_cast<size_t>(g * row + e)] = sum;
+      }
+    }
+  }
+}
+
 // Rows [begin, end) of dim -2 of a view.
 StridedView narrow_rows(StridedView v, int64_t begin, int64_t end) {
   const int dim = v.ndim - 2;
@@ -965,9 +991,10 @@ void check_attention_case(const AttentionCase& c, Device device, AttentionKernel
               << " runs no backward of this case: " << why_not << "\n";
     return;
   }
-  const GradReference gr = reference_backward(
+  GradReference gr = reference_backward(
       pr, ref, read_view(grad_out.view), c.grad_lse ? read_view(grad_lse.view) : std::vector<double>{},
       bw_out_dtype);
+  if (c.layout == AttentionLayout::kGroupedHeadsSharedGrads) sum_shared_key_grads(c, gr);
   const bool check_scratch = !device.is_cpu() && kernel != AttentionKernel::kCudnn;
   // Twice, unless the gradients start at zero (a second run would find them non-zero).
   for (int run = 1; run <= (c.grads_start_at_zero ? 1 : 2); ++run) {

@@ -49,6 +49,8 @@ enum class AttentionLayout {
   kUnaligned,    // q one element past an aligned start, k stored in reverse
   kGroupedHeads, // k and v read the last batch dim through stride 0: query heads sharing a
                  // key/value head (grouped-query attention); their gradients per query head
+  kGroupedHeadsSharedGrads,  // the same with grad_k and grad_v shared like k and v (each
+                             // key/value head's gradient summed over its query heads)
 };
 
 // The dilated selection of docs/dilated-attention.md: segments of w = n * rate positions,
