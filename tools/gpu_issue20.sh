@@ -13,16 +13,21 @@
 # Logs and JSON go to $OUT (or build/issue20); SNAPSHOT=<path.tgz> packs them after each
 # bench. Time: tests about 420 s on 4 H200s (the suites in parallel); single over 400 s on
 # one H100 (it did not end within a 400 s call: run its halves in separate calls, e.g.
-# BENCH_TIMEOUT=120); multi about 4 x 120 s.
-#   tools/gpu_issue20.sh tests|single|multi|targets-single|targets-multi
+# BENCH_TIMEOUT=120); multi about 4 x 120 s. RUNS="1" (or "2") runs one before/after pair
+# of single or multi, so that the two pairs fit two calls; `OUT=<folder of both calls' JSON>
+# tools/gpu_issue20.sh compare <bench binary>` prints the table here, without a GPU.
+#   tools/gpu_issue20.sh tests|single|multi|targets-single|targets-multi|compare BINARY
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
 export NCCL_NVLS_ENABLE=0
 LOGS="${OUT:-build/issue20}"
-mkdir -p "$LOGS" .carry/after .carry/before
-tar -C .carry/after -xJf .carry/gpu.tar.xz
-tar -C .carry/before -xJf .carry/gpu_before.tar.xz
-nvidia-smi -L
+mkdir -p "$LOGS"
+if [[ "${1:-}" != compare ]]; then
+  mkdir -p .carry/after .carry/before
+  tar -C .carry/after -xJf .carry/gpu.tar.xz
+  tar -C .carry/before -xJf .carry/gpu_before.tar.xz
+  nvidia-smi -L
+fi
 
 # snapshot: with SNAPSHOT set (a .tgz path under the device's $OUT), packs the logs so far
 # there, so that a call cut short by its time limit still brings back what ran.
@@ -108,7 +113,7 @@ part_tests() {
 
 part_single() {
   local rows='dilated/fixed/fwdbwd/H16D128/N(32768|262144|1048576)/(dense|causal)/auto'
-  for run in 1 2; do
+  for run in ${RUNS:-1 2}; do
     bench before "$run" cuda_dilated_attention_bench "$rows"
     bench after "$run" cuda_dilated_attention_bench "$rows"
   done
@@ -122,7 +127,7 @@ part_multi() {
   # on each new GPU, and it did not end within 280 s (4 x H200, 2026-11-26), before and
   # after alike.
   export CUDA_MODULE_LOADING=LAZY
-  for run in 1 2; do
+  for run in ${RUNS:-1 2}; do
     bench before "$run" cuda_multi_gpu_bench "$rows"
     bench after "$run" cuda_multi_gpu_bench "$rows"
   done
@@ -153,6 +158,7 @@ case "${1:-}" in
   single) part_single && targets_single ;;
   multi) part_multi && targets_multi ;;
   targets-single) targets_single ;;
+  compare) compare "$2" ;;
   targets-multi) targets_multi ;;
   *) echo "usage: tools/gpu_issue20.sh tests|single|multi|targets-single|targets-multi" >&2; exit 2 ;;
 esac
