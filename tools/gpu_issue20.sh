@@ -52,17 +52,23 @@ bench() {
 # compare BINARY: per row, the median real time of each run, and after / before.
 compare() {
   python3 - "$LOGS" "$1" <<'PY'
-import json, os, statistics, sys
+import json, os, re, statistics, sys
 logs, binary = sys.argv[1], sys.argv[2]
 def times(side, run):
     path = os.path.join(logs, f"{binary}.{side}.{run}.json")
-    if not os.path.exists(path):
-        return {}
     rows = {}
-    for e in json.load(open(path)).get("benchmarks", []):
-        if e.get("run_type") == "aggregate" or e.get("error_occurred"):
-            continue
-        rows.setdefault(e["run_name"].split("/iterations")[0], []).append(e["real_time"])
+    try:
+        for e in json.load(open(path)).get("benchmarks", []):
+            if e.get("run_type") == "aggregate" or e.get("error_occurred"):
+                continue
+            rows.setdefault(e["run_name"].split("/iterations")[0], []).append(e["real_time"])
+    except (OSError, ValueError):  # none, or cut short: the rows its text printed
+        try:
+            text = open(path[:-len(".json")] + ".txt").read()
+        except OSError:
+            return {}
+        for name, ms in re.findall(r"^(\S+?)/iterations:\d+/manual_time\s+([\d.]+) ms", text, re.M):
+            rows.setdefault(name, []).append(float(ms))
     return {k: statistics.median(v) for k, v in rows.items()}
 runs = {(s, r): times(s, r) for s in ("before", "after") for r in (1, 2)}
 names = sorted(set().union(*[set(t) for t in runs.values()]))
