@@ -518,7 +518,6 @@ class NcclComm final : public Communicator {
     return true;
   }
 
-  // Aborts here and, through the store, on the other ranks.
   // Aborts here and on the other ranks: through the store (processes), or directly (threads).
   void abort(const std::string& reason) override {
     if (watchdog_ && failure().empty()) watchdog_->publish_abort(reason);
