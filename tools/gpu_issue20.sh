@@ -8,7 +8,7 @@
 #           after (ABAB: a drift shows as a difference between the two runs of one side)
 #   multi   cuda_multi_gpu_bench's strong rows at 4M (P = 1, 2, 4; causal per layout), ABAB
 #   targets-single, targets-multi  the other open issues' GPU rows on one GPU and on several,
-#           on the redesign's pack only (single and multi run them last)
+#           on the redesign's pack only
 # Prints one table per bench: row, before ms (two runs), after ms (two runs), after/before.
 # Logs and JSON go to $OUT (or build/issue20); SNAPSHOT=<path.tgz> packs them after each
 # bench. Time: tests about 420 s on 4 H200s (the suites in parallel); single over 400 s on
@@ -143,10 +143,9 @@ part_multi() {
 # The open issues' GPU targets on the redesign's pack only (no before/after). One GPU:
 # issue 21's grouped-query and document-mask rows and decoding latency.
 targets_single() {
-  bench after 1 cuda_dilated_attention_bench 'target/(gqa|documents)'
-  grep -E '^target' "$LOGS/cuda_dilated_attention_bench.after.1.txt"
-  bench after 1 decode_bench 'cuda'
-  tail -n 20 "$LOGS/decode_bench.after.1.txt"
+  bench after targets cuda_dilated_attention_bench 'target/(gqa|documents)'
+  bench after targets decode_bench 'cuda'
+  tail -n 20 "$LOGS/decode_bench.after.targets.txt"
 }
 
 # Two or more GPUs: issue 19's NCCL thread-mode timeout and weak scaling.
@@ -155,14 +154,14 @@ targets_multi() {
     .carry/after/gpu/bin/cuda_nccl_test --gtest_filter='NcclGroup.*' >"$LOGS/nccl_group.log" 2>&1
   echo "cuda_nccl_test NcclGroup.*: exit $?"
   grep -E '^\[ +(OK|FAILED|SKIPPED) ' "$LOGS/nccl_group.log"
-  CUDA_MODULE_LOADING=LAZY bench after 1 cuda_multi_gpu_bench 'weak'
-  grep -E '^weak' "$LOGS/cuda_multi_gpu_bench.after.1.txt"
+  CUDA_MODULE_LOADING=LAZY bench after weak cuda_multi_gpu_bench 'weak'
+  snapshot
 }
 
 case "${1:-}" in
   tests) part_tests ;;
-  single) part_single && targets_single ;;
-  multi) part_multi && targets_multi ;;
+  single) part_single ;;
+  multi) part_multi ;;
   targets-single) targets_single ;;
   compare) compare "$2" ;;
   targets-multi) targets_multi ;;
