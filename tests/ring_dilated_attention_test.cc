@@ -17,6 +17,7 @@
 #include "ringdilated/dist/in_process.h"
 #include "ringdilated/kernels/error.h"
 #include "ringdilated/nn/dilated_attention_modules.h"
+#include "ringdilated/nn/rank_plan.h"
 #include "ringdilated/nn/ring_dilated_attention.h"
 #include "ringdilated/nn/ring_dilated_attention_modules.h"
 #include "ringdilated/tensor/device.h"
@@ -470,6 +471,44 @@ TEST(RingLayout, ZigzagSendsEachRanksSelectedRowsOnce) {
     }
     EXPECT_LE(relative_error(joined(rs, &RankResult::out, 1), f.out), 1e-12);
     EXPECT_LE(relative_error(joined(rs, &RankResult::grad_k, 1), f.grad_k), 1e-12);
+  }
+}
+
+// The plan of the benchmarks' configuration (4M, P = 4, causal zigzag), every rank: the
+// pair over the whole sequence makes one causal call on the rank's own rows, over both
+// pieces, and one call per other rank (the piece-by-piece plan made 3 and 2); dropout keeps
+// the piece-by-piece calls (its mask numbering needs one run of global positions).
+TEST(RingLayout, ZigzagJoinsTheCallsOfTheWholeSequencePair) {
+  constexpr int64_t kLongN = int64_t{1} << 22, kLongH = 16, kLongD = 128;
+  constexpr int P = 4;
+  DilatedAttentionOptions o;
+  o.segment_lengths = {2048, 16384, 262144, kLongN};
+  o.dilation_rates = {1, 4, 16, 64};
+  o.causal = true;
+  auto calls_of_pair = [](const std::vector<nn::LocalCall>& calls, int pair) {
+    return std::count_if(calls.begin(), calls.end(),
+                         [pair](const nn::LocalCall& c) { return c.pair == pair; });
+  };
+  for (int rank = 0; rank < P; ++rank) {
+    SCOPED_TRACE("rank " + std::to_string(rank));
+    const nn::RankLayout layout{1, kLongN / P, kLongH, kLongD, rank, P, /*zigzag=*/true};
+    const nn::RankPlan plan = nn::make_rank_plan(o, layout, DistStrategy::kRing, 2);
+    const int64_t piece_rows = kLongN / (2 * P) / 64;  // pair 3's selected rows per piece
+    ASSERT_EQ(calls_of_pair(plan.local_calls, 3), 1);
+    const auto own = std::find_if(plan.local_calls.begin(), plan.local_calls.end(),
+                                  [](const nn::LocalCall& c) { return c.pair == 3; });
+    EXPECT_TRUE(own->causal);
+    EXPECT_EQ(own->q.count, 2 * piece_rows);
+    EXPECT_EQ(own->k.count, 2 * piece_rows);
+    for (int src = 0; src < P; ++src) {
+      EXPECT_EQ(calls_of_pair(plan.calls[static_cast<size_t>(src)], 3), src == rank ? 0 : 1)
+          << "source " << src;
+    }
+    DilatedAttentionOptions with_dropout = o;
+    with_dropout.dropout = 0.1;
+    const nn::RankPlan pieces = nn::make_rank_plan(with_dropout, layout, DistStrategy::kRing, 2);
+    EXPECT_EQ(calls_of_pair(pieces.local_calls, 3), 2);
+    EXPECT_EQ(calls_of_pair(pieces.calls[static_cast<size_t>(rank)], 3), 1);
   }
 }
 
