@@ -292,31 +292,29 @@ class FixedBackward {
     const Tensor grad_lse =
         grad_lse_.defined() ? select_bhn(rows_of(grad_lse_, row), call.q) : Tensor();
     const Tensor dq = select_bnhd(rows_of(grad_q, row), q_sel);
-    if (keys.sel.head_repeat == 1) {
-      AttentionBackwardArgs args = backward_args(runner_.op(), fwd, grad_out, grad_lse, dq,
-                                                 select_bnhd(rows_of(grad_k, row), keys.sel),
-                                                 select_bnhd(rows_of(grad_v, row), keys.sel));
+    auto args_into = [&](const Tensor& into_k, const Tensor& into_v) {
+      AttentionBackwardArgs args =
+          backward_args(runner_.op(), fwd, grad_out, grad_lse, dq, into_k, into_v);
       args.grads_start_at_zero = start_at_zero;
-      runner_.backward(fwd, args);
+      return args;
+    };
+    const AttentionBackwardArgs direct = args_into(select_bnhd(rows_of(grad_k, row), keys.sel),
+                                                   select_bnhd(rows_of(grad_v, row), keys.sel));
+    if (keys.sel.head_repeat == 1) {
+      runner_.backward(fwd, direct);
       return;
     }
     // Grouped-query attention: head_repeat query heads read each key/value head through a
-    // zero stride. cuDNN sums their dK/dV into the shared head itself (the gradients passed
-    // through the same zero stride); the other kernels would race on such gradients, so each
-    // query head's dK/dV go to scratch, then add up into the shared head's rows.
-    AttentionBackwardArgs shared = backward_args(runner_.op(), fwd, grad_out, grad_lse, dq,
-                                                 select_bnhd(rows_of(grad_k, row), keys.sel),
-                                                 select_bnhd(rows_of(grad_v, row), keys.sel));
-    shared.grads_start_at_zero = start_at_zero;
-    if (runner_.backward_if_supported(fwd, shared)) return;
+    // zero stride, and `direct` passes the gradients through the same zero stride. cuDNN sums
+    // their dK/dV into the shared head itself; the other kernels would race on such
+    // gradients, so each query head's dK/dV go to scratch, then add up into the shared head's
+    // rows.
+    if (runner_.backward_if_supported(fwd, direct)) return;
     const TensorOptions acc_opts =
         TensorOptions(accumulation_dtype(q_.dtype())).with_device(q_.device());
     const Shape key_shape = select_bnhd(rows_of(keys.k, row), keys.sel).shape();
     const Tensor scratch_k = zeros(key_shape, acc_opts), scratch_v = zeros(key_shape, acc_opts);
-    AttentionBackwardArgs args =
-        backward_args(runner_.op(), fwd, grad_out, grad_lse, dq, scratch_k, scratch_v);
-    args.grads_start_at_zero = start_at_zero;
-    runner_.backward(fwd, args);
+    runner_.backward(fwd, args_into(scratch_k, scratch_v));
     const Selection distinct = without_repeat(keys.sel);
     add_into(select_bnhd(rows_of(grad_k, row), distinct), sum(scratch_k, {3}));
     add_into(select_bnhd(rows_of(grad_v, row), distinct), sum(scratch_v, {3}));
