@@ -150,14 +150,20 @@ bool fold_fits(const StridedView& v, const BatchFold& fold) {
          group_folds(v, fold.dims, fold.outer_count, fold.dims.size());
 }
 
+// The batch dims of v ([batch..., L, D]) of size > 1: those a fold arranges.
+std::vector<int> foldable_dims(const StridedView& v) {
+  std::vector<int> dims;
+  for (int d = 0; d < v.ndim - 2; ++d) {
+    if (v.shape[d] != 1) dims.push_back(d);
+  }
+  return dims;
+}
+
 // The first split of the batch dims that folds every view in `views` (all with the same
 // batch shape), or nullopt.
 std::optional<BatchFold> find_fold(std::initializer_list<const StridedView*> views) {
-  const StridedView& first = **views.begin();
   BatchFold fold;
-  for (int d = 0; d < first.ndim - 2; ++d) {
-    if (first.shape[d] != 1) fold.dims.push_back(d);
-  }
+  fold.dims = foldable_dims(**views.begin());
   const size_t n = fold.dims.size();
   // No batch dim, or one (B = it, H = 1), or a split with both groups non-empty.
   const size_t lo = n <= 1 ? n : 1, hi = n <= 1 ? n : n - 1;
@@ -182,8 +188,8 @@ struct CallFold {
 // q's batch dims of size > 1 that `v` reads through stride 0.
 std::vector<int> broadcast_dims(const StridedView& q, const StridedView& v) {
   std::vector<int> dims;
-  for (int d = 0; d < q.ndim - 2; ++d) {
-    if (q.shape[d] != 1 && v.strides[d] == 0) dims.push_back(d);
+  for (int d : foldable_dims(q)) {
+    if (v.strides[d] == 0) dims.push_back(d);
   }
   return dims;
 }
@@ -200,9 +206,7 @@ std::optional<CallFold> find_call_fold(const StridedView& q, const StridedView& 
   }
   if (broadcast_dims(q, v) != shared) return std::nullopt;  // k and v broadcast alike
   BatchFold fold;
-  for (int d = 0; d < q.ndim - 2; ++d) {
-    if (q.shape[d] != 1) fold.dims.push_back(d);
-  }
+  fold.dims = foldable_dims(q);
   const size_t n = fold.dims.size(), broadcast = shared.size();
   if (!std::equal(shared.begin(), shared.end(), fold.dims.end() - broadcast)) return std::nullopt;
   BatchFold kv;
@@ -541,7 +545,7 @@ class HandlePool {
  private:
   HandlePool() = default;
   absl::Mutex mu_;
-  absl::flat_hash_map<int, std::vector<cudnnHandle_t> > free_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<int, std::vector<cudnnHandle_t>> free_ ABSL_GUARDED_BY(mu_);
 };
 
 // A pooled handle of the current device, bound to `stream`, for one scope.
@@ -650,7 +654,7 @@ class GraphCache {
   std::list<GraphKey> lru_ ABSL_GUARDED_BY(mu_);  // most recently used first
   absl::flat_hash_map<GraphKey, Slot> entries_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_set<int64_t> devices_ ABSL_GUARDED_BY(mu_);  // that built a graph
-  std::vector<std::shared_ptr<GraphEntry> > retired_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::shared_ptr<GraphEntry>> retired_ ABSL_GUARDED_BY(mu_);
   CudnnGraphCacheStats stats_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -670,7 +674,7 @@ struct GraphSpec {
   float scale = 1.0f;
   bool stats = true;  // forward: whether the lse is written
   // [uid] -> layout; forward uses q, k, v, o, stats; backward all but the gradients' inputs.
-  std::vector<std::pair<TensorUid, View4> > tensors;
+  std::vector<std::pair<TensorUid, View4>> tensors;
 
   GraphKey key() const {
     GraphKey k = {
