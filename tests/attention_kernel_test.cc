@@ -258,16 +258,14 @@ TEST(AttentionKernelTest, SharedKeyValueGradientsAreAcceptedOnlyLikeTheirInputs)
   EXPECT_TRUE(attention_grads_shared(args));
   EXPECT_NO_THROW(check_attention_backward_args(args));
   std::string why;
-  EXPECT_FALSE(cpu_backend().attention_supports(AttentionKernel::kMath, {}, &args,
-                                                             &why));
+  EXPECT_FALSE(cpu_backend().attention_supports(AttentionKernel::kMath, {}, &args, &why));
   EXPECT_NE(why.find("only cuDNN"), std::string::npos) << why;
   // Per query head gradients (the scratch path): ordinary, supported.
   AttentionBackwardArgs scratch = args;
   scratch.grad_k = scratch.grad_v = make_view(m, f32, kv_shape);
   EXPECT_FALSE(attention_grads_shared(scratch));
   EXPECT_NO_THROW(check_attention_backward_args(scratch));
-  EXPECT_TRUE(
-      cpu_backend().attention_supports(AttentionKernel::kMath, {}, &scratch, &why));
+  EXPECT_TRUE(cpu_backend().attention_supports(AttentionKernel::kMath, {}, &scratch, &why));
   // A gradient repeating elements along a dim k reads in full: an overlapping output.
   AttentionBackwardArgs wrong = scratch;
   wrong.grad_k = make_view(m, f32, kv_shape, {3 * 6 * 8, 0, 6 * 8, 8, 1});
