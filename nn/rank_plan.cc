@@ -164,9 +164,13 @@ Selection joined(Selection x, const Selection& y) {
   return x;
 }
 
+// Whether two calls serve the same pair, head set and batch rows.
+bool same_target(const LocalCall& x, const LocalCall& y) {
+  return x.pair == y.pair && x.head_set == y.head_set && x.batch_row == y.batch_row;
+}
+
 bool same_call_family(const PlannedCall& x, const PlannedCall& y) {
-  return x.call.pair == y.call.pair && x.call.head_set == y.call.head_set &&
-         x.call.batch_row == y.call.batch_row && x.in_place == y.in_place;
+  return same_target(x.call, y.call) && x.in_place == y.in_place;
 }
 
 // x and y as one call when their rows continue each other: the queries of both pieces on
@@ -200,8 +204,7 @@ bool join_diagonal(std::vector<PlannedCall>& calls) {
         continue;
       }
       const auto cross = std::find_if(calls.begin(), calls.end(), [&](const PlannedCall& z) {
-        return !z.in_place && !z.call.causal && z.call.pair == x.call.pair &&
-               z.call.head_set == x.call.head_set && z.call.batch_row == x.call.batch_row &&
+        return !z.in_place && !z.call.causal && same_target(z.call, x.call) &&
                same_selection(z.call.q, y.call.q) && same_selection(z.call.k, x.call.k);
       });
       if (cross == calls.end()) continue;
