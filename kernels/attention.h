@@ -72,6 +72,11 @@ struct AttentionParams {
   const int64_t* key_order = nullptr;
   // How the dropout mask numbers its elements (only read when dropout > 0).
   DropoutIndexing dropout_indexing;
+  // The caller's word that this call's shape follows the data (a document piece, a decoding
+  // step), so that it changes from input to input. Kernels ignore it; the path choice
+  // (nn's AttentionRunner) does not give such calls to a kernel that builds state per shape
+  // (cuDNN: a graph per shape, tens of milliseconds each) unless that path is forced.
+  bool shape_follows_data = false;
 };
 
 struct AttentionForwardArgs {

@@ -37,7 +37,9 @@ std::vector<kernels::AttentionKernel> candidate_kernels(AttentionPath requested,
 // (attention_supports false, or kUnimplemented thrown before it queued any work) falls back
 // to the next; a forced path's fallback is logged once per distinct message. Every other
 // error (out of memory, a failed launch) propagates: by then a backward kernel may already
-// have accumulated into its gradients, and a retry would add them twice.
+// have accumulated into its gradients, and a retry would add them twice. Unless a path is
+// forced, a call whose shape follows the data (params.shape_follows_data: document pieces,
+// decoding steps) skips the kernels that build state per shape (cuDNN's graphs).
 class AttentionRunner {
  public:
   // `seq_len` is N over every rank (the dropout numbering spans the whole sequence).

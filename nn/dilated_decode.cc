@@ -163,6 +163,7 @@ DilatedAttentionResult dilated_attention_decode_step(const Tensor& q, const Dila
         kernels::AttentionForwardArgs args = step_args(block, keys, qd, cache, part, part_lse);
         // Every selected key is at or before the query: no mask.
         args.params = runner.call_params(pair, /*causal=*/false, {});
+        args.params.shape_follows_data = true;  // one more key at every step
         if (order.defined()) {
           args.params.key_order = static_cast<const int64_t*>(kernel_view(order, kOp).data);
         }

@@ -73,6 +73,7 @@ AttentionForwardArgs forward_args(const AttentionRunner& runner, const RankLayou
                                    {call.k_origin, call.k_origin}, layout.seq_len(), layout.heads)
           : kernels::DropoutIndexing{};
   args.params = runner.call_params(call.pair, call.causal, indexing);
+  args.params.shape_follows_data = row >= 0;  // a document piece (one batch row)
   if (row > 0 && runner.dropout()) {
     // A call of one batch row: its batch index 0 is row `row` of the numbering.
     args.params.dropout_indexing.base +=

@@ -131,14 +131,15 @@ TEST(DecodeCache, APromptAppendedAtOnceThenStepsMatchesTheForward) {
 }
 
 // On the GPU, every path (its fallbacks allowed) and float32 / bfloat16: every step equals
-// the float64 reference on the same (rounded) inputs, to the dtype's rounding.
+// the float64 reference on the same (rounded) inputs, to the dtype's rounding. kAuto takes
+// flash: a step's key count grows by one each step, and cuDNN would build a graph for each.
 TEST(DecodeStepCuda, EveryPathMatchesTheFloat64Reference) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   const Device gpu = Device::cuda(0);
   for (const HeadMixing mixing : {HeadMixing::kHeadGroups, HeadMixing::kAllHeads}) {
     for (const DType dtype : {DType::kFloat32, DType::kBFloat16}) {
-      for (const nn::AttentionPath path :
-           {nn::AttentionPath::kMath, nn::AttentionPath::kFlash, nn::AttentionPath::kCudnn}) {
+      for (const nn::AttentionPath path : {nn::AttentionPath::kMath, nn::AttentionPath::kFlash,
+                                           nn::AttentionPath::kCudnn, nn::AttentionPath::kAuto}) {
         SCOPED_TRACE(std::string(nn::path_name(path)) + " " + std::string(dtype_name(dtype)) +
                      (mixing == HeadMixing::kAllHeads ? " all heads" : " head groups"));
         DilatedAttentionOptions o = causal_options(mixing, OffsetRule::kRotating);
@@ -157,11 +158,13 @@ TEST(DecodeStepCuda, EveryPathMatchesTheFloat64Reference) {
         nn::DilatedKVCache cache(1, 8, kHeads, kDim, TensorOptions(dtype).with_device(gpu));
         for (int64_t p = 0; p < kSeq; ++p) {
           cache.append(k.narrow(1, p, 1).to(dtype).to(gpu), v.narrow(1, p, 1).to(dtype).to(gpu));
+          const nn::DilatedAttentionResult step =
+              nn::dilated_attention_decode_step(q.narrow(1, p, 1).to(dtype).to(gpu), cache, o);
+          if (path == nn::AttentionPath::kAuto) {
+            EXPECT_EQ(step.path_used, nn::AttentionPath::kFlash) << nn::path_name(step.path_used);
+          }
           const std::vector<double> out =
-              nn::dilated_attention_decode_step(q.narrow(1, p, 1).to(dtype).to(gpu), cache, o)
-                  .out.to(Device::cpu())
-                  .to(DType::kFloat64)
-                  .to_vector<double>();
+              step.out.to(Device::cpu()).to(DType::kFloat64).to_vector<double>();
           for (int64_t h = 0; h < kHeads; ++h) {
             for (int64_t d = 0; d < kDim; ++d) {
               ASSERT_NEAR(out[static_cast<size_t>(h * kDim + d)], want.out.at(0, p, h, d), tol)

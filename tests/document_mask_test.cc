@@ -108,10 +108,12 @@ INSTANTIATE_TEST_SUITE_P(
 
 // One call with documents and the backward of a loss reading out and lse, on `device` in
 // `dtype`; inputs drawn in float64 and rounded to bfloat16, so that every run sees the same
-// values. Returns out, lse and the three gradients in float64 on the host.
+// values. Returns out, lse and the three gradients in float64 on the host; `path_used`, when
+// given, receives the path the call reported.
 std::vector<Tensor> run_with_documents(const DilatedAttentionOptions& o,
                                        const std::vector<std::vector<int64_t>>& documents,
-                                       DType dtype, Device device) {
+                                       DType dtype, Device device,
+                                       nn::AttentionPath* path_used = nullptr) {
   Generator gen(33);
   const Shape shape{2, 64, 4, 16};
   auto draw = [&](const Shape& s) {
@@ -128,6 +130,7 @@ std::vector<Tensor> run_with_documents(const DilatedAttentionOptions& o,
   nn::AttentionCallContext context;
   context.document_starts = &documents;
   const nn::DilatedAttentionResult r = nn::dilated_attention_with_lse(q, k, v, o, context);
+  if (path_used != nullptr) *path_used = r.path_used;
   const Tensor lse = r.lse.to(DType::kFloat64);
   const Tensor finite_lse = where(gt(lse, -1e300), lse, 0.0);
   add(sum(mul(r.out.to(DType::kFloat64), w_out.to(DType::kFloat64))), sum(mul(finite_lse, w_lse)))
@@ -138,7 +141,9 @@ std::vector<Tensor> run_with_documents(const DilatedAttentionOptions& o,
 
 // On the GPU every path (math, flash, cuDNN) with documents, causal or not, both mixings,
 // gives the float64 CPU call's out, lse and gradients on the same bf16 values, to bf16's
-// rounding (the CPU call is checked against the independent reference above).
+// rounding (the CPU call is checked against the independent reference above). Under kAuto
+// the document pieces' calls take flash, not cuDNN: their shapes follow the data, and cuDNN
+// would build a graph for each.
 TEST(DocumentMaskCuda, EveryPathMatchesTheCpu) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   // Documents crossing segments of every pair, one of a single position, one at the end.
@@ -152,16 +157,20 @@ TEST(DocumentMaskCuda, EveryPathMatchesTheCpu) {
       o.segment_lengths = {16, 32, 64};
       const std::vector<Tensor> want =
           run_with_documents(o, documents, DType::kFloat64, Device::cpu());
-      for (const nn::AttentionPath path :
-           {nn::AttentionPath::kMath, nn::AttentionPath::kFlash, nn::AttentionPath::kCudnn}) {
+      for (const nn::AttentionPath path : {nn::AttentionPath::kMath, nn::AttentionPath::kFlash,
+                                           nn::AttentionPath::kCudnn, nn::AttentionPath::kAuto}) {
         SCOPED_TRACE(std::string(nn::path_name(path)) +
                      (mixing == HeadMixing::kAllHeads ? ", all heads" : ", head groups") +
                      (causal ? ", causal" : ""));
         o.path = path;
+        nn::AttentionPath used = nn::AttentionPath::kAuto;
         const std::vector<Tensor> got =
-            run_with_documents(o, documents, DType::kBFloat16, Device::cuda(0));
+            run_with_documents(o, documents, DType::kBFloat16, Device::cuda(0), &used);
         for (size_t i = 0; i < got.size(); ++i) {
           test::expect_tensors_close(names[i], got[i], want[i], tolerances[i]);
+        }
+        if (path == nn::AttentionPath::kAuto) {
+          EXPECT_EQ(used, nn::AttentionPath::kFlash) << nn::path_name(used);
         }
       }
     }
