@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "ringdilated/kernels/strided.h"
 
@@ -79,12 +80,33 @@ struct AttentionParams {
   bool shape_follows_data = false;
 };
 
+// A call over pieces: variable-length runs of rows, each an attention of its own (document
+// masks: a piece is one document's part of a segment). With pieces the views' row dims
+// (Lq, Lk) are ignored (give 1): piece p reads query rows
+//   position = q_position[p] + step * t,  t < q_rows[p]
+// of batch row batch_row[p] of q, out, lse (and grad_out, grad_q), and key rows
+// k_position[p] + step * u, u < k_rows[p], of k and v (and grad_k, grad_v); a view's row at
+// `position` lies position * (its row stride / step) elements after its data for batch row
+// 0, plus batch_row times its batch stride (the views are [B, H, 1, D], lse [B, H, 1]). One
+// call instead of one per piece; only cuDNN runs it (ragged offsets), the other kernels
+// report it unsupported and the caller runs each piece alone.
+struct AttentionPieces {
+  int64_t step = 1;
+  std::vector<int64_t> batch_row, q_position, q_rows, k_position, k_rows;
+  int64_t count() const { return static_cast<int64_t>(batch_row.size()); }
+};
+
+// Why a kernel other than cuDNN refuses a call over pieces.
+inline constexpr const char* kPiecesUnsupported =
+    "a call over pieces (document masks) runs on cuDNN only; run each piece as its own call";
+
 struct AttentionForwardArgs {
   StridedView q, k, v;  // one floating dtype
   StridedView out;      // q's dtype, or float32 for partial results merged later in float32
   // [batch..., Lq], float32 or (float64 inputs only) float64; data == nullptr: not written
   StridedView lse;
   AttentionParams params;
+  const AttentionPieces* pieces = nullptr;  // a call over pieces (see AttentionPieces)
 };
 
 // Gradients of one forward call, ACCUMULATED into grad_q, grad_k and grad_v (+=), so that
@@ -109,6 +131,7 @@ struct AttentionBackwardArgs {
   // (cuDNN writes straight into them rather than into scratch plus an add); kernels that
   // accumulate anyway give the same result.
   bool grads_start_at_zero = false;
+  const AttentionPieces* pieces = nullptr;  // as the forward's
 };
 
 }  // namespace rd::kernels

@@ -105,6 +105,12 @@ void AttentionRunner::forward(const kernels::AttentionForwardArgs& args) {
   slowest_ = slower(slowest_, *run(args, nullptr));
 }
 
+bool AttentionRunner::forward_if_supported(const kernels::AttentionForwardArgs& args) {
+  const std::optional<AttentionKernel> kernel = run(args, nullptr, /*optional=*/true);
+  if (kernel) slowest_ = slower(slowest_, *kernel);
+  return kernel.has_value();
+}
+
 void AttentionRunner::backward(const kernels::AttentionForwardArgs& fwd,
                                const kernels::AttentionBackwardArgs& args) {
   run(fwd, &args);

@@ -62,6 +62,9 @@ class AttentionRunner {
   Tensor key_order(int64_t n, Device device) const;
 
   void forward(const kernels::AttentionForwardArgs& args);
+  // forward() where some kernel takes the call; false, with nothing run, where none does (a
+  // call over pieces, which only cuDNN takes: the caller then runs each piece).
+  bool forward_if_supported(const kernels::AttentionForwardArgs& args);
   void backward(const kernels::AttentionForwardArgs& fwd,
                 const kernels::AttentionBackwardArgs& args);
   // backward() where some kernel takes the call; false, with nothing run, where none does (a

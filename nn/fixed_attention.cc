@@ -8,10 +8,12 @@
 #include "ringdilated/nn/fixed_attention.h"
 
 #include <algorithm>
+#include <functional>
 #include <utility>
 #include <vector>
 
 #include "ringdilated/nn/key_exchange.h"
+#include "ringdilated/nn/piece_calls.h"
 #include "ringdilated/tensor/dispatch.h"
 #include "ringdilated/tensor/op_util.h"
 #include "ringdilated/tensor/ops.h"
@@ -151,9 +153,19 @@ void local_forward(AttentionRunner& runner, const RankPlan& plan, const Tensor& 
     runner.forward(forward_args(runner, plan.layout, q, call, local_keys(runner, call, k, v),
                                 {out, lse, call.q}));
   };
+  // The calls `wanted` picks; document pieces as one call per group where a kernel takes it.
+  auto run_calls = [&](const std::function<bool(const LocalCall&)>& wanted, const Tensor& out,
+                       const Tensor& lse) {
+    const PieceGroups calls = group_piece_calls(plan.local_calls, wanted);
+    for (const LocalCall* call : calls.singles) run(*call, out, lse);
+    for (const std::vector<const LocalCall*>& group : calls.groups) {
+      if (forward_piece_group(runner, group, q, k, v, out, lse)) continue;
+      for (const LocalCall* call : group) run(*call, out, lse);
+    }
+  };
   if (!plan.merged) {
     // Head groups: every (position, head) belongs to at most one call, which writes it.
-    for (const LocalCall& call : plan.local_calls) run(call, state.out, state.lse);
+    run_calls([](const LocalCall&) { return true; }, state.out, state.lse);
     return;
   }
   // All heads: each pair's partial in q's dtype (what every kernel, cuDNN included, writes;
@@ -162,9 +174,7 @@ void local_forward(AttentionRunner& runner, const RankPlan& plan, const Tensor& 
   for (int pair = 0; pair < plan.num_pairs; ++pair) {
     part.zero_();
     part_lse.fill_(kEmptyLse);
-    for (const LocalCall& call : plan.local_calls) {
-      if (call.pair == pair) run(call, part, part_lse);
-    }
+    run_calls([pair](const LocalCall& call) { return call.pair == pair; }, part, part_lse);
     attention_merge_(state.acc_out, state.lse, part, part_lse);
   }
 }
@@ -249,12 +259,25 @@ class FixedBackward {
 
   // The calls on this rank's own keys, in pieces (backward_pieces).
   void local(const Tensor& k, const Tensor& v) {
-    for (const LocalCall& call : plan_.local_calls) {
+    // Disjoint selections of zeros only for head groups without shared key/value heads.
+    const bool in_place = !plan_.merged && plan_.layout.kv_group() == 1;
+    const PieceGroups calls =
+        group_piece_calls(plan_.local_calls, [](const LocalCall&) { return true; });
+    std::vector<const LocalCall*> singles = calls.singles;
+    for (const std::vector<const LocalCall*>& group : calls.groups) {
+      // Document pieces as one call where a kernel takes it (in place, no lse gradient).
+      if (in_place && !grad_lse_.defined() &&
+          backward_piece_group(runner_, group, q_, k, v, out_, lse_, grad_out_, grads_.qkv[0],
+                               grads_.qkv[1], grads_.qkv[2])) {
+        continue;
+      }
+      singles.insert(singles.end(), group.begin(), group.end());
+    }
+    for (const LocalCall* call : singles) {
       for (const LocalCall& piece :
-           backward_pieces(call, plan_.layout, runner_.backward_piece_elements())) {
-        // Disjoint selections of zeros only for head groups without shared key/value heads.
+           backward_pieces(*call, plan_.layout, runner_.backward_piece_elements())) {
         run(piece, local_keys(runner_, piece, k, v), grads_.qkv[0], piece.q, grads_.qkv[1],
-            grads_.qkv[2], /*start_at_zero=*/!plan_.merged && plan_.layout.kv_group() == 1);
+            grads_.qkv[2], in_place);
       }
     }
   }

@@ -14,8 +14,10 @@
 #include "ringdilated/kernels/error.h"
 #include "ringdilated/nn/dilated_attention.h"
 #include "ringdilated/nn/dilated_attention_modules.h"
+#include "ringdilated/nn/piece_calls.h"
 #include "ringdilated/nn/ring_dilated_attention.h"
 #include "ringdilated/tensor/device.h"
+#include "ringdilated/tensor/dispatch.h"
 #include "ringdilated/tensor/ops.h"
 #include "testing/dilated_reference.h"
 #include "testing/elementwise_close.h"
@@ -106,13 +108,13 @@ INSTANTIATE_TEST_SUITE_P(
                        ::testing::Bool()),
     mode_name);
 
-// One call with documents and the backward of a loss reading out and lse, on `device` in
-// `dtype`; inputs drawn in float64 and rounded to bfloat16, so that every run sees the same
-// values. Returns out, lse and the three gradients in float64 on the host; `path_used`, when
-// given, receives the path the call reported.
+// One call with documents and the backward of a loss reading out (and lse, with
+// `loss_reads_lse`), on `device` in `dtype`; inputs drawn in float64 and rounded to bfloat16,
+// so that every run sees the same values. Returns out, lse and the three gradients in
+// float64 on the host; `path_used`, when given, receives the path the call reported.
 std::vector<Tensor> run_with_documents(const DilatedAttentionOptions& o,
                                        const std::vector<std::vector<int64_t>>& documents,
-                                       DType dtype, Device device,
+                                       DType dtype, Device device, bool loss_reads_lse = true,
                                        nn::AttentionPath* path_used = nullptr) {
   Generator gen(33);
   const Shape shape{2, 64, 4, 16};
@@ -133,17 +135,18 @@ std::vector<Tensor> run_with_documents(const DilatedAttentionOptions& o,
   if (path_used != nullptr) *path_used = r.path_used;
   const Tensor lse = r.lse.to(DType::kFloat64);
   const Tensor finite_lse = where(gt(lse, -1e300), lse, 0.0);
-  add(sum(mul(r.out.to(DType::kFloat64), w_out.to(DType::kFloat64))), sum(mul(finite_lse, w_lse)))
-      .backward();
+  const Tensor out_term = sum(mul(r.out.to(DType::kFloat64), w_out.to(DType::kFloat64)));
+  (loss_reads_lse ? add(out_term, sum(mul(finite_lse, w_lse))) : out_term).backward();
   auto host = [](const Tensor& t) { return t.detach().to(Device::cpu()).to(DType::kFloat64); };
   return {host(r.out), host(r.lse), host(q.grad()), host(k.grad()), host(v.grad())};
 }
 
 // On the GPU every path (math, flash, cuDNN) with documents, causal or not, both mixings,
 // gives the float64 CPU call's out, lse and gradients on the same bf16 values, to bf16's
-// rounding (the CPU call is checked against the independent reference above). Under kAuto
-// the document pieces' calls take flash, not cuDNN: their shapes follow the data, and cuDNN
-// would build a graph for each.
+// rounding (the CPU call is checked against the independent reference above), with a loss
+// that reads the lse and one that does not (cuDNN's backward has no lse gradient: only then
+// does it run the backward over pieces). Under kAuto the pieces run as one cuDNN call over
+// pieces (ragged offsets), never one flash call per piece.
 TEST(DocumentMaskCuda, EveryPathMatchesTheCpu) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   // Documents crossing segments of every pair, one of a single position, one at the end.
@@ -153,24 +156,27 @@ TEST(DocumentMaskCuda, EveryPathMatchesTheCpu) {
   const double tolerances[] = {8 * unit, 8 * unit, 32 * unit, 32 * unit, 32 * unit};
   for (const HeadMixing mixing : {HeadMixing::kHeadGroups, HeadMixing::kAllHeads}) {
     for (const bool causal : {false, true}) {
-      DilatedAttentionOptions o = options_for(mixing, OffsetRule::kRotating, causal);
-      o.segment_lengths = {16, 32, 64};
-      const std::vector<Tensor> want =
-          run_with_documents(o, documents, DType::kFloat64, Device::cpu());
-      for (const nn::AttentionPath path : {nn::AttentionPath::kMath, nn::AttentionPath::kFlash,
-                                           nn::AttentionPath::kCudnn, nn::AttentionPath::kAuto}) {
-        SCOPED_TRACE(std::string(nn::path_name(path)) +
-                     (mixing == HeadMixing::kAllHeads ? ", all heads" : ", head groups") +
-                     (causal ? ", causal" : ""));
-        o.path = path;
-        nn::AttentionPath used = nn::AttentionPath::kAuto;
-        const std::vector<Tensor> got =
-            run_with_documents(o, documents, DType::kBFloat16, Device::cuda(0), &used);
-        for (size_t i = 0; i < got.size(); ++i) {
-          test::expect_tensors_close(names[i], got[i], want[i], tolerances[i]);
-        }
-        if (path == nn::AttentionPath::kAuto) {
-          EXPECT_EQ(used, nn::AttentionPath::kFlash) << nn::path_name(used);
+      for (const bool reads_lse : {true, false}) {
+        DilatedAttentionOptions o = options_for(mixing, OffsetRule::kRotating, causal);
+        o.segment_lengths = {16, 32, 64};
+        const std::vector<Tensor> want =
+            run_with_documents(o, documents, DType::kFloat64, Device::cpu(), reads_lse);
+        for (const nn::AttentionPath path :
+             {nn::AttentionPath::kMath, nn::AttentionPath::kFlash, nn::AttentionPath::kCudnn,
+              nn::AttentionPath::kAuto}) {
+          SCOPED_TRACE(std::string(nn::path_name(path)) +
+                       (mixing == HeadMixing::kAllHeads ? ", all heads" : ", head groups") +
+                       (causal ? ", causal" : "") + (reads_lse ? ", loss reads lse" : ""));
+          o.path = path;
+          nn::AttentionPath used = nn::AttentionPath::kAuto;
+          const std::vector<Tensor> got = run_with_documents(o, documents, DType::kBFloat16,
+                                                             Device::cuda(0), reads_lse, &used);
+          for (size_t i = 0; i < got.size(); ++i) {
+            test::expect_tensors_close(names[i], got[i], want[i], tolerances[i]);
+          }
+          if (path == nn::AttentionPath::kAuto) {
+            EXPECT_EQ(used, nn::AttentionPath::kCudnn) << nn::path_name(used);
+          }
         }
       }
     }
@@ -261,6 +267,80 @@ TEST(DocumentMaskErrors, BadStartsAreNamed) {
   context.document_starts = &fine;
   EXPECT_TRUE(test::raises([&] { nn::dilated_attention(q, q, q, global, context); },
                            {ErrorCode::kUnimplemented}, {"segment-local"}));
+}
+
+}  // namespace
+}  // namespace rd
+
+namespace rd {
+namespace {
+
+// The document pieces of one pair, head set and heads form one group (one call over pieces
+// where cuDNN takes it); calls for every row stay single; a grouped-query block of shared
+// key/value heads stays single (its gradients are summed per piece).
+TEST(PieceCalls, GroupByPairHeadSetAndHeads) {
+  DilatedAttentionOptions o = options_for(HeadMixing::kHeadGroups, OffsetRule::kConstant, false);
+  std::vector<nn::LocalCall> calls;
+  for (const nn::BlockCall& c : nn::plan_block_calls(o, kN, kH, {0, kN}, {0, kN}, 1, &kDocuments)) {
+    nn::LocalCall local;
+    static_cast<nn::BlockCall&>(local) = c;
+    calls.push_back(local);
+  }
+  const nn::PieceGroups all = nn::group_piece_calls(calls, [](const nn::LocalCall&) { return true; });
+  size_t grouped = 0;
+  for (const std::vector<const nn::LocalCall*>& group : all.groups) {
+    ASSERT_FALSE(group.empty());
+    for (const nn::LocalCall* c : group) {
+      EXPECT_GE(c->batch_row, 0);
+      EXPECT_EQ(c->pair, group.front()->pair);
+      EXPECT_EQ(c->head_set, group.front()->head_set);
+      EXPECT_EQ(c->q.first_head, group.front()->q.first_head);
+      EXPECT_EQ(c->q.head_count, group.front()->q.head_count);
+    }
+    grouped += group.size();
+  }
+  for (const nn::LocalCall* c : all.singles) EXPECT_LT(c->batch_row, 0);
+  EXPECT_EQ(grouped + all.singles.size(), calls.size());
+  // Three pairs of head groups: one group each, since rows 1 and 2 split segments of each.
+  EXPECT_EQ(all.groups.size(), o.segment_lengths.size());
+  // A filter keeps only what it accepts.
+  const nn::PieceGroups pair0 =
+      nn::group_piece_calls(calls, [](const nn::LocalCall& c) { return c.pair == 0; });
+  for (const std::vector<const nn::LocalCall*>& group : pair0.groups) {
+    EXPECT_EQ(group.front()->pair, 0);
+  }
+  // Grouped-query attention, 6 query heads over 2 key/value heads: blocks share heads.
+  std::vector<nn::LocalCall> shared;
+  for (const nn::BlockCall& c : nn::plan_block_calls(o, kN, kH, {0, kN}, {0, kN}, 3, &kDocuments)) {
+    nn::LocalCall local;
+    static_cast<nn::BlockCall&>(local) = c;
+    shared.push_back(local);
+  }
+  const nn::PieceGroups gqa =
+      nn::group_piece_calls(shared, [](const nn::LocalCall&) { return true; });
+  for (const std::vector<const nn::LocalCall*>& group : gqa.groups) {
+    for (const nn::LocalCall* c : group) EXPECT_EQ(c->q.head_repeat, 1);
+  }
+}
+
+// The CPU has no kernel for a call over pieces: it says so, and refuses to run one.
+TEST(PieceCalls, TheCpuRefusesACallOverPieces) {
+  Generator gen(5);
+  const Tensor q = randn({1, 8, 2, 4}, gen);
+  kernels::AttentionPieces pieces;
+  pieces.batch_row = {0};
+  pieces.q_position = pieces.k_position = {0};
+  pieces.q_rows = pieces.k_rows = {8};
+  kernels::AttentionForwardArgs args;
+  args.q = args.k = args.v = kernel_view(q.narrow(1, 0, 1).transpose(1, 2));
+  const Tensor out = zeros_like(q);
+  args.out = kernel_view(out.narrow(1, 0, 1).transpose(1, 2));
+  args.pieces = &pieces;
+  kernels::KernelBackend& backend = backend_for(Device::cpu());
+  std::string why;
+  EXPECT_FALSE(backend.attention_supports(kernels::AttentionKernel::kMath, args, nullptr, &why));
+  EXPECT_NE(why.find("pieces"), std::string::npos) << why;
+  EXPECT_THROW(backend.attention_forward(kernels::AttentionKernel::kMath, args), Error);
 }
 
 }  // namespace

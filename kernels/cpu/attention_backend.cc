@@ -8,10 +8,14 @@
 
 namespace rd::kernels::cpu {
 
-bool CpuBackend::attention_supports(AttentionKernel kernel, const AttentionForwardArgs&,
+bool CpuBackend::attention_supports(AttentionKernel kernel, const AttentionForwardArgs& forward,
                                     const AttentionBackwardArgs* backward, std::string* why_not) {
   if (kernel != AttentionKernel::kMath) {
     if (why_not != nullptr) *why_not = str_cat(kernel_name(kernel), " kernels need a CUDA device");
+    return false;
+  }
+  if (forward.pieces != nullptr) {
+    if (why_not != nullptr) *why_not = kPiecesUnsupported;
     return false;
   }
   if (backward != nullptr && attention_grads_shared(*backward)) {
@@ -24,12 +28,14 @@ bool CpuBackend::attention_supports(AttentionKernel kernel, const AttentionForwa
 void CpuBackend::attention_forward(AttentionKernel kernel, const AttentionForwardArgs& args) {
   RD_CHECK(kernel == AttentionKernel::kMath, kUnimplemented, "attention: the ", kernel_name(kernel),
            " kernel does not run on the CPU");
+  RD_CHECK(args.pieces == nullptr, kUnimplemented, "attention: ", kPiecesUnsupported);
   cpu::attention_forward(args);
 }
 
 void CpuBackend::attention_backward(AttentionKernel kernel, const AttentionBackwardArgs& args) {
   RD_CHECK(kernel == AttentionKernel::kMath, kUnimplemented, "attention_backward: the ",
            kernel_name(kernel), " kernel does not run on the CPU");
+  RD_CHECK(args.pieces == nullptr, kUnimplemented, "attention_backward: ", kPiecesUnsupported);
   cpu::attention_backward(args);
 }
 

@@ -18,6 +18,10 @@ bool attention_supports(AttentionKernel kernel, const AttentionForwardArgs& forw
     if (why_not != nullptr) *why_not = kSharedGradsUnsupported;
     return false;
   }
+  if (kernel != AttentionKernel::kCudnn && forward.pieces != nullptr) {
+    if (why_not != nullptr) *why_not = kPiecesUnsupported;
+    return false;
+  }
   switch (kernel) {
     case AttentionKernel::kMath: return true;
     case AttentionKernel::kFlash:
@@ -36,6 +40,8 @@ bool attention_supports(AttentionKernel kernel, const AttentionForwardArgs& forw
 
 void attention_forward(AttentionKernel kernel, const AttentionForwardArgs& args, Allocator& scratch,
                        cudaStream_t stream) {
+  RD_CHECK(args.pieces == nullptr || kernel == AttentionKernel::kCudnn, kUnimplemented,
+           "attention: ", kPiecesUnsupported);
   switch (kernel) {
     case AttentionKernel::kMath: return attention_math_forward(args, stream);
     case AttentionKernel::kFlash: return flash_attention_forward(args, stream);
@@ -46,6 +52,8 @@ void attention_forward(AttentionKernel kernel, const AttentionForwardArgs& args,
 
 void attention_backward(AttentionKernel kernel, const AttentionBackwardArgs& args,
                         Allocator& scratch, cudaStream_t stream) {
+  RD_CHECK(args.pieces == nullptr || kernel == AttentionKernel::kCudnn, kUnimplemented,
+           "attention_backward: ", kPiecesUnsupported);
   switch (kernel) {
     case AttentionKernel::kMath: return attention_math_backward(args, scratch, stream);
     case AttentionKernel::kFlash: return flash_attention_backward(args, scratch, stream);

@@ -24,6 +24,7 @@
 #include <bit>
 #include <cstdint>
 #include <initializer_list>
+#include <limits>
 #include <list>
 #include <memory>
 #include <optional>
@@ -349,6 +350,54 @@ std::string common_problem(const StridedView& q, const StridedView& k, const Str
   return "";
 }
 
+// A call over pieces (AttentionPieces) runs as one graph with ragged offsets: [B, H, 1, D]
+// views (lse [B, H, 1]) whose row strides are multiples of the step, int32 element offsets,
+// the same heads for k and v as for q, and causal masks only on pieces whose queries are
+// their keys. `views` are the views the call addresses (role "q" or "k"), `lse` too.
+std::string pieces_problem(const AttentionPieces& pieces, const AttentionParams& params,
+                           std::initializer_list<std::pair<char, const StridedView*>> views) {
+  const size_t n = pieces.batch_row.size();
+  if (n == 0 || pieces.q_position.size() != n || pieces.q_rows.size() != n ||
+      pieces.k_position.size() != n || pieces.k_rows.size() != n || pieces.step < 1) {
+    return str_cat("pieces: ", n, " pieces with tables of unequal sizes or step ", pieces.step);
+  }
+  for (size_t p = 0; p < n; ++p) {
+    if (pieces.q_rows[p] < 1 || pieces.k_rows[p] < 1 || pieces.q_position[p] < 0 ||
+        pieces.k_position[p] < 0 || pieces.batch_row[p] < 0) {
+      return str_cat("piece ", p, " is empty or starts before its view");
+    }
+    if (params.causal && (params.causal_offset != 0 || pieces.q_position[p] != pieces.k_position[p] ||
+                          pieces.q_rows[p] != pieces.k_rows[p])) {
+      return str_cat("piece ", p, " is causal but its queries are not its keys");
+    }
+  }
+  const int64_t heads = views.begin()->second->shape[1];
+  for (const auto& [role, view] : views) {
+    const bool has_head_dim = view->ndim == 4;
+    constexpr int seq_dim = 2;  // [B, H, rows, D] and [B, H, rows]
+    if ((view->ndim != 4 && view->ndim != 3) || view->shape[seq_dim] != 1 ||
+        view->shape[1] != heads || view->strides[seq_dim] % pieces.step != 0 ||
+        view->strides[0] < 0 || view->strides[1] < 0 || view->strides[seq_dim] <= 0) {
+      return str_cat("a view of the pieces is ", shape_of(*view),
+                     " (pieces need [B, H, 1, D] views, H alike, row strides a multiple of the step ",
+                     pieces.step, ")");
+    }
+    const std::vector<int64_t>& position = role == 'q' ? pieces.q_position : pieces.k_position;
+    const std::vector<int64_t>& rows = role == 'q' ? pieces.q_rows : pieces.k_rows;
+    for (size_t p = 0; p < n; ++p) {
+      const int64_t last = pieces.batch_row[p] * view->strides[0] +
+                           (position[p] + pieces.step * (rows[p] - 1)) *
+                               (view->strides[seq_dim] / pieces.step) +
+                           (view->shape[1] - 1) * view->strides[1] +
+                           (has_head_dim ? view->shape[3] : 1);
+      if (last > std::numeric_limits<int32_t>::max()) {
+        return str_cat("piece ", p, " reaches element ", last, ", past cuDNN's int32 offsets");
+      }
+    }
+  }
+  return "";
+}
+
 std::string forward_problem(const AttentionForwardArgs& a) {
   std::string problem = dtype_problem(a.q, a.k, a.v);
   if (problem.empty() && a.out.dtype != a.q.dtype) {
@@ -360,6 +409,11 @@ std::string forward_problem(const AttentionForwardArgs& a) {
   }
   if (problem.empty()) problem = shape_problem(a.q, a.k, a.v, &a.out, &a.lse);
   if (problem.empty()) problem = common_problem(a.q, a.k, a.v, a.params, /*grouped=*/true);
+  if (problem.empty() && a.pieces != nullptr) {
+    if (a.lse.data == nullptr) return "pieces: the lse is required";
+    problem = pieces_problem(*a.pieces, a.params,
+                             {{'q', &a.q}, {'k', &a.k}, {'k', &a.v}, {'q', &a.out}, {'q', &a.lse}});
+  }
   return problem;
 }
 
@@ -394,6 +448,17 @@ std::string backward_problem(const AttentionBackwardArgs& a) {
   // Grouped-query attention natively only when the gradients are shared like k and v
   // (attention_grads_shared): cuDNN's dK and dV come per key/value head, not per query head.
   if (problem.empty()) problem = common_problem(a.q, a.k, a.v, a.params, attention_grads_shared(a));
+  if (problem.empty() && a.pieces != nullptr) {
+    // cuDNN overwrites its gradients: over pieces they must start at zero, in q's dtype.
+    if (!a.grads_start_at_zero) return "pieces: the gradients must start at zero";
+    for (const StridedView* grad : {&a.grad_q, &a.grad_k, &a.grad_v, &a.out, &a.grad_out}) {
+      if (grad->dtype != a.q.dtype) return "pieces: out and the gradients must be q's dtype";
+    }
+    problem = pieces_problem(*a.pieces, a.params,
+                             {{'q', &a.q}, {'k', &a.k}, {'k', &a.v}, {'q', &a.out}, {'q', &a.lse},
+                              {'q', &a.grad_out}, {'q', &a.grad_q}, {'k', &a.grad_k},
+                              {'k', &a.grad_v}});
+  }
   return problem;
 }
 
@@ -662,6 +727,9 @@ class GraphCache {
 // Graph description and building.
 
 enum TensorUid : int64_t { kQ = 1, kK, kV, kO, kStats, kGradO, kGradQ, kGradK, kGradV };
+// A call over pieces: each tensor's ragged offsets are tensor uid + kOffsetUid, and the
+// pieces' query and key lengths kSeqLenQ and kSeqLenKv (int32, on the device).
+constexpr int64_t kOffsetUid = 100, kSeqLenQ = 200, kSeqLenKv = 201;
 enum class Direction : int64_t { kForward, kBackward };
 
 // Everything a graph depends on; its fields, flattened, are the cache key.
@@ -673,13 +741,14 @@ struct GraphSpec {
   int64_t right_bound = 0;  // the causal offset
   float scale = 1.0f;
   bool stats = true;  // forward: whether the lse is written
+  bool ragged = false;  // a call over pieces: padding mask, per-piece lengths and offsets
   // [uid] -> layout; forward uses q, k, v, o, stats; backward all but the gradients' inputs.
   std::vector<std::pair<TensorUid, View4>> tensors;
 
   GraphKey key() const {
     GraphKey k = {
         static_cast<int64_t>(direction), device, static_cast<int64_t>(dtype), causal, right_bound,
-        std::bit_cast<int32_t>(scale),   stats};
+        std::bit_cast<int32_t>(scale),   stats, ragged};
     for (const auto& [uid, view] : tensors) {
       k.push_back(uid);
       k.insert(k.end(), view.dim.begin(), view.dim.end());
@@ -715,6 +784,34 @@ void mark_output(const std::shared_ptr<fe::graph::Tensor_attributes>& t, const G
   if (dtype) t->set_data_type(*dtype);
 }
 
+// An int32 [n, 1, 1, 1] index tensor (per-piece lengths, ragged offsets).
+std::shared_ptr<fe::graph::Tensor_attributes> index_tensor(fe::graph::Graph& graph, int64_t uid,
+                                                           int64_t n, const char* name) {
+  return graph.tensor(fe::graph::Tensor_attributes()
+                          .set_name(name)
+                          .set_uid(uid)
+                          .set_dim({n, 1, 1, 1})
+                          .set_stride({1, 1, 1, 1})
+                          .set_data_type(fe::DataType_t::INT32));
+}
+
+// Gives `t` its ragged offsets (one per piece and one past the last).
+void set_ragged(fe::graph::Graph& graph, const GraphSpec& spec,
+                const std::shared_ptr<fe::graph::Tensor_attributes>& t, TensorUid uid) {
+  if (!spec.ragged) return;
+  t->set_ragged_offset(index_tensor(graph, uid + kOffsetUid, spec.view(kQ).dim[0] + 1, "offsets"));
+}
+
+// The padding mask of a call over pieces: each piece's query and key count.
+template <typename Attributes>
+void set_piece_lengths(fe::graph::Graph& graph, const GraphSpec& spec, Attributes& options) {
+  if (!spec.ragged) return;
+  const int64_t pieces = spec.view(kQ).dim[0];
+  options.set_padding_mask(true)
+      .set_seq_len_q(index_tensor(graph, kSeqLenQ, pieces, "seq_len_q"))
+      .set_seq_len_kv(index_tensor(graph, kSeqLenKv, pieces, "seq_len_kv"));
+}
+
 void describe_forward(fe::graph::Graph& graph, const GraphSpec& spec) {
   auto q = add_input(graph, spec, kQ, "q");
   auto k = add_input(graph, spec, kK, "k");
@@ -727,9 +824,17 @@ void describe_forward(fe::graph::Graph& graph, const GraphSpec& spec) {
     options.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
         .set_diagonal_band_right_bound(static_cast<int>(spec.right_bound));
   }
+  set_piece_lengths(graph, spec, options);
+  set_ragged(graph, spec, q, kQ);
+  set_ragged(graph, spec, k, kK);
+  set_ragged(graph, spec, v, kV);
   auto [o, stats] = graph.sdpa(q, k, v, options);
   mark_output(o, spec, kO);
-  if (spec.stats) mark_output(stats, spec, kStats, fe::DataType_t::FLOAT);
+  set_ragged(graph, spec, o, kO);
+  if (spec.stats) {
+    mark_output(stats, spec, kStats, fe::DataType_t::FLOAT);
+    set_ragged(graph, spec, stats, kStats);
+  }
 }
 
 void describe_backward(fe::graph::Graph& graph, const GraphSpec& spec) {
@@ -746,10 +851,18 @@ void describe_backward(fe::graph::Graph& graph, const GraphSpec& spec) {
     options.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
         .set_diagonal_band_right_bound(static_cast<int>(spec.right_bound));
   }
+  set_piece_lengths(graph, spec, options);
+  for (auto [t, uid] : {std::pair{q, kQ}, std::pair{k, kK}, std::pair{v, kV}, std::pair{o, kO},
+                        std::pair{grad_o, kGradO}, std::pair{stats, kStats}}) {
+    set_ragged(graph, spec, t, uid);
+  }
   auto [grad_q, grad_k, grad_v] = graph.sdpa_backward(q, k, v, o, grad_o, stats, options);
   mark_output(grad_q, spec, kGradQ);
   mark_output(grad_k, spec, kGradK);
   mark_output(grad_v, spec, kGradV);
+  set_ragged(graph, spec, grad_q, kGradQ);
+  set_ragged(graph, spec, grad_k, kGradK);
+  set_ragged(graph, spec, grad_v, kGradV);
 }
 
 // Builds the graph of `spec`; a refusal is returned as an entry with the failing step and
@@ -913,6 +1026,116 @@ int current_device() {
   return device;
 }
 
+// ---------------------------------------------------------------------------------------
+// Calls over pieces (AttentionPieces): one graph over every piece, each tensor addressed
+// through per-piece ragged offsets and a padding mask of per-piece lengths.
+
+int64_t next_power_of_two(int64_t n) {
+  int64_t p = 1;
+  while (p < n) p *= 2;
+  return p;
+}
+
+// The graph's piece count and row counts, rounded up to powers of two so that calls whose
+// pieces differ (each batch of documents does) share a few graphs; padding pieces have no
+// rows.
+struct PieceShape {
+  int64_t pieces = 1, q_rows = 1, k_rows = 1;
+};
+
+PieceShape piece_shape(const AttentionPieces& p) {
+  PieceShape shape;
+  shape.pieces = next_power_of_two(p.count());
+  shape.q_rows = next_power_of_two(*std::max_element(p.q_rows.begin(), p.q_rows.end()));
+  shape.k_rows = next_power_of_two(*std::max_element(p.k_rows.begin(), p.k_rows.end()));
+  return shape;
+}
+
+// A [B, H, 1, D] view (lse [B, H, 1]) as the graph's [pieces, H, rows, D]. Each piece starts
+// at its ragged offset; the batch stride given is that of packed rows.
+View4 piece_view(const StridedView& v, int64_t pieces, int64_t rows, bool has_head_dim) {
+  View4 r;
+  r.dim = {pieces, v.shape[1], rows, has_head_dim ? v.shape[3] : 1};
+  r.stride = {rows * v.strides[2], v.strides[1], v.strides[2], 1};
+  return r;
+}
+
+// A tensor of a call over pieces: its uid, whether its rows follow the queries ('q') or the
+// keys ('k'), and its view.
+struct PieceTensor {
+  TensorUid uid;
+  char role;
+  const StridedView* view;
+};
+
+// The per-piece lengths and each tensor's ragged offsets (elements from its data pointer),
+// in one int32 device buffer; padding pieces repeat the last offset with no rows.
+class PieceTables {
+ public:
+  PieceTables(const AttentionPieces& p, const PieceShape& shape,
+              const std::vector<PieceTensor>& tensors, Allocator& scratch, cudaStream_t stream) {
+    const auto n = static_cast<size_t>(p.count()), padded = static_cast<size_t>(shape.pieces);
+    std::vector<int32_t> host(2 * padded, 0);
+    for (size_t i = 0; i < n; ++i) {
+      host[i] = static_cast<int32_t>(p.q_rows[i]);
+      host[padded + i] = static_cast<int32_t>(p.k_rows[i]);
+    }
+    for (const PieceTensor& t : tensors) {
+      offsets_at_.push_back({t.uid, host.size()});
+      const std::vector<int64_t>& position = t.role == 'q' ? p.q_position : p.k_position;
+      const int64_t row_stride = t.view->strides[2] / p.step;
+      int64_t offset = 0;
+      for (size_t i = 0; i <= padded; ++i) {
+        if (i < n) offset = p.batch_row[i] * t.view->strides[0] + position[i] * row_stride;
+        host.push_back(static_cast<int32_t>(offset));
+      }
+    }
+    const size_t bytes = host.size() * sizeof(int32_t);
+    device_.emplace(scratch, bytes);
+    // Pageable source: the call returns once the table is staged, so `host` may go.
+    RD_CUDA_CHECK(
+        cudaMemcpyAsync(device_->get(), host.data(), bytes, cudaMemcpyHostToDevice, stream));
+    padded_ = padded;
+  }
+
+  void add_pointers(std::unordered_map<int64_t, void*>& pointers) const {
+    auto* base = static_cast<int32_t*>(device_->get());
+    pointers[kSeqLenQ] = base;
+    pointers[kSeqLenKv] = base + padded_;
+    for (const auto& [uid, at] : offsets_at_) pointers[uid + kOffsetUid] = base + at;
+  }
+
+ private:
+  std::optional<ScratchBuffer> device_;
+  size_t padded_ = 0;
+  std::vector<std::pair<TensorUid, size_t>> offsets_at_;
+};
+
+// Runs the graph of a call over pieces on `tensors` (each read or written in place).
+void run_pieces(const char* op, Direction direction, const AttentionPieces& pieces,
+                const AttentionParams& params, DType dtype, const std::vector<PieceTensor>& tensors,
+                Allocator& scratch, cudaStream_t stream) {
+  const PieceShape shape = piece_shape(pieces);
+  GraphSpec spec;
+  spec.direction = direction;
+  spec.device = current_device();
+  spec.dtype = dtype;
+  spec.causal = params.causal;  // causal pieces are their own keys (pieces_problem)
+  spec.scale = static_cast<float>(params.scale);
+  spec.ragged = true;
+  std::unordered_map<int64_t, void*> pointers;
+  for (const PieceTensor& t : tensors) {
+    const bool has_head_dim = t.uid != kStats;
+    spec.tensors.push_back({t.uid, piece_view(*t.view, shape.pieces,
+                                              t.role == 'q' ? shape.q_rows : shape.k_rows,
+                                              has_head_dim)});
+    pointers[t.uid] = t.view->data;
+  }
+  const PieceTables tables(pieces, shape, tensors, scratch, stream);
+  tables.add_pointers(pointers);
+  run_graph(op, spec, std::move(pointers), scratch, stream);
+}
+
 }  // namespace
 
 void cudnn_attention_forward(const AttentionForwardArgs& args, Allocator& scratch,
@@ -923,6 +1146,16 @@ void cudnn_attention_forward(const AttentionForwardArgs& args, Allocator& scratc
   const std::string problem = forward_problem(args);
   if (!problem.empty()) throw_unsupported(kOp, problem, false);
   if (args.q.numel() == 0) return;
+  if (args.pieces != nullptr) {
+    run_pieces(kOp, Direction::kForward, *args.pieces, args.params, args.q.dtype,
+               {{kQ, 'q', &args.q},
+                {kK, 'k', &args.k},
+                {kV, 'k', &args.v},
+                {kO, 'q', &args.out},
+                {kStats, 'q', &args.lse}},
+               scratch, stream);
+    return;
+  }
 
   // Grouped-query attention runs natively: k and v fold to their own heads (CallFold).
   const CallFold fold = *find_call_fold(args.q, args.k, args.v, /*allow_broadcast=*/true);
@@ -962,6 +1195,20 @@ void cudnn_attention_backward(const AttentionBackwardArgs& args, Allocator& scra
   const std::string problem = backward_problem(args);
   if (!problem.empty()) throw_unsupported(kOp, problem, false);
   if (args.q.numel() == 0) return;  // no query: no gradient
+  if (args.pieces != nullptr) {  // gradients start at zero: written in place
+    run_pieces(kOp, Direction::kBackward, *args.pieces, args.params, args.q.dtype,
+               {{kQ, 'q', &args.q},
+                {kK, 'k', &args.k},
+                {kV, 'k', &args.v},
+                {kO, 'q', &args.out},
+                {kGradO, 'q', &args.grad_out},
+                {kStats, 'q', &args.lse},
+                {kGradQ, 'q', &args.grad_q},
+                {kGradK, 'k', &args.grad_k},
+                {kGradV, 'k', &args.grad_v}},
+               scratch, stream);
+    return;
+  }
 
   const DType dtype = args.q.dtype;
   // Shared gradients (grouped-query attention): k, v and their gradients as their own heads,

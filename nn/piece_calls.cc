@@ -1,0 +1,120 @@
+// Document pieces as one call (see piece_calls.h).
+#include "ringdilated/nn/piece_calls.h"
+
+#include <tuple>
+
+#include "ringdilated/kernels/attention.h"
+#include "ringdilated/tensor/dispatch.h"
+
+namespace rd::nn {
+namespace {
+
+constexpr const char* kOp = "dilated_attention";
+
+// What the calls of one group share: everything but where their rows start and how many.
+auto group_key(const LocalCall& c) {
+  return std::make_tuple(c.pair, c.head_set, c.causal, c.key_piece, c.q.first_head, c.q.head_stride,
+                         c.q.head_count, c.k.first_head, c.k.head_stride, c.q.rate);
+}
+
+bool groupable(const LocalCall& c) {
+  return c.batch_row >= 0 && c.q.segments == 1 && c.k.segments == 1 && c.q.head_repeat == 1 &&
+         c.k.head_repeat == 1;
+}
+
+// The [B, hc, 1, D] view of t's heads of `sel` at position 0 ([B, hc, 1] for an lse [B, H, C]):
+// where a call over pieces counts its rows from.
+kernels::StridedView base_view(const Tensor& t, const Selection& sel, bool lse) {
+  Selection base = sel;
+  base.first_position = 0;
+  base.segment_stride = 0;
+  base.segments = 1;
+  base.count = 1;
+  return kernel_view((lse ? select_bhn(t, base) : select_bnhd(t, base)).select(1, 0), kOp);
+}
+
+kernels::AttentionPieces pieces_of(const std::vector<const LocalCall*>& group) {
+  kernels::AttentionPieces pieces;
+  pieces.step = group.front()->q.rate;
+  for (const LocalCall* c : group) {
+    pieces.batch_row.push_back(c->batch_row);
+    pieces.q_position.push_back(c->q.first_position);
+    pieces.q_rows.push_back(c->q.count);
+    pieces.k_position.push_back(c->k.first_position);
+    pieces.k_rows.push_back(c->k.count);
+  }
+  return pieces;
+}
+
+kernels::AttentionForwardArgs forward_args(const AttentionRunner& runner,
+                                           const std::vector<const LocalCall*>& group,
+                                           const kernels::AttentionPieces& pieces,
+                                           const Tensor& q, const Tensor& k, const Tensor& v,
+                                           const Tensor& out, const Tensor& lse) {
+  const LocalCall& first = *group.front();
+  kernels::AttentionForwardArgs args;
+  args.q = base_view(q, first.q, false);
+  args.k = base_view(k, first.k, false);
+  args.v = base_view(v, first.k, false);
+  args.out = base_view(out, first.q, false);
+  args.lse = base_view(lse, first.q, true);
+  args.params = runner.call_params(first.pair, first.causal, {});
+  args.pieces = &pieces;
+  return args;
+}
+
+}  // namespace
+
+PieceGroups group_piece_calls(const std::vector<LocalCall>& calls,
+                              const std::function<bool(const LocalCall&)>& wanted) {
+  PieceGroups result;
+  std::vector<decltype(group_key(calls.front()))> keys;
+  for (const LocalCall& call : calls) {
+    if (!wanted(call)) continue;
+    if (!groupable(call)) {
+      result.singles.push_back(&call);
+      continue;
+    }
+    size_t g = 0;
+    while (g < keys.size() && keys[g] != group_key(call)) ++g;
+    if (g == keys.size()) {
+      keys.push_back(group_key(call));
+      result.groups.emplace_back();
+    }
+    result.groups[g].push_back(&call);
+  }
+  return result;
+}
+
+bool forward_piece_group(AttentionRunner& runner, const std::vector<const LocalCall*>& group,
+                         const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                         const Tensor& lse) {
+  const kernels::AttentionPieces pieces = pieces_of(group);
+  return runner.forward_if_supported(forward_args(runner, group, pieces, q, k, v, out, lse));
+}
+
+bool backward_piece_group(AttentionRunner& runner, const std::vector<const LocalCall*>& group,
+                          const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                          const Tensor& lse, const Tensor& grad_out, const Tensor& grad_q,
+                          const Tensor& grad_k, const Tensor& grad_v) {
+  const kernels::AttentionPieces pieces = pieces_of(group);
+  const kernels::AttentionForwardArgs fwd =
+      forward_args(runner, group, pieces, q, k, v, out, lse);
+  const LocalCall& first = *group.front();
+  kernels::AttentionBackwardArgs args;
+  args.q = fwd.q;
+  args.k = fwd.k;
+  args.v = fwd.v;
+  args.out = fwd.out;
+  args.lse = fwd.lse;
+  args.params = fwd.params;
+  args.grad_out = base_view(grad_out, first.q, false);
+  args.grad_q = base_view(grad_q, first.q, false);
+  args.grad_k = base_view(grad_k, first.k, false);
+  args.grad_v = base_view(grad_v, first.k, false);
+  args.grads_start_at_zero = true;
+  args.pieces = &pieces;
+  return runner.backward_if_supported(fwd, args);
+}
+
+}  // namespace rd::nn

@@ -1,0 +1,41 @@
+// Document pieces as one call: the calls of one document piece each (BlockCall::batch_row
+// >= 0) that differ only in where their rows start and how many, grouped so that a kernel
+// taking calls over pieces (kernels::AttentionPieces: cuDNN's ragged offsets) runs each
+// group as one call instead of one per piece. Where none takes it, the caller runs each.
+#pragma once
+
+#include <functional>
+#include <vector>
+
+#include "ringdilated/nn/attention_runner.h"
+#include "ringdilated/nn/rank_plan.h"
+#include "ringdilated/tensor/tensor.h"
+
+namespace rd::nn {
+
+struct PieceGroups {
+  std::vector<const LocalCall*> singles;              // run one call each
+  std::vector<std::vector<const LocalCall*>> groups;  // each tried as one call over pieces
+};
+
+// The calls of `calls` that `wanted` accepts: document-piece calls of one pair, head set,
+// heads, dilation and mask grouped (grouped-query blocks stay single), the rest single.
+PieceGroups group_piece_calls(const std::vector<LocalCall>& calls,
+                              const std::function<bool(const LocalCall&)>& wanted);
+
+// The group's forward as one call over pieces on this rank's q, k, v [B, C, H(_kv), D],
+// writing its rows of out [B, C, H, D] and lse [B, H, C] in place. False, with nothing run,
+// where no kernel takes it.
+bool forward_piece_group(AttentionRunner& runner, const std::vector<const LocalCall*>& group,
+                         const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                         const Tensor& lse);
+
+// The group's backward as one call over pieces, against the final out and lse, storing
+// its rows of grad_q, grad_k and grad_v, which must hold zeros there (head groups without
+// shared key/value heads). False, with nothing run, where no kernel takes it.
+bool backward_piece_group(AttentionRunner& runner, const std::vector<const LocalCall*>& group,
+                          const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                          const Tensor& lse, const Tensor& grad_out, const Tensor& grad_q,
+                          const Tensor& grad_k, const Tensor& grad_v);
+
+}  // namespace rd::nn
