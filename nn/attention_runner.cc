@@ -164,23 +164,29 @@ std::optional<AttentionKernel> AttentionRunner::run(const kernels::AttentionForw
   RD_FAIL(kUnimplemented, op_, ": no attention path can run this call: ", reasons);
 }
 
-kernels::AttentionBackwardArgs backward_args(const char* op,
-                                             const kernels::AttentionForwardArgs& fwd,
-                                             const Tensor& grad_out, const Tensor& grad_lse,
-                                             const Tensor& grad_q, const Tensor& grad_k,
-                                             const Tensor& grad_v) {
+kernels::AttentionBackwardArgs backward_of(const kernels::AttentionForwardArgs& fwd) {
   kernels::AttentionBackwardArgs b;
   b.q = fwd.q;
   b.k = fwd.k;
   b.v = fwd.v;
   b.out = fwd.out;
   b.lse = fwd.lse;
+  b.params = fwd.params;
+  b.pieces = fwd.pieces;
+  return b;
+}
+
+kernels::AttentionBackwardArgs backward_args(const char* op,
+                                             const kernels::AttentionForwardArgs& fwd,
+                                             const Tensor& grad_out, const Tensor& grad_lse,
+                                             const Tensor& grad_q, const Tensor& grad_k,
+                                             const Tensor& grad_v) {
+  kernels::AttentionBackwardArgs b = backward_of(fwd);
   b.grad_out = kernel_view(grad_out, op);
   b.grad_lse = grad_lse.defined() ? kernel_view(grad_lse, op) : kernels::StridedView{};
   b.grad_q = kernel_view(grad_q, op);
   b.grad_k = kernel_view(grad_k, op);
   b.grad_v = kernel_view(grad_v, op);
-  b.params = fwd.params;
   return b;
 }
 

@@ -95,6 +95,10 @@ class AttentionRunner {
   kernels::AttentionKernel slowest_ = kernels::AttentionKernel::kCudnn;
 };
 
+// A backward's inputs from its forward call: q, k, v, out, lse, parameters and pieces (the
+// gradients left for the caller).
+kernels::AttentionBackwardArgs backward_of(const kernels::AttentionForwardArgs& fwd);
+
 // The backward of a forward call: its inputs and (merged) results, the gradients arriving
 // at out and lse (an undefined grad_lse: the lse was not used), and the q/k/v gradient
 // tensors (views) it adds into.

@@ -101,19 +101,12 @@ bool backward_piece_group(AttentionRunner& runner, const std::vector<const Local
   const kernels::AttentionForwardArgs fwd =
       forward_args(runner, group, pieces, q, k, v, out, lse);
   const LocalCall& first = *group.front();
-  kernels::AttentionBackwardArgs args;
-  args.q = fwd.q;
-  args.k = fwd.k;
-  args.v = fwd.v;
-  args.out = fwd.out;
-  args.lse = fwd.lse;
-  args.params = fwd.params;
+  kernels::AttentionBackwardArgs args = backward_of(fwd);
   args.grad_out = base_view(grad_out, first.q, false);
   args.grad_q = base_view(grad_q, first.q, false);
   args.grad_k = base_view(grad_k, first.k, false);
   args.grad_v = base_view(grad_v, first.k, false);
   args.grads_start_at_zero = true;
-  args.pieces = &pieces;
   return runner.backward_if_supported(fwd, args);
 }
 
