@@ -382,16 +382,14 @@ std::string pieces_problem(const AttentionPieces& pieces, const AttentionParams&
                      " (pieces need [B, H, 1, D] views, H alike, row strides a multiple of the step ",
                      pieces.step, ")");
     }
-    const std::vector<int64_t>& position = role == 'q' ? pieces.q_position : pieces.k_position;
+    // Pieces run in runs that int32 offsets reach from their lowest start; one piece must fit.
     const std::vector<int64_t>& rows = role == 'q' ? pieces.q_rows : pieces.k_rows;
     for (size_t p = 0; p < n; ++p) {
-      const int64_t last = pieces.batch_row[p] * view->strides[0] +
-                           (position[p] + pieces.step * (rows[p] - 1)) *
-                               (view->strides[seq_dim] / pieces.step) +
-                           (view->shape[1] - 1) * view->strides[1] +
-                           (has_head_dim ? view->shape[3] : 1);
-      if (last > std::numeric_limits<int32_t>::max()) {
-        return str_cat("piece ", p, " reaches element ", last, ", past cuDNN's int32 offsets");
+      const int64_t extent = (rows[p] - 1) * view->strides[seq_dim] +
+                             (view->shape[1] - 1) * view->strides[1] +
+                             (has_head_dim ? view->shape[3] : 1);
+      if (extent > std::numeric_limits<int32_t>::max()) {
+        return str_cat("piece ", p, " spans ", extent, " elements, past cuDNN's int32 offsets");
       }
     }
   }
@@ -1043,11 +1041,18 @@ struct PieceShape {
   int64_t pieces = 1, q_rows = 1, k_rows = 1;
 };
 
+// Fewer rows would buy nothing (a tile is 64 or 128 rows) and cuDNN's backward refuses
+// s_q = s_kv = 1.
+constexpr int64_t kMinPieceRows = 64;
+
 PieceShape piece_shape(const AttentionPieces& p) {
+  const auto most = [](const std::vector<int64_t>& rows) {
+    return next_power_of_two(std::max(kMinPieceRows, *std::max_element(rows.begin(), rows.end())));
+  };
   PieceShape shape;
   shape.pieces = next_power_of_two(p.count());
-  shape.q_rows = next_power_of_two(*std::max_element(p.q_rows.begin(), p.q_rows.end()));
-  shape.k_rows = next_power_of_two(*std::max_element(p.k_rows.begin(), p.k_rows.end()));
+  shape.q_rows = most(p.q_rows);
+  shape.k_rows = most(p.k_rows);
   return shape;
 }
 
@@ -1068,8 +1073,57 @@ struct PieceTensor {
   const StridedView* view;
 };
 
-// The per-piece lengths and each tensor's ragged offsets (elements from its data pointer),
-// in one int32 device buffer; padding pieces repeat the last offset with no rows.
+// Where piece i of `t` starts and ends (one past its last element), in elements from the
+// view's data.
+std::pair<int64_t, int64_t> piece_span(const AttentionPieces& p, const PieceTensor& t, size_t i) {
+  const StridedView& v = *t.view;
+  const bool q_role = t.role == 'q';
+  const int64_t row_stride = v.strides[2] / p.step;
+  const int64_t begin =
+      p.batch_row[i] * v.strides[0] + (q_role ? p.q_position[i] : p.k_position[i]) * row_stride;
+  const int64_t rows = q_role ? p.q_rows[i] : p.k_rows[i];
+  return {begin, begin + (rows - 1) * v.strides[2] + (v.shape[1] - 1) * v.strides[1] +
+                     (v.ndim == 4 ? v.shape[3] : 1)};
+}
+
+// The pieces [first, end) of one graph: the most that every tensor addresses within int32
+// offsets of their lowest start (cuDNN's ragged offsets are int32), at least one.
+size_t chunk_end(const AttentionPieces& p, const std::vector<PieceTensor>& tensors, size_t first) {
+  const size_t n = p.batch_row.size();
+  std::vector<std::pair<int64_t, int64_t>> span(tensors.size(), {INT64_MAX, INT64_MIN});
+  size_t end = first;
+  for (; end < n; ++end) {
+    bool fits = true;
+    std::vector<std::pair<int64_t, int64_t>> grown = span;
+    for (size_t t = 0; t < tensors.size(); ++t) {
+      const auto [begin, stop] = piece_span(p, tensors[t], end);
+      grown[t] = {std::min(grown[t].first, begin), std::max(grown[t].second, stop)};
+      fits = fits && grown[t].second - grown[t].first <= std::numeric_limits<int32_t>::max();
+    }
+    if (!fits && end > first) break;
+    span = std::move(grown);
+  }
+  return end;
+}
+
+AttentionPieces slice(const AttentionPieces& p, size_t first, size_t end) {
+  auto part = [&](const std::vector<int64_t>& v) {
+    return std::vector<int64_t>(v.begin() + static_cast<std::ptrdiff_t>(first),
+                                v.begin() + static_cast<std::ptrdiff_t>(end));
+  };
+  AttentionPieces s;
+  s.step = p.step;
+  s.batch_row = part(p.batch_row);
+  s.q_position = part(p.q_position);
+  s.q_rows = part(p.q_rows);
+  s.k_position = part(p.k_position);
+  s.k_rows = part(p.k_rows);
+  return s;
+}
+
+// The per-piece lengths and each tensor's ragged offsets (elements from its base, the lowest
+// start of its pieces), in one int32 device buffer; padding pieces repeat the last offset
+// with no rows.
 class PieceTables {
  public:
   PieceTables(const AttentionPieces& p, const PieceShape& shape,
@@ -1081,12 +1135,12 @@ class PieceTables {
       host[padded + i] = static_cast<int32_t>(p.k_rows[i]);
     }
     for (const PieceTensor& t : tensors) {
-      offsets_at_.push_back({t.uid, host.size()});
-      const std::vector<int64_t>& position = t.role == 'q' ? p.q_position : p.k_position;
-      const int64_t row_stride = t.view->strides[2] / p.step;
+      int64_t base = INT64_MAX;
+      for (size_t i = 0; i < n; ++i) base = std::min(base, piece_span(p, t, i).first);
+      tensors_.push_back({t.uid, host.size(), base * static_cast<int64_t>(dtype_size(t.view->dtype))});
       int64_t offset = 0;
       for (size_t i = 0; i <= padded; ++i) {
-        if (i < n) offset = p.batch_row[i] * t.view->strides[0] + position[i] * row_stride;
+        if (i < n) offset = piece_span(p, t, i).first - base;
         host.push_back(static_cast<int32_t>(offset));
       }
     }
@@ -1098,23 +1152,35 @@ class PieceTables {
     padded_ = padded;
   }
 
-  void add_pointers(std::unordered_map<int64_t, void*>& pointers) const {
-    auto* base = static_cast<int32_t*>(device_->get());
-    pointers[kSeqLenQ] = base;
-    pointers[kSeqLenKv] = base + padded_;
-    for (const auto& [uid, at] : offsets_at_) pointers[uid + kOffsetUid] = base + at;
+  // Each tensor's base (its data moved to the lowest start) and the tables' addresses.
+  void add_pointers(const std::vector<PieceTensor>& tensors,
+                    std::unordered_map<int64_t, void*>& pointers) const {
+    auto* table = static_cast<int32_t*>(device_->get());
+    pointers[kSeqLenQ] = table;
+    pointers[kSeqLenKv] = table + padded_;
+    for (size_t t = 0; t < tensors.size(); ++t) {
+      const TensorEntry& e = tensors_[t];
+      pointers[e.uid] = static_cast<char*>(tensors[t].view->data) + e.base_bytes;
+      pointers[e.uid + kOffsetUid] = table + e.at;
+    }
   }
 
  private:
+  struct TensorEntry {
+    TensorUid uid;
+    size_t at;           // where its offsets start in the table
+    int64_t base_bytes;  // its lowest start, in bytes from its view's data
+  };
   std::optional<ScratchBuffer> device_;
   size_t padded_ = 0;
-  std::vector<std::pair<TensorUid, size_t>> offsets_at_;
+  std::vector<TensorEntry> tensors_;
 };
 
-// Runs the graph of a call over pieces on `tensors` (each read or written in place).
-void run_pieces(const char* op, Direction direction, const AttentionPieces& pieces,
-                const AttentionParams& params, DType dtype, const std::vector<PieceTensor>& tensors,
-                Allocator& scratch, cudaStream_t stream) {
+// Runs the graph of `pieces` on `tensors` (each read or written in place).
+void run_piece_graph(const char* op, Direction direction, const AttentionPieces& pieces,
+                     const AttentionParams& params, DType dtype,
+                     const std::vector<PieceTensor>& tensors, Allocator& scratch,
+                     cudaStream_t stream) {
   const PieceShape shape = piece_shape(pieces);
   GraphSpec spec;
   spec.direction = direction;
@@ -1123,17 +1189,33 @@ void run_pieces(const char* op, Direction direction, const AttentionPieces& piec
   spec.causal = params.causal;  // causal pieces are their own keys (pieces_problem)
   spec.scale = static_cast<float>(params.scale);
   spec.ragged = true;
-  std::unordered_map<int64_t, void*> pointers;
   for (const PieceTensor& t : tensors) {
     const bool has_head_dim = t.uid != kStats;
     spec.tensors.push_back({t.uid, piece_view(*t.view, shape.pieces,
                                               t.role == 'q' ? shape.q_rows : shape.k_rows,
                                               has_head_dim)});
-    pointers[t.uid] = t.view->data;
   }
+  std::unordered_map<int64_t, void*> pointers;
   const PieceTables tables(pieces, shape, tensors, scratch, stream);
-  tables.add_pointers(pointers);
+  tables.add_pointers(tensors, pointers);
   run_graph(op, spec, std::move(pointers), scratch, stream);
+}
+
+// A call over pieces, as one graph per run of pieces that int32 offsets reach.
+void run_pieces(const char* op, Direction direction, const AttentionPieces& pieces,
+                const AttentionParams& params, DType dtype, const std::vector<PieceTensor>& tensors,
+                Allocator& scratch, cudaStream_t stream) {
+  const size_t n = pieces.batch_row.size();
+  for (size_t first = 0; first < n;) {
+    const size_t end = chunk_end(pieces, tensors, first);
+    if (first == 0 && end == n) {
+      run_piece_graph(op, direction, pieces, params, dtype, tensors, scratch, stream);
+    } else {
+      run_piece_graph(op, direction, slice(pieces, first, end), params, dtype, tensors, scratch,
+                      stream);
+    }
+    first = end;
+  }
 }
 
 }  // namespace
