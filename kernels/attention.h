@@ -131,6 +131,9 @@ struct AttentionBackwardArgs {
   // (cuDNN writes straight into them rather than into scratch plus an add); kernels that
   // accumulate anyway give the same result.
   bool grads_start_at_zero = false;
+  // The same promise for grad_q alone (grouped-query attention: each query head's rows are
+  // one call's, while key/value heads that several calls share accumulate).
+  bool grad_q_starts_at_zero = false;
   const AttentionPieces* pieces = nullptr;  // as the forward's
 };
 

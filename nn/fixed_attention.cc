@@ -259,8 +259,10 @@ class FixedBackward {
 
   // The calls on this rank's own keys, in pieces (backward_pieces).
   void local(const Tensor& k, const Tensor& v) {
-    // Disjoint selections of zeros only for head groups without shared key/value heads.
-    const bool in_place = !plan_.merged && plan_.layout.kv_group() == 1;
+    // Head groups: each call's dQ rows are its own zeros, its dK/dV too unless key/value
+    // heads are shared (then by calls of several head groups).
+    const StartsAtZero own{!plan_.merged, !plan_.merged && plan_.layout.kv_group() == 1};
+    const bool in_place = own.grad_q && own.grad_kv;
     const PieceGroups calls =
         group_piece_calls(plan_.local_calls, [](const LocalCall&) { return true; });
     std::vector<const LocalCall*> singles = calls.singles;
@@ -277,7 +279,7 @@ class FixedBackward {
       for (const LocalCall& piece :
            backward_pieces(*call, plan_.layout, runner_.backward_piece_elements())) {
         run(piece, local_keys(runner_, piece, k, v), grads_.qkv[0], piece.q, grads_.qkv[1],
-            grads_.qkv[2], in_place);
+            grads_.qkv[2], own);
       }
     }
   }
@@ -293,7 +295,7 @@ class FixedBackward {
         const Keys keys = exchanged_keys(runner_, plan_, *call, src, group, flat);
         auto [grad_k, grad_v] = packed_rows(plan_, group, group.index_of(unit), key_grads, src);
         run(*call, keys, unit_dq(unit, rows), in_unit(call->q, u.heads, rows), grad_k, grad_v,
-            /*start_at_zero=*/false);
+            StartsAtZero{});
       }
     }
   }
@@ -307,8 +309,13 @@ class FixedBackward {
   }
 
  private:
+  // Which gradients a call may store rather than add (AttentionBackwardArgs' promises).
+  struct StartsAtZero {
+    bool grad_q = false, grad_kv = false;
+  };
+
   void run(const LocalCall& call, const Keys& keys, const Tensor& grad_q, const Selection& q_sel,
-           const Tensor& grad_k, const Tensor& grad_v, bool start_at_zero) {
+           const Tensor& grad_k, const Tensor& grad_v, StartsAtZero stored) {
     const AttentionForwardArgs fwd =
         forward_args(runner_, plan_.layout, q_, call, keys, {out_, lse_, call.q});
     const int64_t row = call.batch_row;
@@ -319,7 +326,8 @@ class FixedBackward {
     auto args_into = [&](const Tensor& into_k, const Tensor& into_v) {
       AttentionBackwardArgs args =
           backward_args(runner_.op(), fwd, grad_out, grad_lse, dq, into_k, into_v);
-      args.grads_start_at_zero = start_at_zero;
+      args.grads_start_at_zero = stored.grad_q && stored.grad_kv;
+      args.grad_q_starts_at_zero = stored.grad_q;
       return args;
     };
     const AttentionBackwardArgs direct = args_into(select_bnhd(rows_of(grad_k, row), keys.sel),
