@@ -37,6 +37,12 @@ Tensor select_bhn(const Tensor& t, const Selection& s) {
                       offset);
 }
 
+bool same_heads(const Selection& x, const Selection& y) {
+  return x.first_head == y.first_head && x.head_stride == y.head_stride &&
+         x.head_count == y.head_count && x.head_repeat == y.head_repeat &&
+         x.repeat_stride == y.repeat_stride;
+}
+
 Selection without_repeat(const Selection& s) {
   Selection distinct = s;
   distinct.head_repeat = 1;

@@ -44,6 +44,9 @@ Tensor select_bhn(const Tensor& t, const Selection& s);
 // gradient adds into).
 Selection without_repeat(const Selection& s);
 
+// Whether two selections read the same heads (first, stride, count and repeat).
+bool same_heads(const Selection& x, const Selection& y);
+
 // Grouped-query attention: how the query heads `q` (every `group` consecutive query heads
 // share one key/value head: query head h reads key/value head h / group) cut into blocks that
 // are each one call: query heads first + stride * a + repeat_stride * b, key/value heads

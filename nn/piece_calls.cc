@@ -1,8 +1,6 @@
 // Document pieces as one call (see piece_calls.h).
 #include "ringdilated/nn/piece_calls.h"
 
-#include <tuple>
-
 #include "ringdilated/kernels/attention.h"
 #include "ringdilated/tensor/dispatch.h"
 
@@ -11,10 +9,12 @@ namespace {
 
 constexpr const char* kOp = "dilated_attention";
 
-// What the calls of one group share: everything but where their rows start and how many.
-auto group_key(const LocalCall& c) {
-  return std::make_tuple(c.pair, c.head_set, c.causal, c.key_piece, c.q.first_head, c.q.head_stride,
-                         c.q.head_count, c.k.first_head, c.k.head_stride, c.q.rate);
+// Whether two calls can share a group: everything but their batch row and where their rows
+// start and how many.
+bool one_group(const LocalCall& x, const LocalCall& y) {
+  return x.pair == y.pair && x.head_set == y.head_set && x.causal == y.causal &&
+         x.key_piece == y.key_piece && same_heads(x.q, y.q) && same_heads(x.k, y.k) &&
+         x.q.rate == y.q.rate;
 }
 
 bool groupable(const LocalCall& c) {
@@ -48,9 +48,9 @@ kernels::AttentionPieces pieces_of(const std::vector<const LocalCall*>& group) {
 
 kernels::AttentionForwardArgs forward_args(const AttentionRunner& runner,
                                            const std::vector<const LocalCall*>& group,
-                                           const kernels::AttentionPieces& pieces,
-                                           const Tensor& q, const Tensor& k, const Tensor& v,
-                                           const Tensor& out, const Tensor& lse) {
+                                           const kernels::AttentionPieces& pieces, const Tensor& q,
+                                           const Tensor& k, const Tensor& v, const Tensor& out,
+                                           const Tensor& lse) {
   const LocalCall& first = *group.front();
   kernels::AttentionForwardArgs args;
   args.q = base_view(q, first.q, false);
@@ -68,7 +68,6 @@ kernels::AttentionForwardArgs forward_args(const AttentionRunner& runner,
 PieceGroups group_piece_calls(const std::vector<LocalCall>& calls,
                               const std::function<bool(const LocalCall&)>& wanted) {
   PieceGroups result;
-  std::vector<decltype(group_key(calls.front()))> keys;
   for (const LocalCall& call : calls) {
     if (!wanted(call)) continue;
     if (!groupable(call)) {
@@ -76,11 +75,8 @@ PieceGroups group_piece_calls(const std::vector<LocalCall>& calls,
       continue;
     }
     size_t g = 0;
-    while (g < keys.size() && keys[g] != group_key(call)) ++g;
-    if (g == keys.size()) {
-      keys.push_back(group_key(call));
-      result.groups.emplace_back();
-    }
+    while (g < result.groups.size() && !one_group(*result.groups[g].front(), call)) ++g;
+    if (g == result.groups.size()) result.groups.emplace_back();
     result.groups[g].push_back(&call);
   }
   return result;
@@ -98,8 +94,7 @@ bool backward_piece_group(AttentionRunner& runner, const std::vector<const Local
                           const Tensor& lse, const Tensor& grad_out, const Tensor& grad_q,
                           const Tensor& grad_k, const Tensor& grad_v) {
   const kernels::AttentionPieces pieces = pieces_of(group);
-  const kernels::AttentionForwardArgs fwd =
-      forward_args(runner, group, pieces, q, k, v, out, lse);
+  const kernels::AttentionForwardArgs fwd = forward_args(runner, group, pieces, q, k, v, out, lse);
   const LocalCall& first = *group.front();
   kernels::AttentionBackwardArgs args = backward_of(fwd);
   args.grad_out = base_view(grad_out, first.q, false);

@@ -140,12 +140,6 @@ struct PlannedCall {
   bool in_place = false;
 };
 
-bool same_heads(const Selection& x, const Selection& y) {
-  return x.first_head == y.first_head && x.head_stride == y.head_stride &&
-         x.head_count == y.head_count && x.head_repeat == y.head_repeat &&
-         x.repeat_stride == y.repeat_stride;
-}
-
 bool same_selection(const Selection& x, const Selection& y) {
   return same_heads(x, y) && x.first_position == y.first_position &&
          x.segment_stride == y.segment_stride && x.segments == y.segments && x.rate == y.rate &&

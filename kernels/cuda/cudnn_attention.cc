@@ -350,12 +350,53 @@ std::string common_problem(const StridedView& q, const StridedView& k, const Str
   return "";
 }
 
+// The graph tensors of cuDNN attention (their uids in a graph).
+enum TensorUid : int64_t { kQ = 1, kK, kV, kO, kStats, kGradO, kGradQ, kGradK, kGradV };
+
+// A tensor of a call over pieces: its uid, whether its rows follow the queries ('q') or the
+// keys ('k'), and its view ([B, H, 1, D], the lse [B, H, 1]).
+struct PieceTensor {
+  TensorUid uid;
+  char role;
+  const StridedView* view;
+};
+
+std::vector<PieceTensor> piece_tensors(const AttentionForwardArgs& a) {
+  return {
+      {kQ, 'q', &a.q}, {kK, 'k', &a.k}, {kV, 'k', &a.v}, {kO, 'q', &a.out}, {kStats, 'q', &a.lse}};
+}
+
+std::vector<PieceTensor> piece_tensors(const AttentionBackwardArgs& a) {
+  return {{kQ, 'q', &a.q},
+          {kK, 'k', &a.k},
+          {kV, 'k', &a.v},
+          {kO, 'q', &a.out},
+          {kGradO, 'q', &a.grad_out},
+          {kStats, 'q', &a.lse},
+          {kGradQ, 'q', &a.grad_q},
+          {kGradK, 'k', &a.grad_k},
+          {kGradV, 'k', &a.grad_v}};
+}
+
+// Where piece i of `t` starts and ends (one past its last element), in elements from the
+// view's data.
+std::pair<int64_t, int64_t> piece_span(const AttentionPieces& p, const PieceTensor& t, size_t i) {
+  const StridedView& v = *t.view;
+  const bool q_role = t.role == 'q';
+  const int64_t row_stride = v.strides[2] / p.step;
+  const int64_t begin =
+      p.batch_row[i] * v.strides[0] + (q_role ? p.q_position[i] : p.k_position[i]) * row_stride;
+  const int64_t rows = q_role ? p.q_rows[i] : p.k_rows[i];
+  return {begin, begin + (rows - 1) * v.strides[2] + (v.shape[1] - 1) * v.strides[1] +
+                     (v.ndim == 4 ? v.shape[3] : 1)};
+}
+
 // A call over pieces (AttentionPieces) runs as one graph with ragged offsets: [B, H, 1, D]
-// views (lse [B, H, 1]) whose row strides are multiples of the step, int32 element offsets,
-// the same heads for k and v as for q, and causal masks only on pieces whose queries are
-// their keys. `views` are the views the call addresses (role "q" or "k"), `lse` too.
+// views (lse [B, H, 1]) whose row strides are multiples of the step, pieces that each fit
+// int32 offsets, the same heads for k and v as for q, and causal masks only on pieces whose
+// queries are their keys.
 std::string pieces_problem(const AttentionPieces& pieces, const AttentionParams& params,
-                           std::initializer_list<std::pair<char, const StridedView*>> views) {
+                           const std::vector<PieceTensor>& tensors) {
   const size_t n = pieces.batch_row.size();
   if (n == 0 || pieces.q_position.size() != n || pieces.q_rows.size() != n ||
       pieces.k_position.size() != n || pieces.k_rows.size() != n || pieces.step < 1) {
@@ -366,30 +407,30 @@ std::string pieces_problem(const AttentionPieces& pieces, const AttentionParams&
         pieces.k_position[p] < 0 || pieces.batch_row[p] < 0) {
       return str_cat("piece ", p, " is empty or starts before its view");
     }
-    if (params.causal && (params.causal_offset != 0 || pieces.q_position[p] != pieces.k_position[p] ||
-                          pieces.q_rows[p] != pieces.k_rows[p])) {
+    if (params.causal &&
+        (params.causal_offset != 0 || pieces.q_position[p] != pieces.k_position[p] ||
+         pieces.q_rows[p] != pieces.k_rows[p])) {
       return str_cat("piece ", p, " is causal but its queries are not its keys");
     }
   }
-  const int64_t heads = views.begin()->second->shape[1];
-  for (const auto& [role, view] : views) {
-    const bool has_head_dim = view->ndim == 4;
+  const int64_t heads = tensors.front().view->shape[1];
+  for (const PieceTensor& t : tensors) {
+    const StridedView& view = *t.view;
     constexpr int seq_dim = 2;  // [B, H, rows, D] and [B, H, rows]
-    if ((view->ndim != 4 && view->ndim != 3) || view->shape[seq_dim] != 1 ||
-        view->shape[1] != heads || view->strides[seq_dim] % pieces.step != 0 ||
-        view->strides[0] < 0 || view->strides[1] < 0 || view->strides[seq_dim] <= 0) {
-      return str_cat("a view of the pieces is ", shape_of(*view),
-                     " (pieces need [B, H, 1, D] views, H alike, row strides a multiple of the step ",
-                     pieces.step, ")");
+    if ((view.ndim != 4 && view.ndim != 3) || view.shape[seq_dim] != 1 || view.shape[1] != heads ||
+        view.strides[seq_dim] % pieces.step != 0 || view.strides[0] < 0 || view.strides[1] < 0 ||
+        view.strides[seq_dim] <= 0) {
+      return str_cat(
+          "a view of the pieces is ", shape_of(view),
+          " (pieces need [B, H, 1, D] views, H alike, row strides a multiple of the step ",
+          pieces.step, ")");
     }
     // Pieces run in runs that int32 offsets reach from their lowest start; one piece must fit.
-    const std::vector<int64_t>& rows = role == 'q' ? pieces.q_rows : pieces.k_rows;
     for (size_t p = 0; p < n; ++p) {
-      const int64_t extent = (rows[p] - 1) * view->strides[seq_dim] +
-                             (view->shape[1] - 1) * view->strides[1] +
-                             (has_head_dim ? view->shape[3] : 1);
-      if (extent > std::numeric_limits<int32_t>::max()) {
-        return str_cat("piece ", p, " spans ", extent, " elements, past cuDNN's int32 offsets");
+      const auto [begin, end] = piece_span(pieces, t, p);
+      if (end - begin > std::numeric_limits<int32_t>::max()) {
+        return str_cat("piece ", p, " spans ", end - begin,
+                       " elements, past cuDNN's int32 offsets");
       }
     }
   }
@@ -409,8 +450,7 @@ std::string forward_problem(const AttentionForwardArgs& a) {
   if (problem.empty()) problem = common_problem(a.q, a.k, a.v, a.params, /*grouped=*/true);
   if (problem.empty() && a.pieces != nullptr) {
     if (a.lse.data == nullptr) return "pieces: the lse is required";
-    problem = pieces_problem(*a.pieces, a.params,
-                             {{'q', &a.q}, {'k', &a.k}, {'k', &a.v}, {'q', &a.out}, {'q', &a.lse}});
+    problem = pieces_problem(*a.pieces, a.params, piece_tensors(a));
   }
   return problem;
 }
@@ -452,10 +492,7 @@ std::string backward_problem(const AttentionBackwardArgs& a) {
     for (const StridedView* grad : {&a.grad_q, &a.grad_k, &a.grad_v, &a.out, &a.grad_out}) {
       if (grad->dtype != a.q.dtype) return "pieces: out and the gradients must be q's dtype";
     }
-    problem = pieces_problem(*a.pieces, a.params,
-                             {{'q', &a.q}, {'k', &a.k}, {'k', &a.v}, {'q', &a.out}, {'q', &a.lse},
-                              {'q', &a.grad_out}, {'q', &a.grad_q}, {'k', &a.grad_k},
-                              {'k', &a.grad_v}});
+    problem = pieces_problem(*a.pieces, a.params, piece_tensors(a));
   }
   return problem;
 }
@@ -724,7 +761,6 @@ class GraphCache {
 // ---------------------------------------------------------------------------------------
 // Graph description and building.
 
-enum TensorUid : int64_t { kQ = 1, kK, kV, kO, kStats, kGradO, kGradQ, kGradK, kGradV };
 // A call over pieces: each tensor's ragged offsets are tensor uid + kOffsetUid, and the
 // pieces' query and key lengths kSeqLenQ and kSeqLenKv (int32, on the device).
 constexpr int64_t kOffsetUid = 100, kSeqLenQ = 200, kSeqLenKv = 201;
@@ -1058,32 +1094,11 @@ PieceShape piece_shape(const AttentionPieces& p) {
 
 // A [B, H, 1, D] view (lse [B, H, 1]) as the graph's [pieces, H, rows, D]. Each piece starts
 // at its ragged offset; the batch stride given is that of packed rows.
-View4 piece_view(const StridedView& v, int64_t pieces, int64_t rows, bool has_head_dim) {
+View4 piece_view(const StridedView& v, int64_t pieces, int64_t rows) {
   View4 r;
-  r.dim = {pieces, v.shape[1], rows, has_head_dim ? v.shape[3] : 1};
+  r.dim = {pieces, v.shape[1], rows, v.ndim == 4 ? v.shape[3] : 1};
   r.stride = {rows * v.strides[2], v.strides[1], v.strides[2], 1};
   return r;
-}
-
-// A tensor of a call over pieces: its uid, whether its rows follow the queries ('q') or the
-// keys ('k'), and its view.
-struct PieceTensor {
-  TensorUid uid;
-  char role;
-  const StridedView* view;
-};
-
-// Where piece i of `t` starts and ends (one past its last element), in elements from the
-// view's data.
-std::pair<int64_t, int64_t> piece_span(const AttentionPieces& p, const PieceTensor& t, size_t i) {
-  const StridedView& v = *t.view;
-  const bool q_role = t.role == 'q';
-  const int64_t row_stride = v.strides[2] / p.step;
-  const int64_t begin =
-      p.batch_row[i] * v.strides[0] + (q_role ? p.q_position[i] : p.k_position[i]) * row_stride;
-  const int64_t rows = q_role ? p.q_rows[i] : p.k_rows[i];
-  return {begin, begin + (rows - 1) * v.strides[2] + (v.shape[1] - 1) * v.strides[1] +
-                     (v.ndim == 4 ? v.shape[3] : 1)};
 }
 
 // The pieces [first, end) of one graph: the most that every tensor addresses within int32
@@ -1137,7 +1152,8 @@ class PieceTables {
     for (const PieceTensor& t : tensors) {
       int64_t base = INT64_MAX;
       for (size_t i = 0; i < n; ++i) base = std::min(base, piece_span(p, t, i).first);
-      tensors_.push_back({t.uid, host.size(), base * static_cast<int64_t>(dtype_size(t.view->dtype))});
+      tensors_.push_back(
+          {t.uid, host.size(), base * static_cast<int64_t>(dtype_size(t.view->dtype))});
       int64_t offset = 0;
       for (size_t i = 0; i <= padded; ++i) {
         if (i < n) offset = piece_span(p, t, i).first - base;
@@ -1190,10 +1206,8 @@ void run_piece_graph(const char* op, Direction direction, const AttentionPieces&
   spec.scale = static_cast<float>(params.scale);
   spec.ragged = true;
   for (const PieceTensor& t : tensors) {
-    const bool has_head_dim = t.uid != kStats;
-    spec.tensors.push_back({t.uid, piece_view(*t.view, shape.pieces,
-                                              t.role == 'q' ? shape.q_rows : shape.k_rows,
-                                              has_head_dim)});
+    spec.tensors.push_back(
+        {t.uid, piece_view(*t.view, shape.pieces, t.role == 'q' ? shape.q_rows : shape.k_rows)});
   }
   std::unordered_map<int64_t, void*> pointers;
   const PieceTables tables(pieces, shape, tensors, scratch, stream);
@@ -1208,12 +1222,8 @@ void run_pieces(const char* op, Direction direction, const AttentionPieces& piec
   const size_t n = pieces.batch_row.size();
   for (size_t first = 0; first < n;) {
     const size_t end = chunk_end(pieces, tensors, first);
-    if (first == 0 && end == n) {
-      run_piece_graph(op, direction, pieces, params, dtype, tensors, scratch, stream);
-    } else {
-      run_piece_graph(op, direction, slice(pieces, first, end), params, dtype, tensors, scratch,
-                      stream);
-    }
+    run_piece_graph(op, direction, slice(pieces, first, end), params, dtype, tensors, scratch,
+                    stream);
     first = end;
   }
 }
@@ -1230,12 +1240,7 @@ void cudnn_attention_forward(const AttentionForwardArgs& args, Allocator& scratc
   if (args.q.numel() == 0) return;
   if (args.pieces != nullptr) {
     run_pieces(kOp, Direction::kForward, *args.pieces, args.params, args.q.dtype,
-               {{kQ, 'q', &args.q},
-                {kK, 'k', &args.k},
-                {kV, 'k', &args.v},
-                {kO, 'q', &args.out},
-                {kStats, 'q', &args.lse}},
-               scratch, stream);
+               piece_tensors(args), scratch, stream);
     return;
   }
 
@@ -1279,16 +1284,7 @@ void cudnn_attention_backward(const AttentionBackwardArgs& args, Allocator& scra
   if (args.q.numel() == 0) return;  // no query: no gradient
   if (args.pieces != nullptr) {  // gradients start at zero: written in place
     run_pieces(kOp, Direction::kBackward, *args.pieces, args.params, args.q.dtype,
-               {{kQ, 'q', &args.q},
-                {kK, 'k', &args.k},
-                {kV, 'k', &args.v},
-                {kO, 'q', &args.out},
-                {kGradO, 'q', &args.grad_out},
-                {kStats, 'q', &args.lse},
-                {kGradQ, 'q', &args.grad_q},
-                {kGradK, 'k', &args.grad_k},
-                {kGradV, 'k', &args.grad_v}},
-               scratch, stream);
+               piece_tensors(args), scratch, stream);
     return;
   }
 
