@@ -77,20 +77,21 @@ using VariantBackward =
                        const Tensor& grad_lse, const GradBuffers& grads)>;
 
 // The call's one autograd node over `in.differentiated`; its gradients are built in
-// `grad_dtype` (q's dtype where calls write disjoint elements, else the accumulation dtype).
+// `grad_dtypes` (GradDtypes).
 void record_node(const char* op, const AttentionInputs& in, const RankAttention& forward,
-                 const DilatedAttentionResult& result, DType grad_dtype, VariantBackward backward) {
+                 const DilatedAttentionResult& result, GradDtypes grad_dtypes,
+                 VariantBackward backward) {
   if (!autograd::needs_grad(in.differentiated)) return;
   autograd::record(
       {result.out, result.lse}, op, in.differentiated,
-      [backward = std::move(backward), packed = in.packed, grad_dtype, kv_heads = in.k.size(2),
+      [backward = std::move(backward), packed = in.packed, grad_dtypes, kv_heads = in.k.size(2),
        out = forward.out.detach(), lse = forward.lse.detach()](const std::vector<Tensor>& grads) {
         const Tensor grad_out =
             grads[0].defined() ? grads[0].to(out.dtype()).contiguous() : zeros_like(out);
         const Tensor grad_lse =
             grads[1].defined() ? grads[1].to(lse.dtype()).contiguous() : Tensor();
         const GradBuffers buffers =
-            GradBuffers::zeroed(out.shape(), kv_heads, grad_dtype, out.device(), packed);
+            GradBuffers::zeroed(out.shape(), kv_heads, grad_dtypes, out.device(), packed);
         backward(out, lse, grad_out, grad_lse, buffers);
         return buffers.input_grads(out.dtype());
       });
@@ -117,11 +118,11 @@ AttentionInputs packed_inputs(const Tensor& qkv, const char* op, const char* sha
 
 namespace {
 
-// One variant's forward on this rank, the dtype its gradients are built in, and its
+// One variant's forward on this rank, the dtypes its gradients are built in, and its
 // backward (for the autograd node).
 struct VariantRun {
   RankAttention forward;
-  DType grad_dtype = DType::kFloat32;
+  GradDtypes grad_dtypes;
   VariantBackward backward;
 };
 
@@ -139,10 +140,12 @@ VariantRun run_fixed(const DilatedAttentionOptions& options, const RankLayout& l
   result->ring_pairs = static_cast<int>(plan->ring.units.size());
   result->gathered_pairs = plan->gathered_units();
   result->forward_bytes_sent = exchange_bytes_sent(comm, *plan) - before;
-  // Head groups without grouped-query attention write disjoint elements: q's dtype is exact.
-  // Shared key/value heads (or all-heads mixing) add up shares: the accumulation dtype.
-  const bool disjoint = !plan->merged && layout.kv_group() == 1;
-  run.grad_dtype = disjoint ? in.q.dtype() : accumulation_dtype(in.q.dtype());
+  // Head groups write disjoint elements of dQ, and of dK/dV unless key/value heads are shared
+  // (grouped-query attention): there q's dtype is exact. Shares that add up (shared key/value
+  // heads, all-heads mixing) take the accumulation dtype.
+  const DType exact = in.q.dtype(), accumulated = accumulation_dtype(in.q.dtype());
+  run.grad_dtypes.q = plan->merged ? accumulated : exact;
+  run.grad_dtypes.kv = !plan->merged && layout.kv_group() == 1 ? exact : accumulated;
   run.backward = [runner, plan, q = in.q, k = in.k, v = in.v, comm](
                      const Tensor& out, const Tensor& lse, const Tensor& grad_out,
                      const Tensor& grad_lse, const GradBuffers& grads) {
@@ -177,7 +180,7 @@ VariantRun run_global(const DilatedAttentionOptions& options, const RankLayout& 
     result->gathered_pairs = static_cast<int>(options.segment_lengths.size());
     result->forward_bytes_sent = comm->stats().bytes_sent - before;
   }
-  run.grad_dtype = accumulation_dtype(in.q.dtype());
+  run.grad_dtypes = {accumulation_dtype(in.q.dtype()), accumulation_dtype(in.q.dtype())};
   run.backward = [runner, plan, q = in.q, k, v, kv_index, comm](
                      const Tensor& out, const Tensor& lse, const Tensor& grad_out,
                      const Tensor& grad_lse, const GradBuffers& grads) {
@@ -187,7 +190,7 @@ VariantRun run_global(const DilatedAttentionOptions& options, const RankLayout& 
     }
     // q's gradient goes straight into its buffer; k's and v's, repeated to the query heads,
     // into H-head buffers folded back below.
-    const Tensor repeated_kv = zeros(q.shape(), options_like(grads.qkv[0]));
+    const Tensor repeated_kv = zeros(q.shape(), options_like(grads.qkv[1]));
     GradBuffers repeated;
     repeated.qkv = {grads.qkv[0], repeated_kv, zeros_like(repeated_kv)};
     global_backward(*runner, *plan, q, k, v, out, lse, grad_out, grad_lse, comm, repeated);
@@ -219,7 +222,7 @@ RingAttentionResult run_dilated_attention(const char* op, const AttentionInputs&
   result.attention.out = run.forward.out;
   result.attention.lse = run.forward.lse.to(DType::kFloat32);  // float64 data keeps float64
   result.attention.path_used = runner->path_used();
-  record_node(op, in, run.forward, result.attention, run.grad_dtype, std::move(run.backward));
+  record_node(op, in, run.forward, result.attention, run.grad_dtypes, std::move(run.backward));
   return result;
 }
 

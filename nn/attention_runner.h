@@ -114,15 +114,23 @@ struct RankAttention {
   Tensor lse;  // [B, H, C], the accumulation dtype (float32; float64 for float64 data)
 };
 
+// The dtypes the backward builds the gradients of q and of k, v in: the inputs' dtype where
+// each element is written by one call (exact), else the accumulation dtype (shares add up).
+// They differ under grouped-query attention with head groups: each query head is one pair's,
+// while a key/value head may serve the query heads of several pairs.
+struct GradDtypes {
+  DType q = DType::kFloat32, kv = DType::kFloat32;
+};
+
 // Where the backward adds the gradients of q, k and v: zero-filled buffers of the gradient
-// dtype, either three [B, N, H, D] tensors or the q/k/v selections of one [B, N, 3, H, D]
+// dtypes, either three [B, N, H, D] tensors or the q/k/v selections of one [B, N, 3, H, D]
 // tensor when the inputs came packed (then no gradient-sized copy is ever made to pack them).
 struct GradBuffers {
   Tensor packed;            // [B, N, 3, H, D], or undefined
   std::vector<Tensor> qkv;  // q [B, N, H, D], k and v [B, N, H_kv, D]
 
-  // `kv_heads`: H_kv (grouped-query attention; packed inputs have H_kv = H).
-  static GradBuffers zeroed(const Shape& bnhd, int64_t kv_heads, DType dtype, Device device,
+  // `kv_heads`: H_kv (grouped-query attention; packed inputs have H_kv = H and one dtype).
+  static GradBuffers zeroed(const Shape& bnhd, int64_t kv_heads, GradDtypes dtypes, Device device,
                             bool packed);
   // The gradients of the autograd inputs (q, k, v; or the packed qkv) in `dtype`.
   std::vector<Tensor> input_grads(DType dtype) const;
