@@ -1013,14 +1013,15 @@ class Staged {
   std::optional<ScratchBuffer> buffer_;
 };
 
-// grad += produced, where `produced` (contiguous, q's dtype) came from cuDNN; grad may be
-// float32, so it goes through a float32 copy first.
+// grad += produced, where `produced` (contiguous, q's dtype) came from cuDNN; a float32 grad
+// reads it widened in the add, or (overlapping elements) through a float32 copy.
 void add_into(const StridedView& grad, const StridedView& produced, Allocator& scratch,
               cudaStream_t stream) {
   if (grad.dtype == produced.dtype) {
     accumulate(grad, produced, stream);
     return;
   }
+  if (accumulate_widening(grad, produced, stream)) return;
   ScratchBuffer widened(scratch, view_bytes(produced, grad.dtype));
   const StridedView wide = contiguous_like(produced, grad.dtype, widened.get());
   copy(wide, produced, stream);
