@@ -140,12 +140,15 @@ VariantRun run_fixed(const DilatedAttentionOptions& options, const RankLayout& l
   result->ring_pairs = static_cast<int>(plan->ring.units.size());
   result->gathered_pairs = plan->gathered_units();
   result->forward_bytes_sent = exchange_bytes_sent(comm, *plan) - before;
-  // Head groups write disjoint elements of dQ, and of dK/dV unless key/value heads are shared
-  // (grouped-query attention): there q's dtype is exact. Shares that add up (shared key/value
-  // heads, all-heads mixing) take the accumulation dtype.
+  // Head groups write disjoint elements of dQ: q's dtype is exact. Likewise dK/dV where each
+  // key/value head is one pair's. Where two pairs share one (grouped-query attention), the
+  // second adds to the first's stored values in float32 and rounds once: the float32 sum of
+  // the two, rounded. More sharers, and all-heads mixing, accumulate in float32.
   const DType exact = in.q.dtype(), accumulated = accumulation_dtype(in.q.dtype());
+  const bool two_sharers_at_most =
+      max_pairs_per_kv_head(options, layout.heads, layout.kv_group()) <= 2;
   run.grad_dtypes.q = plan->merged ? accumulated : exact;
-  run.grad_dtypes.kv = !plan->merged && layout.kv_group() == 1 ? exact : accumulated;
+  run.grad_dtypes.kv = !plan->merged && two_sharers_at_most ? exact : accumulated;
   run.backward = [runner, plan, q = in.q, k = in.k, v = in.v, comm](
                      const Tensor& out, const Tensor& lse, const Tensor& grad_out,
                      const Tensor& grad_lse, const GradBuffers& grads) {

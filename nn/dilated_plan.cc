@@ -3,6 +3,7 @@
 #include "ringdilated/nn/dilated_plan.h"
 
 #include <algorithm>
+#include <set>
 
 #include "ringdilated/kernels/error.h"
 #include "ringdilated/nn/hilbert.h"
@@ -133,6 +134,22 @@ std::vector<PairHeads> fixed_pair_heads(const DilatedAttentionOptions& options, 
          pair % r});
   }
   return result;
+}
+
+int64_t max_pairs_per_kv_head(const DilatedAttentionOptions& options, int64_t num_heads,
+                              int64_t kv_group) {
+  std::vector<std::set<int>> readers(static_cast<size_t>(num_heads / kv_group));
+  for (int pair = 0; pair < static_cast<int>(options.segment_lengths.size()); ++pair) {
+    for (const PairHeads& set : fixed_pair_heads(options, num_heads, pair)) {
+      for (int64_t t = 0; t < set.heads.count; ++t) {
+        readers[static_cast<size_t>((set.heads.first + set.heads.stride * t) / kv_group)].insert(
+            pair);
+      }
+    }
+  }
+  size_t most = 0;
+  for (const std::set<int>& pairs : readers) most = std::max(most, pairs.size());
+  return static_cast<int64_t>(most);
 }
 
 int64_t segment_offset(const DilatedAttentionOptions& options, int64_t base, int64_t segment,

@@ -86,6 +86,12 @@ struct PairHeads {
 std::vector<PairHeads> fixed_pair_heads(const DilatedAttentionOptions& options, int64_t num_heads,
                                         int pair);
 
+// The most pairs of the fixed variant whose head sets read one key/value head (query head h
+// reads key/value head h / kv_group): 1 for head groups without grouped-query attention,
+// every pair under all-heads mixing.
+int64_t max_pairs_per_kv_head(const DilatedAttentionOptions& options, int64_t num_heads,
+                              int64_t kv_group);
+
 // The offset of segment `segment` (numbered from the start of the sequence) for a head set
 // of base offset `base` under pair rate r: `base`, or (base + segment) mod r under the
 // rotating rule. Every plan (whole calls, blocks, decoding steps) takes offsets from here.

@@ -239,6 +239,36 @@ RankAttention fixed_forward(AttentionRunner& runner, const RankPlan& plan, const
 
 namespace {
 
+// Which local calls (head groups) may store their dK/dV rather than add them, in the order
+// they run: a call of pair p stores into key/value heads that no call of another pair wrote
+// before it. Calls of one pair write disjoint rows of a head (its segments, row pieces and
+// document pieces do not overlap, and the pair's head group has one offset), so only another
+// pair's writes (grouped-query attention: a key/value head whose query heads two head groups
+// split) make a call add.
+class KeyGradStores {
+ public:
+  explicit KeyGradStores(int64_t kv_heads) : writer_(static_cast<size_t>(kv_heads), kNone) {}
+
+  // Whether `call` may store; records its pair as a writer of its key/value heads.
+  bool may_store(const LocalCall& call) {
+    bool store = true;
+    for (int64_t t = 0; t < call.k.head_count; ++t) {
+      int& writer = writer_[static_cast<size_t>(call.k.first_head + call.k.head_stride * t)];
+      if (writer == kNone) {
+        writer = call.pair;
+      } else if (writer != call.pair) {
+        writer = kSeveral;
+      }
+      store = store && writer == call.pair;
+    }
+    return store;
+  }
+
+ private:
+  static constexpr int kNone = -1, kSeveral = -2;
+  std::vector<int> writer_;  // per key/value head: the one pair that wrote it, or kNone/kSeveral
+};
+
 // The backward of one pass: runs each call's backward into the gradient buffers. Head groups:
 // the local calls write q-dtype gradients in place (disjoint selections of zeros);
 // contributions from and to other ranks accumulate in float32 per unit and are added once at
@@ -259,10 +289,10 @@ class FixedBackward {
 
   // The calls on this rank's own keys, in pieces (backward_pieces).
   void local(const Tensor& k, const Tensor& v) {
-    // Head groups: each call's dQ rows are its own zeros, its dK/dV too unless key/value
-    // heads are shared (then by calls of several head groups).
-    const StartsAtZero own{!plan_.merged, !plan_.merged && plan_.layout.kv_group() == 1};
-    const bool in_place = own.grad_q && own.grad_kv;
+    // Head groups: each call's dQ rows are its own zeros, its dK/dV too unless another pair
+    // shares its key/value heads (grouped-query attention: KeyGradStores).
+    const bool head_groups = !plan_.merged;
+    const bool in_place = head_groups && plan_.layout.kv_group() == 1;
     const PieceGroups calls =
         group_piece_calls(plan_.local_calls, [](const LocalCall&) { return true; });
     std::vector<const LocalCall*> singles = calls.singles;
@@ -275,7 +305,9 @@ class FixedBackward {
       }
       singles.insert(singles.end(), group.begin(), group.end());
     }
+    KeyGradStores stores(plan_.layout.kv_heads);
     for (const LocalCall* call : singles) {
+      const StartsAtZero own{head_groups, head_groups && stores.may_store(*call)};
       for (const LocalCall& piece :
            backward_pieces(*call, plan_.layout, runner_.backward_piece_elements())) {
         run(piece, local_keys(runner_, piece, k, v), grads_.qkv[0], piece.q, grads_.qkv[1],
@@ -348,8 +380,15 @@ class FixedBackward {
     const Tensor scratch_k = zeros(key_shape, acc_opts), scratch_v = zeros(key_shape, acc_opts);
     runner_.backward(fwd, args_into(scratch_k, scratch_v));
     const Selection distinct = without_repeat(keys.sel);
-    add_into(select_bnhd(rows_of(grad_k, row), distinct), sum(scratch_k, {3}));
-    add_into(select_bnhd(rows_of(grad_v, row), distinct), sum(scratch_v, {3}));
+    // Stored where the call may store (as cuDNN would), so a wrong promise shows here too.
+    for (const auto& [grad, scratch] : {std::pair{&grad_k, &scratch_k}, {&grad_v, &scratch_v}}) {
+      Tensor target = select_bnhd(rows_of(*grad, row), distinct);
+      if (stored.grad_kv) {
+        target.copy_(sum(*scratch, {3}));
+      } else {
+        add_into(target, sum(*scratch, {3}));
+      }
+    }
   }
 
   // dQ of this rank's rows of `unit` from remote keys, in the accumulation dtype.

@@ -16,6 +16,7 @@
 #include "ringdilated/kernels/error.h"
 #include "ringdilated/nn/dilated_attention.h"
 #include "ringdilated/nn/dilated_decode.h"
+#include "ringdilated/nn/dilated_plan.h"
 #include "ringdilated/nn/ring_dilated_attention.h"
 #include "ringdilated/tensor/autograd.h"
 #include "ringdilated/tensor/device.h"
@@ -227,31 +228,53 @@ TEST(GroupedQueryDecode, EveryStepEqualsTheFullForwardsRow) {
 
 // On the GPU each path (with its fallbacks) in bfloat16 gives the CPU float64 result on the
 // same rounded inputs, forward and backward, to bfloat16's rounding (a shared key/value
-// head's gradient sums several query heads', hence the looser gradient tolerance).
+// head's gradient sums several query heads', hence the looser gradient tolerance). The shapes
+// cover key/value heads that two head groups share (the second pair's dK/dV add to the
+// first's stored ones), that head groups straddle, and that four pairs share (float32
+// accumulation).
 TEST(GroupedQueryCuda, EveryPathMatchesTheCpu) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
-  for (const HeadMixing mixing : {HeadMixing::kHeadGroups, HeadMixing::kAllHeads}) {
-    for (const nn::AttentionPath path :
-         {nn::AttentionPath::kMath, nn::AttentionPath::kFlash, nn::AttentionPath::kCudnn}) {
-      SCOPED_TRACE(std::string(nn::path_name(path)) +
-                   (mixing == HeadMixing::kAllHeads ? " all heads" : " head groups"));
-      DilatedAttentionOptions o =
-          options_for(DilationVariant::kSegmentLocal, mixing, OffsetRule::kConstant, true, 4);
-      const CallResult want =
-          run(o, {8, 2}, false, 11, DType::kFloat64, Device::cpu(), DType::kBFloat16);
-      o.path = path;
-      const CallResult got =
-          run(o, {8, 2}, false, 11, DType::kBFloat16, Device::cuda(0), DType::kBFloat16);
-      const double unit = std::ldexp(1.0, -8);
-      expect_close(got.out, want.out, "out", 8 * unit);
-      expect_close(got.lse, want.lse, "lse", 8 * unit);
-      for (const auto& [g, w, name] : {std::tuple{&got.grad_q, &want.grad_q, "grad_q"},
-                                       std::tuple{&got.grad_k, &want.grad_k, "grad_k"},
-                                       std::tuple{&got.grad_v, &want.grad_v, "grad_v"}}) {
-        expect_close(*g, *w, name, 32 * unit);
+  const std::vector<std::pair<GqaShape, int>> shapes = {
+      {{8, 2}, 4}, {{12, 3}, 4}, {{8, 4}, 3}, {{8, 1}, 4}};
+  for (const auto& [shape, pairs] : shapes) {
+    for (const HeadMixing mixing : {HeadMixing::kHeadGroups, HeadMixing::kAllHeads}) {
+      for (const nn::AttentionPath path :
+           {nn::AttentionPath::kMath, nn::AttentionPath::kFlash, nn::AttentionPath::kCudnn}) {
+        SCOPED_TRACE(std::string(nn::path_name(path)) +
+                     (mixing == HeadMixing::kAllHeads ? " all heads" : " head groups") + ", H " +
+                     std::to_string(shape.heads) + ", H_kv " + std::to_string(shape.kv_heads));
+        DilatedAttentionOptions o =
+            options_for(DilationVariant::kSegmentLocal, mixing, OffsetRule::kConstant, true, pairs);
+        const CallResult want =
+            run(o, shape, false, 11, DType::kFloat64, Device::cpu(), DType::kBFloat16);
+        o.path = path;
+        const CallResult got =
+            run(o, shape, false, 11, DType::kBFloat16, Device::cuda(0), DType::kBFloat16);
+        const double unit = std::ldexp(1.0, -8);
+        expect_close(got.out, want.out, "out", 8 * unit);
+        expect_close(got.lse, want.lse, "lse", 8 * unit);
+        for (const auto& [g, w, name] : {std::tuple{&got.grad_q, &want.grad_q, "grad_q"},
+                                         std::tuple{&got.grad_k, &want.grad_k, "grad_k"},
+                                         std::tuple{&got.grad_v, &want.grad_v, "grad_v"}}) {
+          expect_close(*g, *w, name, 32 * unit);
+        }
       }
     }
   }
+}
+
+// How many pairs read one key/value head decides whether dK/dV may be stored in the inputs'
+// dtype (at most two) or accumulate in float32.
+TEST(GroupedQueryPlan, PairsPerKeyValueHead) {
+  DilatedAttentionOptions o = options_for(DilationVariant::kSegmentLocal, HeadMixing::kHeadGroups,
+                                          OffsetRule::kConstant, false, 3);
+  // 16 heads in groups of 6, 5, 5: heads 4-5 and 6-7 share key/value head 1 (groups of 4).
+  EXPECT_EQ(nn::max_pairs_per_kv_head(o, 16, 1), 1);
+  EXPECT_EQ(nn::max_pairs_per_kv_head(o, 16, 4), 2);
+  EXPECT_EQ(nn::max_pairs_per_kv_head(o, 16, 16), 3);
+  EXPECT_EQ(nn::max_pairs_per_kv_head(o, 12, 4), 1);  // groups of 4 on groups of 4
+  o.mixing = HeadMixing::kAllHeads;
+  EXPECT_EQ(nn::max_pairs_per_kv_head(o, 16, 1), 3);
 }
 
 TEST(GroupedQueryErrors, HeadCountsThatDoNotDivideAreNamed) {
