@@ -364,6 +364,44 @@ TEST_F(CudaKernelsTest, AccumulateAddsIntoDistinctAndOverlappingOutputs) {
   }
 }
 
+// Rows of whole aligned vectors in strided outer dims (a dilated selection's rows of D
+// contiguous elements) take the vectorized row loop (RowVectorBody); a misaligned start
+// falls back to the per-element loop. Widening: float32 out += a bf16/f16 in, equal to the
+// CPU's accumulate of the input converted to float32.
+TEST_F(CudaKernelsTest, AccumulatesRowsOfVectorsAndWidensNarrowFloats) {
+  const Layout kRowGaps{"row_gaps", {3, 4, 32}, {512, 64, 1}, 8};
+  const Layout kRowDense = contiguous({3, 4, 32}, "row_dense");
+  const Layout kRowMisaligned{"row_misaligned", {3, 4, 32}, {512, 64, 1}, 3};
+  const UnaryLayouts layouts[] = {{&kRowGaps, &kRowDense},
+                                  {&kRowDense, &kRowGaps},
+                                  {&kRowGaps, &kRowGaps},
+                                  {&kRowMisaligned, &kRowDense},
+                                  {&kRowGaps, &kRowMisaligned}};
+  for (DType dtype : {DType::kFloat32, DType::kBFloat16, DType::kFloat16, DType::kFloat64}) {
+    for (const UnaryLayouts& l : layouts) {
+      Mirror out(random_array(dtype, l.out->extent(), rng_, Values::kSmallInts));
+      Mirror in(random_array(dtype, l.in->extent(), rng_, Values::kSmallInts));
+      cpu().accumulate(out.cpu(*l.out), in.cpu(*l.in));
+      run_gpu([&] { cuda::accumulate(out.gpu(*l.out), in.gpu(*l.in), nullptr); });
+      expect_same(out, Match::kExact, describe("accumulate", dtype, {l.out, l.in}));
+    }
+  }
+  for (DType narrow : {DType::kBFloat16, DType::kFloat16}) {
+    for (const UnaryLayouts& l : layouts) {
+      Mirror in(random_array(narrow, l.in->extent(), rng_, Values::kSmallInts));
+      Mirror widened(poisoned_array(DType::kFloat32, l.in->extent()));
+      cpu().copy(widened.cpu(*l.in), in.cpu(*l.in));
+      Mirror out(random_array(DType::kFloat32, l.out->extent(), rng_, Values::kSmallInts));
+      cpu().accumulate(out.cpu(*l.out), widened.cpu(*l.in));
+      bool launched = false;
+      run_gpu(
+          [&] { launched = cuda::accumulate_widening(out.gpu(*l.out), in.gpu(*l.in), nullptr); });
+      EXPECT_TRUE(launched);
+      expect_same(out, Match::kExact, describe("accumulate_widening", narrow, {l.out, l.in}));
+    }
+  }
+}
+
 // --- elementwise math ---
 
 struct UnaryCase {

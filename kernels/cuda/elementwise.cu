@@ -196,6 +196,85 @@ void run_elementwise(const Op& op, const StridedView& out,
                      Body{op, operands_of<Out, In...>(out, ins), scalar_mask, n}, stream);
 }
 
+// Whether `v` holds its innermost dim in whole aligned vectors of `lanes` elements: stride 1
+// there, a multiple of `lanes` long, and every other dim's stride a multiple of `lanes` from
+// an aligned start (the rows of a dilated selection: [..., n, D] with D contiguous).
+bool rows_of_vectors(const StridedView& v, int64_t lanes) {
+  if (v.ndim == 0) return false;
+  const int last = v.ndim - 1;
+  if (v.strides[last] != 1 || v.shape[last] % lanes != 0) return false;
+  if (!is_aligned(v.data, dtype_size(v.dtype) * static_cast<size_t>(lanes))) return false;
+  for (int d = 0; d < last; ++d) {
+    if (v.shape[d] > 1 && v.strides[d] % lanes != 0) return false;
+  }
+  return true;
+}
+
+// `v` with its innermost dim counted in vectors of `lanes` elements (offsets stay in elements).
+StridedView in_vectors(StridedView v, int64_t lanes) {
+  v.shape[v.ndim - 1] /= lanes;
+  v.strides[v.ndim - 1] = lanes;
+  return v;
+}
+
+// One item = one vector of kLanes consecutive elements of a row that every operand holds
+// contiguously (rows_of_vectors): the strided loop with its offsets computed once per vector
+// and 16-byte loads and stores, where per element it moved 2 or 4 bytes a thread.
+template <int kLanes, class Op, class Out, class... In>
+struct RowVectorBody {
+  Op op;
+  Operands<Out, In...> p;
+  OffsetCalculator<1 + sizeof...(In)> calc;  // over the views in_vectors
+
+  RD_HOST_DEVICE void operator()(int64_t item) const {
+    apply(item * kLanes, calc.get(item), std::index_sequence_for<In...>{});
+  }
+
+ private:
+  template <size_t... I>
+  RD_HOST_DEVICE void apply(int64_t base, const Offsets<1 + sizeof...(In)>& o,
+                            std::index_sequence<I...>) const {
+    AlignedVec<Out, kLanes> r;
+    compute(base, r,
+            *reinterpret_cast<const AlignedVec<In, kLanes>*>(static_cast<const In*>(p.in[I]) +
+                                                             o.v[I + 1])...);
+    *reinterpret_cast<AlignedVec<Out, kLanes>*>(p.out + o.v[0]) = r;
+  }
+
+  RD_HOST_DEVICE void compute(int64_t base, AlignedVec<Out, kLanes>& r,
+                              const AlignedVec<In, kLanes>&... x) const {
+    RD_UNROLL
+    for (int j = 0; j < kLanes; ++j) r.v[j] = op(base + j, x.v[j]...);
+  }
+};
+
+// As run_elementwise, but operands that are not contiguous yet hold whole vectors of their
+// rows (rows_of_vectors) take RowVectorBody instead of the per-element strided loop. Only
+// the gradient accumulations use it (dilated selections), keeping instantiations few.
+template <class Out, class... In, class Op>
+void run_rows(const Op& op, const StridedView& out,
+              const std::array<const StridedView*, sizeof...(In)>& ins, cudaStream_t stream) {
+  constexpr int kInputs = sizeof...(In);
+  constexpr int kLanes = static_cast<int>(16 / std::max({sizeof(Out), sizeof(In)...}));
+  bool contiguous = out.is_contiguous(), rows = rows_of_vectors(out, kLanes);
+  for (int k = 0; k < kInputs; ++k) {
+    contiguous = contiguous && ins[k]->is_contiguous();
+    rows = rows && rows_of_vectors(*ins[k], kLanes);
+  }
+  if (contiguous || !rows) return run_elementwise<Out, In...>(op, out, ins, stream);
+  std::array<StridedView, 1 + kInputs> vectors{};
+  std::array<const StridedView*, 1 + kInputs> views{};
+  for (int k = 0; k <= kInputs; ++k) {
+    vectors[k] = in_vectors(k == 0 ? out : *ins[k - 1], kLanes);
+    views[k] = &vectors[k];
+  }
+  launch_grid_stride(
+      out.numel() / kLanes,
+      RowVectorBody<kLanes, Op, Out, In...>{op, operands_of<Out, In...>(out, ins),
+                                            make_offset_calculator<1 + kInputs>(views)},
+      stream);
+}
+
 // ---------------------------------------------------------------------------------------
 // Names and dtype rules (as the CPU backend's, so errors read the same on every device).
 // ---------------------------------------------------------------------------------------
@@ -697,7 +776,12 @@ void accumulate(const StridedView& out, const StridedView& in, cudaStream_t stre
     const BinaryOp op = out.dtype == DType::kBool ? BinaryOp::kMaximum : BinaryOp::kAdd;
     dispatch_dtype(out.dtype, [&](auto tag) {
       using T = typename decltype(tag)::type;
-      run_elementwise<T, T, T>(BinaryFunctor<T>{op}, out, {&out, &in}, stream);
+      if constexpr (std::is_floating_point_v<T> || std::is_same_v<T, BFloat16> ||
+                    std::is_same_v<T, Float16>) {
+        run_rows<T, T, T>(BinaryFunctor<T>{op}, out, {&out, &in}, stream);
+      } else {
+        run_elementwise<T, T, T>(BinaryFunctor<T>{op}, out, {&out, &in}, stream);
+      }
     });
     return;
   }
@@ -724,9 +808,9 @@ bool accumulate_widening(const StridedView& out, const StridedView& in, cudaStre
   check_same_shape("accumulate_widening", "out", out, "in", in);
   if (out.dtype != DType::kFloat32 || !has_distinct_elements(out)) return false;
   if (in.dtype == DType::kBFloat16) {
-    run_elementwise<float, float, BFloat16>(WidenAddOp<BFloat16>{}, out, {&out, &in}, stream);
+    run_rows<float, float, BFloat16>(WidenAddOp<BFloat16>{}, out, {&out, &in}, stream);
   } else if (in.dtype == DType::kFloat16) {
-    run_elementwise<float, float, Float16>(WidenAddOp<Float16>{}, out, {&out, &in}, stream);
+    run_rows<float, float, Float16>(WidenAddOp<Float16>{}, out, {&out, &in}, stream);
   } else {
     return false;
   }
