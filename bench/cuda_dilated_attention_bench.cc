@@ -23,6 +23,7 @@
 //   target/gqa_fwdbwd_over_mha.../KV<4|1>  issue 21: grouped-query attention (H_kv of 16) against
 //       the same call with 16 key/value heads, measured in the same row (ratio <= 1).
 //   gqa/fwd_over_mha.../KV<4|1>  the same, forward only (no target; where a gap lies).
+//   gqa/fwdbwd_over_mha.../causal/KV<4|1>  the same call causal, fwd+bwd (no target).
 //   target/documents_fwdbwd_over_unmasked/H16D128/N262144/<dense|causal>  issue 21:
 //       documents averaging a quarter of the longest segment against the same call without
 //       them (ratio <= 1.15).
@@ -636,16 +637,17 @@ void target_peak_memory(benchmark::State& state) {
 // H_kv = 16, forward + backward, kAuto; both measured in this row.
 // The forward alone (gqa/fwd rows) has no target: it tells whether a gap lies in the forward or
 // in the backward's shared dK/dV.
-void target_gqa(benchmark::State& state, int64_t kv_heads, Direction direction) {
+void target_gqa(benchmark::State& state, int64_t kv_heads, Direction direction, bool causal) {
   run_guarded(state, [&] {
-    const RowSpec s = target_spec(direction, AttentionPath::kAuto);
+    RowSpec s = target_spec(direction, AttentionPath::kAuto);
+    s.causal = causal;
     const DilatedResult full = measure_dilated(s);
     release_memory();
     const DilatedResult grouped = measure_dilated(s, 1, kv_heads);
     set_throughput_counters(state, s, grouped.timing.seconds);
     state.counters["full_heads_s"] = full.timing.seconds;
     const double ratio = grouped.timing.seconds / full.timing.seconds;
-    if (direction == Direction::kForwardBackward) {
+    if (direction == Direction::kForwardBackward && !causal) {
       set_target(state, ratio, 1.0, /*at_most=*/true);
     } else {
       state.counters["ratio"] = ratio;
@@ -790,13 +792,21 @@ void add_rows() {
   add("target/flash_over_cudnn_fwd_rate" + shape, target_flash_vs_cudnn);
   add("target/fixed_fwdbwd_peak_over_bound" + shape, target_peak_memory);
   add(rd::str_cat("target/mhda_fwdbwd_runs/E768H12/N", kMhdaTargetSeqLen), target_mhda);
+  const std::string causal_shape =
+      rd::str_cat("/", config_name(kTargetConfig), "/N", kTargetSeqLen, "/causal");
   for (int64_t kv_heads : {4, 1}) {
     add(rd::str_cat("target/gqa_fwdbwd_over_mha" + shape, "/KV", kv_heads),
         [kv_heads](benchmark::State& state) {
-          target_gqa(state, kv_heads, Direction::kForwardBackward);
+          target_gqa(state, kv_heads, Direction::kForwardBackward, false);
         });
     add(rd::str_cat("gqa/fwd_over_mha" + shape, "/KV", kv_heads),
-        [kv_heads](benchmark::State& state) { target_gqa(state, kv_heads, Direction::kForward); });
+        [kv_heads](benchmark::State& state) {
+          target_gqa(state, kv_heads, Direction::kForward, false);
+        });
+    add(rd::str_cat("gqa/fwdbwd_over_mha" + causal_shape, "/KV", kv_heads),
+        [kv_heads](benchmark::State& state) {
+          target_gqa(state, kv_heads, Direction::kForwardBackward, true);
+        });
   }
   for (bool causal : {false, true}) {
     add(rd::str_cat("target/documents_fwdbwd_over_unmasked/", config_name(kTargetConfig), "/N",
