@@ -264,6 +264,14 @@ class CudaKernelsTest : public ::testing::Test {
   }
   // Where the index kernels record out-of-range indices: device 0's record.
   static cuda::AsyncErrors& errors() { return cuda::async_errors(0); }
+  // out += in on both backends from the same random small integers (every sum exact).
+  void expect_accumulate_matches(DType dtype, const Layout& out_layout, const Layout& in_layout) {
+    Mirror out(random_array(dtype, out_layout.extent(), rng_, Values::kSmallInts));
+    Mirror in(random_array(dtype, in_layout.extent(), rng_, Values::kSmallInts));
+    cpu().accumulate(out.cpu(out_layout), in.cpu(in_layout));
+    run_gpu([&] { cuda::accumulate(out.gpu(out_layout), in.gpu(in_layout), nullptr); });
+    expect_same(out, Match::kExact, describe("accumulate", dtype, {&out_layout, &in_layout}));
+  }
   std::mt19937 rng_{20240611};
 };
 
@@ -354,13 +362,7 @@ TEST_F(CudaKernelsTest, AccumulateAddsIntoDistinctAndOverlappingOutputs) {
       {&kOverlapping, &kTransposed}, {&kLarge, &kLarge},
   };
   for (DType dtype : kAllDTypes) {
-    for (const UnaryLayouts& l : layouts) {
-      Mirror out(random_array(dtype, l.out->extent(), rng_, Values::kSmallInts));
-      Mirror in(random_array(dtype, l.in->extent(), rng_, Values::kSmallInts));
-      cpu().accumulate(out.cpu(*l.out), in.cpu(*l.in));
-      run_gpu([&] { cuda::accumulate(out.gpu(*l.out), in.gpu(*l.in), nullptr); });
-      expect_same(out, Match::kExact, describe("accumulate", dtype, {l.out, l.in}));
-    }
+    for (const UnaryLayouts& l : layouts) expect_accumulate_matches(dtype, *l.out, *l.in);
   }
 }
 
@@ -378,13 +380,7 @@ TEST_F(CudaKernelsTest, AccumulatesRowsOfVectorsAndWidensNarrowFloats) {
                                   {&kRowMisaligned, &kRowDense},
                                   {&kRowGaps, &kRowMisaligned}};
   for (DType dtype : {DType::kFloat32, DType::kBFloat16, DType::kFloat16, DType::kFloat64}) {
-    for (const UnaryLayouts& l : layouts) {
-      Mirror out(random_array(dtype, l.out->extent(), rng_, Values::kSmallInts));
-      Mirror in(random_array(dtype, l.in->extent(), rng_, Values::kSmallInts));
-      cpu().accumulate(out.cpu(*l.out), in.cpu(*l.in));
-      run_gpu([&] { cuda::accumulate(out.gpu(*l.out), in.gpu(*l.in), nullptr); });
-      expect_same(out, Match::kExact, describe("accumulate", dtype, {l.out, l.in}));
-    }
+    for (const UnaryLayouts& l : layouts) expect_accumulate_matches(dtype, *l.out, *l.in);
   }
   for (DType narrow : {DType::kBFloat16, DType::kFloat16}) {
     for (const UnaryLayouts& l : layouts) {
