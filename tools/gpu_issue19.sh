@@ -7,6 +7,7 @@
 #   links  the ring over NCCL's socket transport against NVLink, with and without overlap
 #   train  the reference model context parallel (1, 2, 4 GPUs), data parallel and both
 #   loss   train's first part: the loss of the first steps on 1, 2 and 4 GPUs
+#   gqa_loss  (issue 21) the loss of the first steps with 2 key/value heads on 1 and 2 GPUs
 # Logs and JSON go to $OUT (or build/issue19); each part prints a short summary last.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -91,6 +92,16 @@ part_loss() {
   train dp2cp2 4 "$N" --batch_size=1 --context_parallel=2
 }
 
+# Issue 21: the same loss check with grouped-query attention. 12 heads over 4 pairs in head
+# groups of 3 with 2 key/value heads (groups of 6): each key/value head is read by two pairs,
+# whose backward stores, then adds, its dK/dV in bf16.
+part_gqa_loss() {
+  local N=262144
+  train gqa-one 1 "$N" --batch_size=2 --kv_heads=2
+  train gqa-cp2 2 "$N" --batch_size=2 --kv_heads=2 --context_parallel=2
+  train gqa-dp2 2 "$N" --batch_size=1 --kv_heads=2
+}
+
 part_train() {
   part_loss
   # Throughput: 2M tokens per GPU, one GPU against context parallel 4 (8M tokens).
@@ -115,5 +126,6 @@ case "${1:-}" in
   links) part_links ;;
   train) part_train ;;
   loss) part_loss ;;
-  *) echo "usage: tools/gpu_issue19.sh quick|tests|bench|links|train|loss" >&2; exit 2 ;;
+  gqa_loss) part_gqa_loss ;;
+  *) echo "usage: tools/gpu_issue19.sh quick|tests|bench|links|train|loss|gqa_loss" >&2; exit 2 ;;
 esac
