@@ -296,16 +296,17 @@ class FixedBackward {
     const PieceGroups calls =
         group_piece_calls(plan_.local_calls, [](const LocalCall&) { return true; });
     std::vector<const LocalCall*> singles = calls.singles;
+    KeyGradStores stores(plan_.layout.kv_heads);
     for (const std::vector<const LocalCall*>& group : calls.groups) {
       // Document pieces as one call where a kernel takes it (in place, no lse gradient).
       if (in_place && !grad_lse_.defined() &&
           backward_piece_group(runner_, group, q_, k, v, out_, lse_, grad_out_, grads_.qkv[0],
                                grads_.qkv[1], grads_.qkv[2])) {
+        for (const LocalCall* call : group) stores.may_store(*call);  // records its writes
         continue;
       }
       singles.insert(singles.end(), group.begin(), group.end());
     }
-    KeyGradStores stores(plan_.layout.kv_heads);
     for (const LocalCall* call : singles) {
       const StartsAtZero own{head_groups, head_groups && stores.may_store(*call)};
       for (const LocalCall& piece :
