@@ -65,7 +65,7 @@ struct CallResult {
 // k and v repeated to the query heads by index_select before an ordinary call.
 CallResult run(const DilatedAttentionOptions& o, GqaShape shape, bool repeat, uint64_t seed,
                DType dtype = DType::kFloat64, Device device = Device::cpu(),
-               DType rounded_to = DType::kFloat64) {
+               DType rounded_to = DType::kFloat64, const nn::DocumentStarts* documents = nullptr) {
   constexpr int64_t kB = 2, kN = 24, kD = 8;
   Generator gen(seed);
   const TensorOptions f64(DType::kFloat64);
@@ -86,6 +86,7 @@ CallResult run(const DilatedAttentionOptions& o, GqaShape shape, bool repeat, ui
   nn::AttentionCallContext context;
   context.training = o.dropout > 0;
   context.generator = &dropout_gen;
+  context.document_starts = documents;
   const nn::DilatedAttentionResult r = nn::dilated_attention_with_lse(q, kk, vv, o, context);
   const Tensor finite_lse =
       where(gt(r.lse.to(DType::kFloat64), -1e300), r.lse.to(DType::kFloat64), 0.0);
@@ -144,6 +145,32 @@ INSTANTIATE_TEST_SUITE_P(
                        ::testing::Bool()),
     mode_name);
 
+// Document masks (kN = 24, documents starting inside segments of every pair) with shared key/
+// value heads: each document piece's call stores or adds its dK/dV by the same rule as whole
+// segments, and the result is the repeated call's.
+TEST(GroupedQueryDocuments, EqualsRepeatedKeyValueHeads) {
+  const nn::DocumentStarts documents = {{0, 5, 11, 12, 19}, {0, 13}};
+  const std::vector<std::pair<GqaShape, int>> shapes = {{{8, 2}, 4}, {{12, 3}, 4}, {{8, 1}, 4}};
+  for (const auto& [shape, pairs] : shapes) {
+    for (const bool causal : {false, true}) {
+      SCOPED_TRACE("H " + std::to_string(shape.heads) + ", H_kv " + std::to_string(shape.kv_heads) +
+                   (causal ? ", causal" : ""));
+      const DilatedAttentionOptions o =
+          options_for(DilationVariant::kSegmentLocal, HeadMixing::kHeadGroups,
+                      OffsetRule::kRotating, causal, pairs);
+      const CallResult got = run(o, shape, /*repeat=*/false, 9, DType::kFloat64, Device::cpu(),
+                                 DType::kFloat64, &documents);
+      const CallResult want = run(o, shape, /*repeat=*/true, 9, DType::kFloat64, Device::cpu(),
+                                  DType::kFloat64, &documents);
+      expect_close(got.out, want.out, "out");
+      expect_close(got.lse, want.lse, "lse");
+      expect_close(got.grad_q, want.grad_q, "grad_q");
+      expect_close(got.grad_k, want.grad_k, "grad_k");
+      expect_close(got.grad_v, want.grad_v, "grad_v");
+    }
+  }
+}
+
 TEST(GroupedQueryHilbert, EqualsRepeatedKeyValueHeads) {
   DilatedAttentionOptions o = options_for(DilationVariant::kSegmentLocal, HeadMixing::kAllHeads,
                                           OffsetRule::kConstant, true, 3);
@@ -162,11 +189,16 @@ TEST_P(GroupedQueryRing, MatchesOneDevice) {
   const auto [P, strategy, mixing, causal, layout] = GetParam();
   const DilatedAttentionOptions o =
       options_for(DilationVariant::kSegmentLocal, mixing, OffsetRule::kConstant, causal, 3);
-  const test::FullSequence f =
-      test::single_device(o, DType::kFloat64, 40 + static_cast<uint64_t>(P), Device::cpu(),
-                          test::RingDims{2, 24, 8, 8, /*kv_heads=*/2});
-  test::expect_ranks_match(test::run_in_process_ranks(f, o, P, strategy, layout), f,
-                           {1e-10, 1e-10, 1e-10});
+  // Without documents, and with documents that cross the ranks' blocks.
+  for (const nn::DocumentStarts& documents :
+       {nn::DocumentStarts{}, nn::DocumentStarts{{0, 5, 11, 17}, {0, 13}}}) {
+    SCOPED_TRACE(documents.empty() ? "no documents" : "documents");
+    const test::FullSequence f =
+        test::single_device(o, DType::kFloat64, 40 + static_cast<uint64_t>(P), Device::cpu(),
+                            test::RingDims{2, 24, 8, 8, /*kv_heads=*/2}, documents);
+    test::expect_ranks_match(test::run_in_process_ranks(f, o, P, strategy, layout), f,
+                             {1e-10, 1e-10, 1e-10});
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, GroupedQueryRing, ::testing::ValuesIn(test::every_ring_case()),
