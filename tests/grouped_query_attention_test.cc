@@ -263,32 +263,37 @@ TEST(GroupedQueryDecode, EveryStepEqualsTheFullForwardsRow) {
 // head's gradient sums several query heads', hence the looser gradient tolerance). The shapes
 // cover key/value heads that two head groups share (the second pair's dK/dV add to the
 // first's stored ones), that head groups straddle, and that four pairs share (float32
-// accumulation).
+// accumulation); each without and with document masks (one call per document piece).
 TEST(GroupedQueryCuda, EveryPathMatchesTheCpu) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   const std::vector<std::pair<GqaShape, int>> shapes = {
       {{8, 2}, 4}, {{12, 3}, 4}, {{8, 4}, 3}, {{8, 1}, 4}};
-  for (const auto& [shape, pairs] : shapes) {
-    for (const HeadMixing mixing : {HeadMixing::kHeadGroups, HeadMixing::kAllHeads}) {
-      for (const nn::AttentionPath path :
-           {nn::AttentionPath::kMath, nn::AttentionPath::kFlash, nn::AttentionPath::kCudnn}) {
-        SCOPED_TRACE(std::string(nn::path_name(path)) +
-                     (mixing == HeadMixing::kAllHeads ? " all heads" : " head groups") + ", H " +
-                     std::to_string(shape.heads) + ", H_kv " + std::to_string(shape.kv_heads));
-        DilatedAttentionOptions o =
-            options_for(DilationVariant::kSegmentLocal, mixing, OffsetRule::kConstant, true, pairs);
-        const CallResult want =
-            run(o, shape, false, 11, DType::kFloat64, Device::cpu(), DType::kBFloat16);
-        o.path = path;
-        const CallResult got =
-            run(o, shape, false, 11, DType::kBFloat16, Device::cuda(0), DType::kBFloat16);
-        const double unit = std::ldexp(1.0, -8);
-        expect_close(got.out, want.out, "out", 8 * unit);
-        expect_close(got.lse, want.lse, "lse", 8 * unit);
-        for (const auto& [g, w, name] : {std::tuple{&got.grad_q, &want.grad_q, "grad_q"},
-                                         std::tuple{&got.grad_k, &want.grad_k, "grad_k"},
-                                         std::tuple{&got.grad_v, &want.grad_v, "grad_v"}}) {
-          expect_close(*g, *w, name, 32 * unit);
+  const nn::DocumentStarts documents = {{0, 5, 11, 12, 19}, {0, 13}};
+  for (const nn::DocumentStarts* docs :
+       {static_cast<const nn::DocumentStarts*>(nullptr), &documents}) {
+    for (const auto& [shape, pairs] : shapes) {
+      for (const HeadMixing mixing : {HeadMixing::kHeadGroups, HeadMixing::kAllHeads}) {
+        for (const nn::AttentionPath path :
+             {nn::AttentionPath::kMath, nn::AttentionPath::kFlash, nn::AttentionPath::kCudnn}) {
+          SCOPED_TRACE(std::string(nn::path_name(path)) +
+                       (mixing == HeadMixing::kAllHeads ? " all heads" : " head groups") + ", H " +
+                       std::to_string(shape.heads) + ", H_kv " + std::to_string(shape.kv_heads) +
+                       (docs != nullptr ? ", documents" : ""));
+          DilatedAttentionOptions o = options_for(DilationVariant::kSegmentLocal, mixing,
+                                                  OffsetRule::kConstant, true, pairs);
+          const CallResult want =
+              run(o, shape, false, 11, DType::kFloat64, Device::cpu(), DType::kBFloat16, docs);
+          o.path = path;
+          const CallResult got =
+              run(o, shape, false, 11, DType::kBFloat16, Device::cuda(0), DType::kBFloat16, docs);
+          const double unit = std::ldexp(1.0, -8);
+          expect_close(got.out, want.out, "out", 8 * unit);
+          expect_close(got.lse, want.lse, "lse", 8 * unit);
+          for (const auto& [g, w, name] : {std::tuple{&got.grad_q, &want.grad_q, "grad_q"},
+                                           std::tuple{&got.grad_k, &want.grad_k, "grad_k"},
+                                           std::tuple{&got.grad_v, &want.grad_v, "grad_v"}}) {
+            expect_close(*g, *w, name, 32 * unit);
+          }
         }
       }
     }
