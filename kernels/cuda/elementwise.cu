@@ -1,7 +1,8 @@
 // CUDA data movement and elementwise math: fill, arange, copy, accumulate, unary, binary and
 // where. Each op is a small __host__ __device__ functor run by one of two generic loops: a
 // vectorized loop over contiguous operands (16-byte loads and stores; broadcast scalars such
-// as the `s` of `x * s` stay on it) or a strided loop through OffsetCalculator. Kernels are
+// as the `s` of `x * s` stay on it) or a strided loop through OffsetCalculator (the
+// accumulations also take a row loop: strided rows of whole 16-byte vectors). Kernels are
 // instantiated per storage type only; the op is a runtime enum switched inside the functor,
 // uniform across a launch. Results match the CPU backend bit for bit except where a device
 // math function (exp, log, tanh, erf, pow) differs from the host's in the last ulps (the
