@@ -137,6 +137,12 @@ struct AttentionBackwardArgs {
   const AttentionPieces* pieces = nullptr;  // as the forward's
 };
 
+// Whether the caller promised grad_q holds zeros: grads_start_at_zero promises it for all
+// three gradients, grad_q_starts_at_zero for grad_q alone.
+inline bool grad_q_promised_zero(const AttentionBackwardArgs& args) {
+  return args.grads_start_at_zero || args.grad_q_starts_at_zero;
+}
+
 }  // namespace rd::kernels
 
 namespace rd::kernels {

@@ -39,7 +39,7 @@ void CpuBackend::attention_backward(AttentionKernel kernel, const AttentionBackw
   // The caller's promise that gradients start at zero lets a kernel store them (cuDNN does).
   // The reference takes it at its word and zeroes them first, so that a broken promise (an
   // earlier call's gradient overwritten) fails the CPU tests too, not only cuDNN's.
-  if (args.grads_start_at_zero || args.grad_q_starts_at_zero) fill(args.grad_q, 0.0);
+  if (grad_q_promised_zero(args)) fill(args.grad_q, 0.0);
   if (args.grads_start_at_zero) {
     fill(args.grad_k, 0.0);
     fill(args.grad_v, 0.0);

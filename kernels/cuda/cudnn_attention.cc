@@ -1301,8 +1301,7 @@ void cudnn_attention_backward(const AttentionBackwardArgs& args, Allocator& scra
   const Staged grad_out(args.grad_out, dtype, true, fold.q, true, scratch, stream);
   const Staged lse(args.lse, DType::kFloat32, false, fold.q, true, scratch, stream,
                    /*packed=*/true);
-  const GradientTarget grad_q(args.grad_q, dtype, fold.q,
-                              args.grads_start_at_zero || args.grad_q_starts_at_zero, scratch);
+  const GradientTarget grad_q(args.grad_q, dtype, fold.q, grad_q_promised_zero(args), scratch);
   const GradientTarget grad_k(own(args.grad_k), dtype, fold.kv, args.grads_start_at_zero, scratch);
   const GradientTarget grad_v(own(args.grad_v), dtype, fold.kv, args.grads_start_at_zero, scratch);
 
