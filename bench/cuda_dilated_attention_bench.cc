@@ -27,6 +27,8 @@
 //   target/documents_fwdbwd_over_unmasked/H16D128/N262144/<dense|causal>  issue 21:
 //       documents averaging a quarter of the longest segment against the same call without
 //       them (ratio <= 1.15).
+//   documents/gqa_fwdbwd_over_unmasked/H16D128/N262144/<dense|causal>/KV4  the same with
+//       grouped queries (H_kv = 4) on both sides (no target).
 //   target/...  issue 4's four targets at N = 262144, H = 16, D = 128, fixed, non-causal,
 //       each with its ratio, target and direction (counter target_max = 1: ratio <= target).
 //
@@ -669,8 +671,10 @@ void target_gqa(benchmark::State& state, int64_t kv_heads, Direction direction, 
 
 // Issue 21's document-mask target: documents of random lengths, uniform in [1, w / 2 - 1]
 // for the longest segment w (a mean of a quarter of it), packed over the sequence; the
-// masked call against the same call without documents, measured in the same row.
-void target_documents(benchmark::State& state, bool causal) {
+// masked call against the same call without documents, measured in the same row. With
+// kv_heads > 0 both calls are grouped-query ones (no target: the row tells whether grouped
+// queries keep the documents' cost).
+void target_documents(benchmark::State& state, bool causal, int64_t kv_heads = 0) {
   run_guarded(state, [&] {
     RowSpec s = target_spec(Direction::kForwardBackward, AttentionPath::kAuto);
     s.causal = causal;
@@ -682,13 +686,18 @@ void target_documents(benchmark::State& state, bool causal) {
       starts.push_back(at);
     }
     const rd::nn::DocumentStarts documents = {starts};
-    const DilatedResult unmasked = measure_dilated(s);
+    const DilatedResult unmasked = measure_dilated(s, 1, kv_heads);
     release_memory();
-    const DilatedResult masked = measure_dilated(s, 1, 0, &documents);
+    const DilatedResult masked = measure_dilated(s, 1, kv_heads, &documents);
     set_throughput_counters(state, s, masked.timing.seconds);
     state.counters["unmasked_s"] = unmasked.timing.seconds;
     state.counters["documents"] = static_cast<double>(starts.size());
-    set_target(state, masked.timing.seconds / unmasked.timing.seconds, 1.15, /*at_most=*/true);
+    const double ratio = masked.timing.seconds / unmasked.timing.seconds;
+    if (kv_heads == 0) {
+      set_target(state, ratio, 1.15, /*at_most=*/true);
+    } else {
+      state.counters["ratio"] = ratio;
+    }
     state.SetLabel(rd::str_cat(starts.size(), " documents; paths: masked ",
                                rd::nn::path_name(masked.path_used), ", unmasked ",
                                rd::nn::path_name(unmasked.path_used),
@@ -819,6 +828,9 @@ void add_rows() {
     add(rd::str_cat("target/documents_fwdbwd_over_unmasked/", config_name(kTargetConfig), "/N",
                     kTargetSeqLen, "/", mask_name(causal)),
         [causal](benchmark::State& state) { target_documents(state, causal); });
+    add(rd::str_cat("documents/gqa_fwdbwd_over_unmasked/", config_name(kTargetConfig), "/N",
+                    kTargetSeqLen, "/", mask_name(causal), "/KV4"),
+        [causal](benchmark::State& state) { target_documents(state, causal, 4); });
   }
 }
 

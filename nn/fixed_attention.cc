@@ -292,19 +292,13 @@ class FixedBackward {
     // Head groups: each call's dQ rows are its own zeros, its dK/dV too unless another pair
     // shares its key/value heads (grouped-query attention: KeyGradStores).
     const bool head_groups = !plan_.merged;
-    const bool in_place = head_groups && plan_.layout.kv_group() == 1;
     const PieceGroups calls =
         group_piece_calls(plan_.local_calls, [](const LocalCall&) { return true; });
     std::vector<const LocalCall*> singles = calls.singles;
     KeyGradStores stores(plan_.layout.kv_heads);
     for (const std::vector<const LocalCall*>& group : calls.groups) {
       // Document pieces as one call where a kernel takes it (in place, no lse gradient).
-      if (in_place && !grad_lse_.defined() &&
-          backward_piece_group(runner_, group, q_, k, v, out_, lse_, grad_out_, grads_.qkv[0],
-                               grads_.qkv[1], grads_.qkv[2])) {
-        for (const LocalCall* call : group) stores.may_store(*call);  // records its writes
-        continue;
-      }
+      if (head_groups && !grad_lse_.defined() && piece_group(group, k, v, stores)) continue;
       singles.insert(singles.end(), group.begin(), group.end());
     }
     for (const LocalCall* call : singles) {
@@ -342,6 +336,49 @@ class FixedBackward {
   }
 
  private:
+  // A group of document pieces (one pair, head set and heads) as one call over pieces: its
+  // dQ stored in place; its dK/dV too where its pair writes its key/value heads first
+  // (KeyGradStores, gradients in q's dtype), else stored into zeroed scratch of its
+  // key/value heads and added (grouped-query attention: a key/value head that two pairs'
+  // query heads share). False, with nothing run, where no kernel takes the group.
+  bool piece_group(const std::vector<const LocalCall*>& group, const Tensor& k, const Tensor& v,
+                   KeyGradStores& stores) {
+    const Tensor& grad_k = grads_.qkv[1];
+    const Tensor& grad_v = grads_.qkv[2];
+    if (grads_.qkv[0].dtype() != q_.dtype()) return false;  // cuDNN writes q's dtype
+    // The calls of a group share their pair and heads: one answer (and record) for all.
+    if (stores.may_store(*group.front()) && grad_k.dtype() == q_.dtype()) {
+      return backward_piece_group(runner_, group, q_, k, v, out_, lse_, grad_out_, grads_.qkv[0],
+                                  grad_k, grad_v);
+    }
+    const Selection& keys = group.front()->k;
+    const Heads heads{keys.first_head, keys.head_stride, keys.head_count};
+    const RowRun rows = written_rows(group, k.size(1));
+    const TensorOptions opts = TensorOptions(q_.dtype()).with_device(q_.device());
+    const Shape shape{k.size(0), k.size(1), heads.count, k.size(3)};
+    const Tensor scratch_k = zeros(shape, opts), scratch_v = zeros(shape, opts);
+    const Selection in_scratch = in_unit(keys, heads, RowRun{0, 1, k.size(1)});
+    if (!backward_piece_group(runner_, group, q_, k, v, out_, lse_, grad_out_, grads_.qkv[0],
+                              scratch_k, scratch_v, &in_scratch)) {
+      return false;
+    }
+    for (const auto& [grad, scratch] : {std::pair{&grad_k, &scratch_k}, {&grad_v, &scratch_v}}) {
+      add_into(unit_rows(*grad, heads, rows), unit_rows(*scratch, Heads{0, 1, heads.count}, rows));
+    }
+    return true;
+  }
+
+  // The rows of a key/value block that a group's calls write: those of its dilation's residue
+  // where every piece starts on it (one pair's head group has one offset), else all.
+  static RowRun written_rows(const std::vector<const LocalCall*>& group, int64_t block_rows) {
+    const int64_t rate = group.front()->k.rate;
+    const int64_t first = group.front()->k.first_position % rate;
+    for (const LocalCall* call : group) {
+      if (call->k.first_position % rate != first) return RowRun{0, 1, block_rows};
+    }
+    return RowRun{first, rate, (block_rows - first + rate - 1) / rate};
+  }
+
   // Which gradients a call may store rather than add (AttentionBackwardArgs' promises).
   struct StartsAtZero {
     bool grad_q = false, grad_kv = false;

@@ -17,13 +17,18 @@ bool one_group(const LocalCall& x, const LocalCall& y) {
          x.q.rate == y.q.rate;
 }
 
+// Grouped-query blocks group where their query heads are one run (each key/value head's
+// query heads follow the previous one's), the layout cuDNN's grouped-query calls take.
 bool groupable(const LocalCall& c) {
-  return c.batch_row >= 0 && c.q.segments == 1 && c.k.segments == 1 && c.q.head_repeat == 1 &&
-         c.k.head_repeat == 1;
+  const Selection& q = c.q;
+  const bool one_run =
+      q.head_repeat == 1 || q.head_count == 1 || q.head_stride == q.head_repeat * q.repeat_stride;
+  return c.batch_row >= 0 && q.segments == 1 && c.k.segments == 1 && one_run;
 }
 
-// The [B, hc, 1, D] view of t's heads of `sel` at position 0 ([B, hc, 1] for an lse [B, H, C]):
-// where a call over pieces counts its rows from.
+// The [B, hc, 1, D] view of t's heads of `sel` at position 0 ([B, hc, 1] for an lse [B, H, C];
+// grouped-query selections [B, hc, repeat, 1, D] and [B, hc, repeat, 1]): where a call over
+// pieces counts its rows from.
 kernels::StridedView base_view(const Tensor& t, const Selection& sel, bool lse) {
   Selection base = sel;
   base.first_position = 0;
@@ -92,15 +97,16 @@ bool forward_piece_group(AttentionRunner& runner, const std::vector<const LocalC
 bool backward_piece_group(AttentionRunner& runner, const std::vector<const LocalCall*>& group,
                           const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                           const Tensor& lse, const Tensor& grad_out, const Tensor& grad_q,
-                          const Tensor& grad_k, const Tensor& grad_v) {
+                          const Tensor& grad_k, const Tensor& grad_v, const Selection* grad_keys) {
   const kernels::AttentionPieces pieces = pieces_of(group);
   const kernels::AttentionForwardArgs fwd = forward_args(runner, group, pieces, q, k, v, out, lse);
   const LocalCall& first = *group.front();
   kernels::AttentionBackwardArgs args = backward_of(fwd);
   args.grad_out = base_view(grad_out, first.q, false);
   args.grad_q = base_view(grad_q, first.q, false);
-  args.grad_k = base_view(grad_k, first.k, false);
-  args.grad_v = base_view(grad_v, first.k, false);
+  const Selection& key_rows = grad_keys != nullptr ? *grad_keys : first.k;
+  args.grad_k = base_view(grad_k, key_rows, false);
+  args.grad_v = base_view(grad_v, key_rows, false);
   args.grads_start_at_zero = true;
   return runner.backward_if_supported(fwd, args);
 }

@@ -19,7 +19,8 @@ struct PieceGroups {
 };
 
 // The calls of `calls` that `wanted` accepts: document-piece calls of one pair, head set,
-// heads, dilation and mask grouped (grouped-query blocks stay single), the rest single.
+// heads, dilation and mask grouped (grouped-query blocks too where their query heads are one
+// run), the rest single.
 PieceGroups group_piece_calls(const std::vector<LocalCall>& calls,
                               const std::function<bool(const LocalCall&)>& wanted);
 
@@ -31,11 +32,16 @@ bool forward_piece_group(AttentionRunner& runner, const std::vector<const LocalC
                          const Tensor& lse);
 
 // The group's backward as one call over pieces, against the final out and lse, storing
-// its rows of grad_q, grad_k and grad_v, which must hold zeros there (head groups without
-// shared key/value heads). False, with nothing run, where no kernel takes it.
+// its rows of grad_q, grad_k and grad_v, which must hold zeros there (head groups whose
+// key/value heads no other pair writes first). False, with nothing run, where no kernel
+// takes it.
+// `grad_keys`, when given, selects the rows of grad_k and grad_v the key gradients go to (the
+// group's key selection with its heads renumbered: scratch of the group's key/value heads
+// only); by default the group's key selection.
 bool backward_piece_group(AttentionRunner& runner, const std::vector<const LocalCall*>& group,
                           const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                           const Tensor& lse, const Tensor& grad_out, const Tensor& grad_q,
-                          const Tensor& grad_k, const Tensor& grad_v);
+                          const Tensor& grad_k, const Tensor& grad_v,
+                          const Selection* grad_keys = nullptr);
 
 }  // namespace rd::nn

@@ -276,8 +276,8 @@ namespace rd {
 namespace {
 
 // The document pieces of one pair, head set and heads form one group (one call over pieces
-// where cuDNN takes it); calls for every row stay single; a grouped-query block of shared
-// key/value heads stays single (its gradients are summed per piece).
+// where cuDNN takes it); calls for every row stay single; so does a grouped-query block whose
+// query heads are not one run.
 TEST(PieceCalls, GroupByPairHeadSetAndHeads) {
   DilatedAttentionOptions o = options_for(HeadMixing::kHeadGroups, OffsetRule::kConstant, false);
   std::vector<nn::LocalCall> calls;
@@ -309,7 +309,9 @@ TEST(PieceCalls, GroupByPairHeadSetAndHeads) {
   for (const std::vector<const nn::LocalCall*>& group : pair0.groups) {
     EXPECT_EQ(group.front()->pair, 0);
   }
-  // Grouped-query attention, 6 query heads over 2 key/value heads: blocks share heads.
+  // Grouped-query attention, 6 query heads over 2 key/value heads: the blocks' query heads
+  // are each one run (a key/value head's query heads follow the previous one's), so they
+  // group like full heads, repeat and all.
   std::vector<nn::LocalCall> shared;
   for (const nn::BlockCall& c : nn::plan_block_calls(o, kN, kH, {0, kN}, {0, kN}, 3, &kDocuments)) {
     nn::LocalCall local;
@@ -318,9 +320,32 @@ TEST(PieceCalls, GroupByPairHeadSetAndHeads) {
   }
   const nn::PieceGroups gqa =
       nn::group_piece_calls(shared, [](const nn::LocalCall&) { return true; });
+  size_t gqa_grouped = 0, repeated = 0;
   for (const std::vector<const nn::LocalCall*>& group : gqa.groups) {
-    for (const nn::LocalCall* c : group) EXPECT_EQ(c->q.head_repeat, 1);
+    for (const nn::LocalCall* c : group) {
+      EXPECT_TRUE(c->q.head_count == 1 || c->q.head_repeat == 1 ||
+                  c->q.head_stride == c->q.head_repeat * c->q.repeat_stride);
+      EXPECT_EQ(c->q.head_repeat, group.front()->q.head_repeat);
+      repeated += c->q.head_repeat > 1 ? 1 : 0;
+    }
+    gqa_grouped += group.size();
   }
+  for (const nn::LocalCall* c : gqa.singles) EXPECT_LT(c->batch_row, 0);
+  EXPECT_GT(repeated, 0u);
+  EXPECT_EQ(gqa_grouped + gqa.singles.size(), shared.size());
+  // Query heads that are not one run (two key/value heads' pairs of query heads, three heads
+  // apart) stay single: cuDNN's grouped-query layout cannot address them.
+  nn::LocalCall scattered = shared.front();
+  scattered.batch_row = 1;
+  scattered.q.head_count = 2;
+  scattered.q.head_repeat = 2;
+  scattered.q.repeat_stride = 1;
+  scattered.q.head_stride = 3;
+  const std::vector<nn::LocalCall> scattered_calls = {scattered};
+  const nn::PieceGroups apart =
+      nn::group_piece_calls(scattered_calls, [](const nn::LocalCall&) { return true; });
+  EXPECT_TRUE(apart.groups.empty());
+  EXPECT_EQ(apart.singles.size(), 1u);
 }
 
 // The CPU has no kernel for a call over pieces: it says so, and refuses to run one.

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -59,13 +60,16 @@ Tensor kv_index(int64_t heads, int64_t kv_heads) {
 
 struct CallResult {
   Tensor out, lse, grad_q, grad_k, grad_v;
+  nn::AttentionPath path_used = nn::AttentionPath::kAuto;  // the forward's
 };
 
-// One call and the backward of a loss reading out and lse. `repeat`: the reference path,
-// k and v repeated to the query heads by index_select before an ordinary call.
+// One call and the backward of a loss reading out and lse (out only unless
+// `loss_reads_lse`). `repeat`: the reference path, k and v repeated to the query heads by
+// index_select before an ordinary call.
 CallResult run(const DilatedAttentionOptions& o, GqaShape shape, bool repeat, uint64_t seed,
                DType dtype = DType::kFloat64, Device device = Device::cpu(),
-               DType rounded_to = DType::kFloat64, const nn::DocumentStarts* documents = nullptr) {
+               DType rounded_to = DType::kFloat64, const nn::DocumentStarts* documents = nullptr,
+               bool loss_reads_lse = true) {
   constexpr int64_t kB = 2, kN = 24, kD = 8;
   Generator gen(seed);
   const TensorOptions f64(DType::kFloat64);
@@ -90,10 +94,10 @@ CallResult run(const DilatedAttentionOptions& o, GqaShape shape, bool repeat, ui
   const nn::DilatedAttentionResult r = nn::dilated_attention_with_lse(q, kk, vv, o, context);
   const Tensor finite_lse =
       where(gt(r.lse.to(DType::kFloat64), -1e300), r.lse.to(DType::kFloat64), 0.0);
-  add(sum(mul(r.out.to(DType::kFloat64), w_out.to(DType::kFloat64))), sum(mul(finite_lse, w_lse)))
-      .backward();
+  const Tensor out_term = sum(mul(r.out.to(DType::kFloat64), w_out.to(DType::kFloat64)));
+  (loss_reads_lse ? add(out_term, sum(mul(finite_lse, w_lse))) : out_term).backward();
   auto host = [](const Tensor& t) { return t.detach().to(Device::cpu()).to(DType::kFloat64); };
-  return {host(r.out), host(r.lse), host(q.grad()), host(k.grad()), host(v.grad())};
+  return {host(r.out), host(r.lse), host(q.grad()), host(k.grad()), host(v.grad()), r.path_used};
 }
 
 void expect_close(const Tensor& got, const Tensor& want, const std::string& what,
@@ -263,29 +267,42 @@ TEST(GroupedQueryDecode, EveryStepEqualsTheFullForwardsRow) {
 // head's gradient sums several query heads', hence the looser gradient tolerance). The shapes
 // cover key/value heads that two head groups share (the second pair's dK/dV add to the
 // first's stored ones), that head groups straddle, and that four pairs share (float32
-// accumulation); each without and with document masks (one call per document piece).
+// accumulation); each without and with document masks. A loss that reads out only lets
+// cuDNN run the backward too (it has no lse gradient); with documents its calls then run
+// over pieces (one ragged call per pair and heads, storing or adding dK/dV by the same rule).
+// Documents must not change kAuto's path: their pieces take cuDNN (one call over pieces)
+// wherever the call without them does, not one flash call per piece.
 TEST(GroupedQueryCuda, EveryPathMatchesTheCpu) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   const std::vector<std::pair<GqaShape, int>> shapes = {
       {{8, 2}, 4}, {{12, 3}, 4}, {{8, 4}, 3}, {{8, 1}, 4}};
   const nn::DocumentStarts documents = {{0, 5, 11, 12, 19}, {0, 13}};
+  using nn::AttentionPath;
+  const std::vector<std::pair<AttentionPath, bool>> paths = {{AttentionPath::kMath, true},
+                                                             {AttentionPath::kFlash, true},
+                                                             {AttentionPath::kCudnn, true},
+                                                             {AttentionPath::kCudnn, false},
+                                                             {AttentionPath::kAuto, false}};
+  std::map<std::pair<size_t, HeadMixing>, AttentionPath> auto_path_without_documents;
+  int cudnn_with_documents = 0;  // cases whose documents ran as cuDNN calls over pieces
   for (const nn::DocumentStarts* docs :
        {static_cast<const nn::DocumentStarts*>(nullptr), &documents}) {
-    for (const auto& [shape, pairs] : shapes) {
+    for (size_t shape_index = 0; shape_index < shapes.size(); ++shape_index) {
+      const auto& [shape, pairs] = shapes[shape_index];
       for (const HeadMixing mixing : {HeadMixing::kHeadGroups, HeadMixing::kAllHeads}) {
-        for (const nn::AttentionPath path :
-             {nn::AttentionPath::kMath, nn::AttentionPath::kFlash, nn::AttentionPath::kCudnn}) {
+        for (const auto& [path, reads_lse] : paths) {
           SCOPED_TRACE(std::string(nn::path_name(path)) +
                        (mixing == HeadMixing::kAllHeads ? " all heads" : " head groups") + ", H " +
                        std::to_string(shape.heads) + ", H_kv " + std::to_string(shape.kv_heads) +
-                       (docs != nullptr ? ", documents" : ""));
+                       (docs != nullptr ? ", documents" : "") +
+                       (reads_lse ? ", loss reads lse" : ""));
           DilatedAttentionOptions o = options_for(DilationVariant::kSegmentLocal, mixing,
                                                   OffsetRule::kConstant, true, pairs);
-          const CallResult want =
-              run(o, shape, false, 11, DType::kFloat64, Device::cpu(), DType::kBFloat16, docs);
+          const CallResult want = run(o, shape, false, 11, DType::kFloat64, Device::cpu(),
+                                      DType::kBFloat16, docs, reads_lse);
           o.path = path;
-          const CallResult got =
-              run(o, shape, false, 11, DType::kBFloat16, Device::cuda(0), DType::kBFloat16, docs);
+          const CallResult got = run(o, shape, false, 11, DType::kBFloat16, Device::cuda(0),
+                                     DType::kBFloat16, docs, reads_lse);
           const double unit = std::ldexp(1.0, -8);
           expect_close(got.out, want.out, "out", 8 * unit);
           expect_close(got.lse, want.lse, "lse", 8 * unit);
@@ -294,10 +311,19 @@ TEST(GroupedQueryCuda, EveryPathMatchesTheCpu) {
                                            std::tuple{&got.grad_v, &want.grad_v, "grad_v"}}) {
             expect_close(*g, *w, name, 32 * unit);
           }
+          if (path == AttentionPath::kAuto && docs == nullptr) {
+            auto_path_without_documents[{shape_index, mixing}] = got.path_used;
+          } else if (path == AttentionPath::kAuto) {
+            const AttentionPath without = auto_path_without_documents.at({shape_index, mixing});
+            EXPECT_EQ(got.path_used, without) << nn::path_name(got.path_used) << " with documents, "
+                                              << nn::path_name(without) << " without";
+            cudnn_with_documents += got.path_used == AttentionPath::kCudnn ? 1 : 0;
+          }
         }
       }
     }
   }
+  EXPECT_GT(cudnn_with_documents, 0);
 }
 
 // How many pairs read one key/value head decides whether dK/dV may be stored in the inputs'

@@ -354,34 +354,68 @@ std::string common_problem(const StridedView& q, const StridedView& k, const Str
 enum TensorUid : int64_t { kQ = 1, kK, kV, kO, kStats, kGradO, kGradQ, kGradK, kGradV };
 
 // A tensor of a call over pieces: its uid, whether its rows follow the queries ('q') or the
-// keys ('k'), and its view ([B, H, 1, D], the lse [B, H, 1]).
+// keys ('k'), and its view as cuDNN's [B, H, 1, D] (the lse [B, H, 1]; see piece_heads).
 struct PieceTensor {
   TensorUid uid;
   char role;
-  const StridedView* view;
+  StridedView view;
 };
 
+// A view of a call over pieces with its heads in one dim. Grouped-query views come as
+// [B, hc, repeat, 1, D] (lse [B, hc, repeat, 1]): a query-side view's hc * repeat heads fold
+// into one dim where they are one run (stride[1] == repeat * stride[2]); a key-side view
+// reads each key/value head `repeat` times through stride 0, so its repeat dim goes (cuDNN
+// maps query head h to key/value head h / (H / H_kv) itself). Other views stay as they are,
+// for pieces_problem to name.
+StridedView piece_heads(const StridedView& v, char role, bool has_head_dim) {
+  if (v.ndim != (has_head_dim ? 5 : 4)) return v;
+  int64_t heads = v.shape[1], stride = v.strides[1];
+  if (role == 'q') {
+    if (v.shape[1] == 1) {
+      stride = v.strides[2];
+    } else if (v.shape[2] != 1 && v.strides[1] != v.shape[2] * v.strides[2]) {
+      return v;  // query heads that are not one run
+    }
+    heads *= v.shape[2];
+  } else if (v.shape[2] != 1 && v.strides[2] != 0) {
+    return v;  // key heads that are not repeated through stride 0
+  }
+  StridedView r = v;
+  r.ndim = v.ndim - 1;
+  r.shape[1] = heads;
+  r.strides[1] = stride;
+  for (int d = 2; d < r.ndim; ++d) {
+    r.shape[d] = v.shape[d + 1];
+    r.strides[d] = v.strides[d + 1];
+  }
+  return r;
+}
+
+PieceTensor piece_tensor(TensorUid uid, char role, const StridedView& view) {
+  return {uid, role, piece_heads(view, role, uid != kStats)};
+}
+
 std::vector<PieceTensor> piece_tensors(const AttentionForwardArgs& a) {
-  return {
-      {kQ, 'q', &a.q}, {kK, 'k', &a.k}, {kV, 'k', &a.v}, {kO, 'q', &a.out}, {kStats, 'q', &a.lse}};
+  return {piece_tensor(kQ, 'q', a.q), piece_tensor(kK, 'k', a.k), piece_tensor(kV, 'k', a.v),
+          piece_tensor(kO, 'q', a.out), piece_tensor(kStats, 'q', a.lse)};
 }
 
 std::vector<PieceTensor> piece_tensors(const AttentionBackwardArgs& a) {
-  return {{kQ, 'q', &a.q},
-          {kK, 'k', &a.k},
-          {kV, 'k', &a.v},
-          {kO, 'q', &a.out},
-          {kGradO, 'q', &a.grad_out},
-          {kStats, 'q', &a.lse},
-          {kGradQ, 'q', &a.grad_q},
-          {kGradK, 'k', &a.grad_k},
-          {kGradV, 'k', &a.grad_v}};
+  return {piece_tensor(kQ, 'q', a.q),
+          piece_tensor(kK, 'k', a.k),
+          piece_tensor(kV, 'k', a.v),
+          piece_tensor(kO, 'q', a.out),
+          piece_tensor(kGradO, 'q', a.grad_out),
+          piece_tensor(kStats, 'q', a.lse),
+          piece_tensor(kGradQ, 'q', a.grad_q),
+          piece_tensor(kGradK, 'k', a.grad_k),
+          piece_tensor(kGradV, 'k', a.grad_v)};
 }
 
 // Where piece i of `t` starts and ends (one past its last element), in elements from the
 // view's data.
 std::pair<int64_t, int64_t> piece_span(const AttentionPieces& p, const PieceTensor& t, size_t i) {
-  const StridedView& v = *t.view;
+  const StridedView& v = t.view;
   const bool q_role = t.role == 'q';
   const int64_t row_stride = v.strides[2] / p.step;
   const int64_t begin =
@@ -413,17 +447,24 @@ std::string pieces_problem(const AttentionPieces& pieces, const AttentionParams&
       return str_cat("piece ", p, " is causal but its queries are not its keys");
     }
   }
-  const int64_t heads = tensors.front().view->shape[1];
+  // Query-side views have the query heads, key-side ones the key/value heads, which divide
+  // them (grouped-query attention).
+  const int64_t q_heads = tensors.front().view.shape[1];
+  const auto key_side = std::find_if(tensors.begin(), tensors.end(),
+                                     [](const PieceTensor& t) { return t.role == 'k'; });
+  const int64_t kv_heads = key_side == tensors.end() ? q_heads : key_side->view.shape[1];
   for (const PieceTensor& t : tensors) {
-    const StridedView& view = *t.view;
+    const StridedView& view = t.view;
     constexpr int seq_dim = 2;  // [B, H, rows, D] and [B, H, rows]
+    const int64_t heads = t.role == 'q' ? q_heads : kv_heads;
     if ((view.ndim != 4 && view.ndim != 3) || view.shape[seq_dim] != 1 || view.shape[1] != heads ||
-        view.strides[seq_dim] % pieces.step != 0 || view.strides[0] < 0 || view.strides[1] < 0 ||
-        view.strides[seq_dim] <= 0) {
-      return str_cat(
-          "a view of the pieces is ", shape_of(view),
-          " (pieces need [B, H, 1, D] views, H alike, row strides a multiple of the step ",
-          pieces.step, ")");
+        kv_heads < 1 || q_heads % kv_heads != 0 || view.strides[seq_dim] % pieces.step != 0 ||
+        view.strides[0] < 0 || view.strides[1] < 0 || view.strides[seq_dim] <= 0) {
+      return str_cat("a view of the pieces is ", shape_of(t.view),
+                     " (pieces need [B, H, 1, D] views, or grouped-query [B, hc, repeat, 1, D] "
+                     "ones with the query heads in one run, the key heads dividing the query "
+                     "heads, row strides a multiple of the step ",
+                     pieces.step, ")");
     }
     // Pieces run in runs that int32 offsets reach from their lowest start; one piece must fit.
     for (size_t p = 0; p < n; ++p) {
@@ -1154,7 +1195,7 @@ class PieceTables {
       int64_t base = INT64_MAX;
       for (size_t i = 0; i < n; ++i) base = std::min(base, piece_span(p, t, i).first);
       tensors_.push_back(
-          {t.uid, host.size(), base * static_cast<int64_t>(dtype_size(t.view->dtype))});
+          {t.uid, host.size(), base * static_cast<int64_t>(dtype_size(t.view.dtype))});
       int64_t offset = 0;
       for (size_t i = 0; i <= padded; ++i) {
         if (i < n) offset = piece_span(p, t, i).first - base;
@@ -1177,7 +1218,7 @@ class PieceTables {
     pointers[kSeqLenKv] = table + padded_;
     for (size_t t = 0; t < tensors.size(); ++t) {
       const TensorEntry& e = tensors_[t];
-      pointers[e.uid] = static_cast<char*>(tensors[t].view->data) + e.base_bytes;
+      pointers[e.uid] = static_cast<char*>(tensors[t].view.data) + e.base_bytes;
       pointers[e.uid + kOffsetUid] = table + e.at;
     }
   }
@@ -1208,7 +1249,7 @@ void run_piece_graph(const char* op, Direction direction, const AttentionPieces&
   spec.ragged = true;
   for (const PieceTensor& t : tensors) {
     spec.tensors.push_back(
-        {t.uid, piece_view(*t.view, shape.pieces, t.role == 'q' ? shape.q_rows : shape.k_rows)});
+        {t.uid, piece_view(t.view, shape.pieces, t.role == 'q' ? shape.q_rows : shape.k_rows)});
   }
   std::unordered_map<int64_t, void*> pointers;
   const PieceTables tables(pieces, shape, tensors, scratch, stream);
