@@ -370,14 +370,13 @@ struct PieceTensor {
 StridedView piece_heads(const StridedView& v, char role, bool has_head_dim) {
   if (v.ndim != (has_head_dim ? 5 : 4)) return v;
   int64_t heads = v.shape[1], stride = v.strides[1];
-  if (role == 'q') {
-    if (v.shape[1] == 1) {
-      stride = v.strides[2];
-    } else if (v.shape[2] != 1 && v.strides[1] != v.shape[2] * v.strides[2]) {
+  if (role == 'q' && v.shape[2] > 1) {
+    if (v.shape[1] > 1 && v.strides[1] != v.shape[2] * v.strides[2]) {
       return v;  // query heads that are not one run
     }
     heads *= v.shape[2];
-  } else if (v.shape[2] != 1 && v.strides[2] != 0) {
+    stride = v.strides[2];
+  } else if (role == 'k' && v.shape[2] > 1 && v.strides[2] != 0) {
     return v;  // key heads that are not repeated through stride 0
   }
   StridedView r = v;
