@@ -101,17 +101,22 @@ std::vector<Case> all_cases() {
       }
     }
   }
-  // Issue 21's features through NCCL: grouped-query attention (8 heads on 2) and document
-  // masks, bf16, causal, both layouts and both explicit strategies.
+  // Issue 21's features through NCCL: grouped-query attention (8 heads on 2), document
+  // masks and both together, bf16, causal, both layouts and both explicit strategies.
   for (DistStrategy s : {DistStrategy::kRing, DistStrategy::kAllGather}) {
     for (nn::SequenceLayout layout : {nn::SequenceLayout::kContiguous, nn::SequenceLayout::kZigzag}) {
       const Case base{DType::kBFloat16, s, DilationVariant::kSegmentLocal, HeadMixing::kAllHeads,
                       true, layout};
-      Case grouped = base, packed = base;
+      Case grouped = base, packed = base, both = base;
       grouped.kv_heads = 2;
       packed.documents = true;
+      // Both, with head groups: grouped-query document pieces as cuDNN calls over pieces.
+      both.kv_heads = 2;
+      both.documents = true;
+      both.mixing = HeadMixing::kHeadGroups;
       cases.push_back(grouped);
       cases.push_back(packed);
+      cases.push_back(both);
     }
   }
   return cases;

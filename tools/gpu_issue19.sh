@@ -8,6 +8,7 @@
 #   train  the reference model context parallel (1, 2, 4 GPUs), data parallel and both
 #   loss   train's first part: the loss of the first steps on 1, 2 and 4 GPUs
 #   gqa_loss  (issue 21) the loss of the first steps with 2 key/value heads on 1 and 2 GPUs
+#   gqa_docs_loss  (issue 21) the same with document masks too (text, a document per paragraph)
 # Logs and JSON go to $OUT (or build/issue19); each part prints a short summary last.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -102,6 +103,18 @@ part_gqa_loss() {
   train gqa-dp2 2 "$N" --batch_size=1 --kv_heads=2
 }
 
+# Issue 21: grouped-query attention and document masks together (the repository's docs/ as
+# text, a document per paragraph), whose pieces run as cuDNN calls over pieces, on 1 and 2
+# GPUs: context parallel 2 and data parallel 2 against one GPU.
+part_gqa_docs_loss() {
+  local N=65536
+  local data=(--data=text:docs --documents='separator:\n\n' --kv_heads=2
+    --segments=2048,4096,8192,16384 --dilations=1,2,4,8)
+  train gqad-one 1 "$N" --batch_size=2 "${data[@]}"
+  train gqad-cp2 2 "$N" --batch_size=2 --context_parallel=2 "${data[@]}"
+  train gqad-dp2 2 "$N" --batch_size=1 "${data[@]}"
+}
+
 part_train() {
   part_loss
   # Throughput: 2M tokens per GPU, one GPU against context parallel 4 (8M tokens).
@@ -127,5 +140,6 @@ case "${1:-}" in
   train) part_train ;;
   loss) part_loss ;;
   gqa_loss) part_gqa_loss ;;
-  *) echo "usage: tools/gpu_issue19.sh quick|tests|bench|links|train|loss|gqa_loss" >&2; exit 2 ;;
+  gqa_docs_loss) part_gqa_docs_loss ;;
+  *) echo "usage: tools/gpu_issue19.sh quick|tests|bench|links|train|loss|gqa_loss|gqa_docs_loss" >&2; exit 2 ;;
 esac
