@@ -338,34 +338,45 @@ class FixedBackward {
  private:
   // A group of document pieces (one pair, head set and heads) as one call over pieces: its
   // dQ stored in place; its dK/dV too where its pair writes its key/value heads first
-  // (KeyGradStores, gradients in q's dtype), else stored into zeroed scratch of its
-  // key/value heads and added (grouped-query attention: a key/value head that two pairs'
-  // query heads share). False, with nothing run, where no kernel takes the group.
+  // (KeyGradStores, gradients in q's dtype) and the kernel takes the buffers as they lie.
+  // Else (a key/value head that two pairs' query heads share; buffers laid out otherwise
+  // than k and v, which cuDNN's ragged backward with full heads refuses) dK/dV are stored
+  // into zeroed scratch laid out like k and v and added. False, with nothing run, where no
+  // kernel takes the group.
   bool piece_group(const std::vector<const LocalCall*>& group, const Tensor& k, const Tensor& v,
                    KeyGradStores& stores) {
     const Tensor& grad_k = grads_.qkv[1];
     const Tensor& grad_v = grads_.qkv[2];
     if (grads_.qkv[0].dtype() != q_.dtype()) return false;  // cuDNN writes q's dtype
     // The calls of a group share their pair and heads: one answer (and record) for all.
-    if (stores.may_store(*group.front()) && grad_k.dtype() == q_.dtype()) {
-      return backward_piece_group(runner_, group, q_, k, v, out_, lse_, grad_out_, grads_.qkv[0],
-                                  grad_k, grad_v);
+    if (stores.may_store(*group.front()) && grad_k.dtype() == q_.dtype() &&
+        backward_piece_group(runner_, group, q_, k, v, out_, lse_, grad_out_, grads_.qkv[0], grad_k,
+                             grad_v)) {
+      return true;
     }
     const Selection& keys = group.front()->k;
     const Heads heads{keys.first_head, keys.head_stride, keys.head_count};
     const RowRun rows = written_rows(group, k.size(1));
-    const TensorOptions opts = TensorOptions(q_.dtype()).with_device(q_.device());
-    const Shape shape{k.size(0), k.size(1), heads.count, k.size(3)};
-    const Tensor scratch_k = zeros(shape, opts), scratch_v = zeros(shape, opts);
-    const Selection in_scratch = in_unit(keys, heads, RowRun{0, 1, k.size(1)});
+    const Tensor scratch_k = zeroed_like(k, heads, rows), scratch_v = zeroed_like(v, heads, rows);
     if (!backward_piece_group(runner_, group, q_, k, v, out_, lse_, grad_out_, grads_.qkv[0],
-                              scratch_k, scratch_v, &in_scratch)) {
+                              scratch_k, scratch_v)) {
       return false;
     }
     for (const auto& [grad, scratch] : {std::pair{&grad_k, &scratch_k}, {&grad_v, &scratch_v}}) {
-      add_into(unit_rows(*grad, heads, rows), unit_rows(*scratch, Heads{0, 1, heads.count}, rows));
+      add_into(unit_rows(*grad, heads, rows), unit_rows(*scratch, heads, rows));
     }
     return true;
+  }
+
+  // A tensor laid out like t (its shape and strides, over fresh memory) whose rows `rows` of
+  // heads `heads` are zero, the rest unset.
+  static Tensor zeroed_like(const Tensor& t, const Heads& heads, const RowRun& rows) {
+    int64_t extent = 1;
+    for (int64_t d = 0; d < t.dim(); ++d)
+      extent += (t.size(d) - 1) * t.strides()[static_cast<size_t>(d)];
+    const Tensor laid_out = empty({extent}, options_like(t)).as_strided(t.shape(), t.strides(), 0);
+    unit_rows(laid_out, heads, rows).zero_();
+    return laid_out;
   }
 
   // The rows of a key/value block that a group's calls write: those of its dilation's residue

@@ -97,16 +97,15 @@ bool forward_piece_group(AttentionRunner& runner, const std::vector<const LocalC
 bool backward_piece_group(AttentionRunner& runner, const std::vector<const LocalCall*>& group,
                           const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                           const Tensor& lse, const Tensor& grad_out, const Tensor& grad_q,
-                          const Tensor& grad_k, const Tensor& grad_v, const Selection* grad_keys) {
+                          const Tensor& grad_k, const Tensor& grad_v) {
   const kernels::AttentionPieces pieces = pieces_of(group);
   const kernels::AttentionForwardArgs fwd = forward_args(runner, group, pieces, q, k, v, out, lse);
   const LocalCall& first = *group.front();
   kernels::AttentionBackwardArgs args = backward_of(fwd);
   args.grad_out = base_view(grad_out, first.q, false);
   args.grad_q = base_view(grad_q, first.q, false);
-  const Selection& key_rows = grad_keys != nullptr ? *grad_keys : first.k;
-  args.grad_k = base_view(grad_k, key_rows, false);
-  args.grad_v = base_view(grad_v, key_rows, false);
+  args.grad_k = base_view(grad_k, first.k, false);
+  args.grad_v = base_view(grad_v, first.k, false);
   args.grads_start_at_zero = true;
   return runner.backward_if_supported(fwd, args);
 }

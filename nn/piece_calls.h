@@ -35,13 +35,9 @@ bool forward_piece_group(AttentionRunner& runner, const std::vector<const LocalC
 // its rows of grad_q, grad_k and grad_v, which must hold zeros there (head groups whose
 // key/value heads no other pair writes first). False, with nothing run, where no kernel
 // takes it.
-// `grad_keys`, when given, selects the rows of grad_k and grad_v the key gradients go to (the
-// group's key selection with its heads renumbered: scratch of the group's key/value heads
-// only); by default the group's key selection.
 bool backward_piece_group(AttentionRunner& runner, const std::vector<const LocalCall*>& group,
                           const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                           const Tensor& lse, const Tensor& grad_out, const Tensor& grad_q,
-                          const Tensor& grad_k, const Tensor& grad_v,
-                          const Selection* grad_keys = nullptr);
+                          const Tensor& grad_k, const Tensor& grad_v);
 
 }  // namespace rd::nn

@@ -6,9 +6,12 @@
 // other case cuDNN accepts). Skipped without a GPU or without cuDNN.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <iostream>
 #include <optional>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -253,6 +256,291 @@ TEST_F(CudnnAttentionRefusalTest, ShapeMismatchIsTheCallersError) {
     EXPECT_EQ(e.code(), ErrorCode::kShapeMismatch) << e.what();
   }
 }
+
+// ---------------------------------------------------------------------------------------
+// A call over pieces (document masks) with grouped-query heads: q [B, N, hc * g, D] read as
+// [B, hc, g, 1, D] views, k and v [B, N, hc, D] read g times through stride 0 (the views
+// nn's piece groups pass), against a naive float64 attention of each piece on the host.
+// Each shape is its own test so that a crash in one does not hide the others.
+
+struct PieceShape {
+  int64_t head_dim, group, kv_heads;
+  bool causal;
+  int64_t rate = 1;  // the step: pieces read every rate-th position from position rate - 1
+  // The call's heads within larger tensors (0: the tensors hold the call's heads only): q
+  // with q_total heads, the call's from q_first; k, v with kv_total, the call's from kv_first.
+  int64_t q_total = 0, q_first = 0, kv_total = 0, kv_first = 0;
+  // dK and dV into tensors of the call's key/value heads only, whose strides differ from k's
+  // and v's: fine under grouped-query attention, refused with full heads (g = 1: cuDNN
+  // wrote out of bounds).
+  bool own_key_grads = false;
+  // q, k and v (and their gradients) as views of one [B, N, H + 2 H_kv, D] tensor (packed
+  // projections), out and grad_out tensors of their own: row strides differ.
+  bool packed = false;
+  // With packed: dQ of its own (contiguous, while q is a packed view) and dO a view of a wider
+  // tensor (while out is contiguous): gradients laid out otherwise than q and out.
+  bool own_q_grads = false;
+};
+
+std::string piece_shape_name(const ::testing::TestParamInfo<PieceShape>& info) {
+  const PieceShape& s = info.param;
+  return str_cat(
+      "D", s.head_dim, "_g", s.group, "_kv", s.kv_heads, s.causal ? "_causal" : "",
+      s.rate > 1 ? str_cat("_r", s.rate) : "",
+      s.q_total > 0 ? str_cat("_q", s.q_first, "of", s.q_total, "_kv", s.kv_first, "of", s.kv_total)
+                    : "",
+      s.own_key_grads ? "_own_key_grads" : "", s.packed ? "_packed" : "",
+      s.own_q_grads ? "_own_q_grads" : "");
+}
+
+// Host float64 copies of [B, N, H, D] (or [B, H, N]) tensors, indexed row-major.
+struct HostTensor {
+  std::vector<double> values;
+  Shape shape;
+  double& at(int64_t b, int64_t n, int64_t h, int64_t d) {
+    return values[static_cast<size_t>(((b * shape[1] + n) * shape[2] + h) * shape[3] + d)];
+  }
+};
+
+HostTensor host_of(const Tensor& t) {
+  return {t.to(Device::cpu()).to(DType::kFloat64).contiguous().to_vector<double>(), t.shape()};
+}
+
+// Forward and backward of one piece (selected rows [first, first + rows) of batch row b,
+// selected row u at position offset + rate * u), every
+// query head h reading key/value head h / group, in float64: out, lse and the gradients
+// (dK, dV summed over the query heads sharing a key/value head).
+struct PieceReference {
+  HostTensor q, k, v, grad_out;
+  HostTensor out, lse, grad_q, grad_k, grad_v;  // lse as [B, H, N, 1]
+  int64_t group = 1, rate = 1, offset = 0;
+  int64_t q_first = 0, q_count = 0, kv_first = 0;  // the call's heads
+  bool causal = false;
+
+  void piece(int64_t b, int64_t first, int64_t rows) {
+    const auto pos = [&](int64_t u) { return offset + rate * (first + u); };
+    const int64_t dim = q.shape[3];
+    const double scale = 1.0 / std::sqrt(static_cast<double>(dim));
+    for (int64_t h = q_first; h < q_first + q_count; ++h) {
+      const int64_t kv = kv_first + (h - q_first) / group;
+      std::vector<double> p(static_cast<size_t>(rows * rows), 0.0);
+      for (int64_t i = 0; i < rows; ++i) {
+        double most = -INFINITY;
+        for (int64_t j = 0; j < rows && (!causal || j <= i); ++j) {
+          double dot = 0;
+          for (int64_t d = 0; d < dim; ++d) dot += q.at(b, pos(i), h, d) * k.at(b, pos(j), kv, d);
+          p[static_cast<size_t>(i * rows + j)] = scale * dot;
+          most = std::max(most, scale * dot);
+        }
+        double total = 0;
+        for (int64_t j = 0; j < rows && (!causal || j <= i); ++j) {
+          double& e = p[static_cast<size_t>(i * rows + j)];
+          e = std::exp(e - most);
+          total += e;
+        }
+        for (int64_t j = 0; j < rows; ++j) {
+          double& e = p[static_cast<size_t>(i * rows + j)];
+          e = (!causal || j <= i) ? e / total : 0.0;
+        }
+        lse.at(b, h, pos(i), 0) = most + std::log(total);
+        for (int64_t d = 0; d < dim; ++d) {
+          double sum = 0;
+          for (int64_t j = 0; j < rows; ++j)
+            sum += p[static_cast<size_t>(i * rows + j)] * v.at(b, pos(j), kv, d);
+          out.at(b, pos(i), h, d) = sum;
+        }
+      }
+      // dP = dO V^T; dS = P (dP - rowsum(dO * O)); dQ = scale dS K; dK = scale dS^T Q; dV = P^T dO.
+      for (int64_t i = 0; i < rows; ++i) {
+        double delta = 0;
+        for (int64_t d = 0; d < dim; ++d)
+          delta += grad_out.at(b, pos(i), h, d) * out.at(b, pos(i), h, d);
+        for (int64_t j = 0; j < rows; ++j) {
+          const double pij = p[static_cast<size_t>(i * rows + j)];
+          if (pij == 0) continue;
+          double dp = 0;
+          for (int64_t d = 0; d < dim; ++d)
+            dp += grad_out.at(b, pos(i), h, d) * v.at(b, pos(j), kv, d);
+          const double ds = pij * (dp - delta);
+          for (int64_t d = 0; d < dim; ++d) {
+            grad_q.at(b, pos(i), h, d) += scale * ds * k.at(b, pos(j), kv, d);
+            grad_k.at(b, pos(j), kv, d) += scale * ds * q.at(b, pos(i), h, d);
+            grad_v.at(b, pos(j), kv, d) += pij * grad_out.at(b, pos(i), h, d);
+          }
+        }
+      }
+    }
+  }
+};
+
+class CudnnGroupedPieces : public CudnnAttentionTest,
+                           public ::testing::WithParamInterface<PieceShape> {};
+
+TEST_P(CudnnGroupedPieces, MatchFloat64PerPiece) {
+  const PieceShape shape = GetParam();
+  constexpr int64_t kBatch = 2, kRows = 150;  // selected rows per batch row
+  const int64_t dim = shape.head_dim, hc = shape.kv_heads, g = shape.group, heads = hc * g;
+  const int64_t rate = shape.rate, offset = rate - 1, kLen = offset + rate * kRows;
+  const int64_t q_total = std::max(heads, shape.q_total), kv_total = std::max(hc, shape.kv_total);
+  Generator gen(static_cast<uint64_t>(dim * 100 + g * 10 + hc));
+  const TensorOptions on_gpu = TensorOptions(DType::kBFloat16).with_device(Device::cuda(0));
+  auto draw = [&](const Shape& s) {
+    return randn(s, gen, TensorOptions(DType::kFloat64)).to(DType::kBFloat16).to(Device::cuda(0));
+  };
+  // q, k, v (and gradients) of one packed tensor, or each its own.
+  const int64_t width = q_total + 2 * kv_total;
+  const Tensor qkv = draw({kBatch, kLen, width, dim});
+  const Tensor q = shape.packed ? qkv.narrow(2, 0, q_total) : draw({kBatch, kLen, q_total, dim});
+  const Tensor k =
+      shape.packed ? qkv.narrow(2, q_total, kv_total) : draw({kBatch, kLen, kv_total, dim});
+  const Tensor v = shape.packed ? qkv.narrow(2, q_total + kv_total, kv_total)
+                                : draw({kBatch, kLen, kv_total, dim});
+  const Tensor grad_out = shape.own_q_grads
+                              ? draw({kBatch, kLen, q_total + 1, dim}).narrow(2, 1, q_total)
+                              : draw({kBatch, kLen, q_total, dim});
+  // Poisoned outputs: every selected row belongs to a piece, so each must be written; the
+  // rows between (rate > 1) must keep the poison.
+  const Tensor out = full({kBatch, kLen, q_total, dim}, 7.0, on_gpu);
+  const Tensor lse = full({kBatch, q_total, kLen}, 7.0,
+                          TensorOptions(DType::kFloat32).with_device(Device::cuda(0)));
+  const Tensor grad_qkv = zeros_like(qkv);
+  const Tensor grad_q = shape.packed && !shape.own_q_grads
+                            ? grad_qkv.narrow(2, 0, q_total)
+                            : zeros({kBatch, kLen, q_total, dim}, on_gpu);
+  const Tensor grad_k = shape.packed ? grad_qkv.narrow(2, q_total, kv_total) : zeros_like(k);
+  const Tensor grad_v =
+      shape.packed ? grad_qkv.narrow(2, q_total + kv_total, kv_total) : zeros_like(v);
+
+  // Pieces of random lengths (1 to 70 rows) covering each batch row.
+  std::mt19937_64 lengths(static_cast<uint64_t>(dim + g + hc));
+  kernels::AttentionPieces pieces;
+  for (int64_t b = 0; b < kBatch; ++b) {
+    for (int64_t at = 0; at < kRows;) {
+      const int64_t rows = std::min<int64_t>(kRows - at, 1 + static_cast<int64_t>(lengths() % 70));
+      pieces.batch_row.push_back(b);
+      pieces.q_position.push_back(offset + rate * at);
+      pieces.k_position.push_back(offset + rate * at);
+      pieces.q_rows.push_back(rows);
+      pieces.k_rows.push_back(rows);
+      at += rows;
+    }
+  }
+  // The [B, hc, g, 1, D] views at position 0 (lse [B, hc, g, 1]); k's repeat through stride 0.
+  auto q_side = [&](const Tensor& t) {
+    const Shape& st = t.strides();
+    return make_view(kernel_view(t).data, t.dtype(), {kBatch, hc, g, 1, dim},
+                     {st[0], g * st[2], st[2], rate * st[1], 1}, shape.q_first * st[2]);
+  };
+  auto k_side = [&](const Tensor& t, int64_t first_head) {
+    const Shape& st = t.strides();
+    return make_view(kernel_view(t).data, t.dtype(), {kBatch, hc, g, 1, dim},
+                     {st[0], st[2], 0, rate * st[1], 1}, first_head * st[2]);
+  };
+  AttentionForwardArgs fwd;
+  fwd.q = q_side(q);
+  fwd.k = k_side(k, shape.kv_first);
+  fwd.v = k_side(v, shape.kv_first);
+  fwd.out = q_side(out);
+  fwd.lse = make_view(kernel_view(lse).data, DType::kFloat32, {kBatch, hc, g, 1},
+                      {q_total * kLen, g * kLen, kLen, rate}, shape.q_first * kLen);
+  fwd.params.scale = 1.0 / std::sqrt(static_cast<double>(dim));
+  fwd.params.causal = shape.causal;
+  pieces.step = rate;
+  fwd.pieces = &pieces;
+  std::string why;
+  ASSERT_TRUE(backend().attention_supports(AttentionKernel::kCudnn, fwd, nullptr, &why)) << why;
+  backend().attention_forward(AttentionKernel::kCudnn, fwd);
+  AttentionBackwardArgs bwd;
+  bwd.q = fwd.q;
+  bwd.k = fwd.k;
+  bwd.v = fwd.v;
+  bwd.out = fwd.out;
+  bwd.lse = fwd.lse;
+  bwd.params = fwd.params;
+  bwd.pieces = &pieces;
+  bwd.grad_out = q_side(grad_out);
+  bwd.grad_q = q_side(grad_q);
+  // Own key gradients: [B, N, hc, D] tensors.
+  const Tensor own_k = zeros({kBatch, kLen, hc, dim}, on_gpu), own_v = zeros_like(own_k);
+  bwd.grad_k = shape.own_key_grads ? k_side(own_k, 0) : k_side(grad_k, shape.kv_first);
+  bwd.grad_v = shape.own_key_grads ? k_side(own_v, 0) : k_side(grad_v, shape.kv_first);
+  bwd.grads_start_at_zero = true;
+  if (shape.own_key_grads && g == 1) {
+    EXPECT_FALSE(backend().attention_supports(AttentionKernel::kCudnn, fwd, &bwd, &why));
+    EXPECT_NE(why.find("grad_k is laid out otherwise"), std::string::npos) << why;
+    return;
+  }
+  ASSERT_TRUE(backend().attention_supports(AttentionKernel::kCudnn, fwd, &bwd, &why)) << why;
+  backend().attention_backward(AttentionKernel::kCudnn, bwd);
+  if (shape.own_key_grads) {
+    grad_k.narrow(2, shape.kv_first, hc).copy_(own_k);
+    grad_v.narrow(2, shape.kv_first, hc).copy_(own_v);
+  }
+  synchronize(Device::cuda(0));
+
+  PieceReference ref{host_of(q), host_of(k), host_of(v), host_of(grad_out)};
+  ref.out = HostTensor{std::vector<double>(ref.q.values.size(), 7.0), q.shape()};
+  ref.grad_q = HostTensor{std::vector<double>(ref.q.values.size(), 0.0), q.shape()};
+  ref.grad_k = ref.grad_v = HostTensor{std::vector<double>(ref.k.values.size(), 0.0), k.shape()};
+  ref.lse = HostTensor{std::vector<double>(static_cast<size_t>(kBatch * q_total * kLen), 7.0),
+                       {kBatch, q_total, kLen, 1}};
+  ref.group = g;
+  ref.q_first = shape.q_first;
+  ref.q_count = heads;
+  ref.kv_first = shape.kv_first;
+  ref.rate = rate;
+  ref.offset = offset;
+  ref.causal = shape.causal;
+  for (int64_t p = 0; p < pieces.count(); ++p) {
+    ref.piece(pieces.batch_row[static_cast<size_t>(p)],
+              (pieces.q_position[static_cast<size_t>(p)] - offset) / rate,
+              pieces.q_rows[static_cast<size_t>(p)]);
+  }
+  const double unit = std::ldexp(1.0, -8);  // bfloat16's rounding
+  auto expect_near = [&](const char* name, const Tensor& got, const HostTensor& want, double tol) {
+    const std::vector<double> values = host_of(got).values;
+    int64_t off = 0;
+    size_t first = 0;
+    for (size_t i = 0; i < values.size(); ++i) {
+      if (!(std::abs(values[i] - want.values[i]) <= tol * (1 + std::abs(want.values[i])))) {
+        if (off++ == 0) first = i;
+      }
+    }
+    EXPECT_EQ(off, 0) << name << ": " << off << " of " << values.size() << " off; first at "
+                      << first << ": got " << values[first] << ", want " << want.values[first];
+  };
+  expect_near("out", out, ref.out, 8 * unit);
+  expect_near("lse", lse, ref.lse, 8 * unit);
+  expect_near("grad_q", grad_q, ref.grad_q, 16 * unit);
+  expect_near("grad_k", grad_k, ref.grad_k, 16 * unit * static_cast<double>(g));
+  expect_near("grad_v", grad_v, ref.grad_v, 16 * unit * static_cast<double>(g));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, CudnnGroupedPieces,
+    ::testing::Values(
+        PieceShape{8, 3, 1, false}, PieceShape{16, 3, 1, false}, PieceShape{64, 3, 1, false},
+        PieceShape{128, 3, 1, false}, PieceShape{8, 2, 2, false}, PieceShape{64, 2, 2, true},
+        PieceShape{64, 4, 2, false}, PieceShape{128, 4, 1, true}, PieceShape{64, 1, 2, false},
+        PieceShape{128, 5, 1, false}, PieceShape{8, 3, 1, true}, PieceShape{8, 1, 1, true},
+        PieceShape{8, 3, 1, true, 2}, PieceShape{8, 1, 1, true, 2}, PieceShape{8, 2, 1, true, 4},
+        PieceShape{64, 3, 1, true, 2}, PieceShape{64, 4, 2, false, 4},
+        // The blocks of 12 query heads over 3 key/value
+        // heads in head groups of 3 (nn's calls).
+        PieceShape{8, 3, 1, true, 1, 12, 0, 3, 0}, PieceShape{8, 1, 1, true, 2, 12, 3, 3, 0},
+        PieceShape{8, 2, 1, true, 2, 12, 4, 3, 1}, PieceShape{8, 2, 1, true, 4, 12, 6, 3, 1},
+        PieceShape{8, 1, 1, true, 4, 12, 8, 3, 2}, PieceShape{8, 3, 1, true, 2, 12, 9, 3, 2},
+        PieceShape{128, 2, 1, false, 2, 16, 6, 4, 1},
+        PieceShape{8, 1, 1, true, 2, 12, 3, 3, 0, true},
+        PieceShape{128, 2, 1, true, 2, 16, 6, 4, 1, true},
+        PieceShape{8, 3, 1, true, 2, 12, 9, 3, 2, true},
+        PieceShape{64, 1, 2, true, 1, 0, 0, 0, 0, false, true},
+        PieceShape{64, 2, 2, false, 2, 0, 0, 0, 0, false, true},
+        PieceShape{64, 1, 1, true, 2, 4, 1, 4, 1, false, true},
+        PieceShape{64, 1, 2, true, 1, 0, 0, 0, 0, false, true, true},
+        PieceShape{64, 2, 2, false, 2, 0, 0, 0, 0, false, true, true},
+        PieceShape{8, 1, 1, true, 2, 12, 3, 3, 0, false, true, true}),
+    piece_shape_name);
 
 #endif  // RD_WITH_CUDA
 

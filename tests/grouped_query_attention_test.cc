@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <exception>
 #include <map>
 #include <string>
 #include <tuple>
@@ -65,11 +66,13 @@ struct CallResult {
 
 // One call and the backward of a loss reading out and lse (out only unless
 // `loss_reads_lse`). `repeat`: the reference path, k and v repeated to the query heads by
-// index_select before an ordinary call.
+// index_select before an ordinary call. `projected`: q, k and v are the [B, N, H, D],
+// [B, N, H_kv, D] and [B, N, H_kv, D] views of one [B, N, H + 2 H_kv, D] tensor, as the
+// grouped-query module passes them (gradient buffers then lie otherwise than the inputs).
 CallResult run(const DilatedAttentionOptions& o, GqaShape shape, bool repeat, uint64_t seed,
                DType dtype = DType::kFloat64, Device device = Device::cpu(),
                DType rounded_to = DType::kFloat64, const nn::DocumentStarts* documents = nullptr,
-               bool loss_reads_lse = true) {
+               bool loss_reads_lse = true, bool projected = false) {
   constexpr int64_t kB = 2, kN = 24, kD = 8;
   Generator gen(seed);
   const TensorOptions f64(DType::kFloat64);
@@ -77,12 +80,23 @@ CallResult run(const DilatedAttentionOptions& o, GqaShape shape, bool repeat, ui
   auto draw = [&](Shape s) {
     return randn(std::move(s), gen, f64).to(rounded_to).to(dtype).to(device).detach();
   };
-  Tensor q = draw({kB, kN, shape.heads, kD});
-  Tensor k = draw({kB, kN, shape.kv_heads, kD});
-  Tensor v = draw({kB, kN, shape.kv_heads, kD});
+  const int64_t width = shape.heads + 2 * shape.kv_heads;
+  Tensor qkv = projected ? draw({kB, kN, width, kD}) : Tensor();
+  Tensor q = projected ? qkv.narrow(2, 0, shape.heads) : draw({kB, kN, shape.heads, kD});
+  Tensor k =
+      projected ? qkv.narrow(2, shape.heads, shape.kv_heads) : draw({kB, kN, shape.kv_heads, kD});
+  Tensor v = projected ? qkv.narrow(2, shape.heads + shape.kv_heads, shape.kv_heads)
+                       : draw({kB, kN, shape.kv_heads, kD});
   const Tensor w_out = draw({kB, kN, shape.heads, kD});
   const Tensor w_lse = randn({kB, shape.heads, kN}, gen, f64).to(device);
-  for (Tensor* t : {&q, &k, &v}) t->set_requires_grad(true);
+  if (projected) {
+    qkv.set_requires_grad(true);  // q, k and v: views of it, built again to record them
+    q = qkv.narrow(2, 0, shape.heads);
+    k = qkv.narrow(2, shape.heads, shape.kv_heads);
+    v = qkv.narrow(2, shape.heads + shape.kv_heads, shape.kv_heads);
+  } else {
+    for (Tensor* t : {&q, &k, &v}) t->set_requires_grad(true);
+  }
   const Tensor index = kv_index(shape.heads, shape.kv_heads).to(device);
   const Tensor kk = repeat ? index_select(k, 2, index) : k;
   const Tensor vv = repeat ? index_select(v, 2, index) : v;
@@ -97,6 +111,15 @@ CallResult run(const DilatedAttentionOptions& o, GqaShape shape, bool repeat, ui
   const Tensor out_term = sum(mul(r.out.to(DType::kFloat64), w_out.to(DType::kFloat64)));
   (loss_reads_lse ? add(out_term, sum(mul(finite_lse, w_lse))) : out_term).backward();
   auto host = [](const Tensor& t) { return t.detach().to(Device::cpu()).to(DType::kFloat64); };
+  if (projected) {
+    const Tensor grad = qkv.grad();
+    return {host(r.out),
+            host(r.lse),
+            host(grad.narrow(2, 0, shape.heads)),
+            host(grad.narrow(2, shape.heads, shape.kv_heads)),
+            host(grad.narrow(2, shape.heads + shape.kv_heads, shape.kv_heads)),
+            r.path_used};
+  }
   return {host(r.out), host(r.lse), host(q.grad()), host(k.grad()), host(v.grad()), r.path_used};
 }
 
@@ -156,16 +179,16 @@ TEST(GroupedQueryDocuments, EqualsRepeatedKeyValueHeads) {
   const nn::DocumentStarts documents = {{0, 5, 11, 12, 19}, {0, 13}};
   const std::vector<std::pair<GqaShape, int>> shapes = {{{8, 2}, 4}, {{12, 3}, 4}, {{8, 1}, 4}};
   for (const auto& [shape, pairs] : shapes) {
-    for (const bool causal : {false, true}) {
+    for (const auto& [causal, projected] : {std::pair{false, false}, {true, false}, {true, true}}) {
       SCOPED_TRACE("H " + std::to_string(shape.heads) + ", H_kv " + std::to_string(shape.kv_heads) +
-                   (causal ? ", causal" : ""));
+                   (causal ? ", causal" : "") + (projected ? ", views of one projection" : ""));
       const DilatedAttentionOptions o =
           options_for(DilationVariant::kSegmentLocal, HeadMixing::kHeadGroups,
                       OffsetRule::kRotating, causal, pairs);
       const CallResult got = run(o, shape, /*repeat=*/false, 9, DType::kFloat64, Device::cpu(),
-                                 DType::kFloat64, &documents);
+                                 DType::kFloat64, &documents, true, projected);
       const CallResult want = run(o, shape, /*repeat=*/true, 9, DType::kFloat64, Device::cpu(),
-                                  DType::kFloat64, &documents);
+                                  DType::kFloat64, &documents, true, projected);
       expect_close(got.out, want.out, "out");
       expect_close(got.lse, want.lse, "lse");
       expect_close(got.grad_q, want.grad_q, "grad_q");
@@ -278,11 +301,11 @@ TEST(GroupedQueryCuda, EveryPathMatchesTheCpu) {
       {{8, 2}, 4}, {{12, 3}, 4}, {{8, 4}, 3}, {{8, 1}, 4}};
   const nn::DocumentStarts documents = {{0, 5, 11, 12, 19}, {0, 13}};
   using nn::AttentionPath;
-  const std::vector<std::pair<AttentionPath, bool>> paths = {{AttentionPath::kMath, true},
-                                                             {AttentionPath::kFlash, true},
-                                                             {AttentionPath::kCudnn, true},
-                                                             {AttentionPath::kCudnn, false},
-                                                             {AttentionPath::kAuto, false}};
+  // (path, loss reads lse, q/k/v views of one projection)
+  const std::vector<std::tuple<AttentionPath, bool, bool>> paths = {
+      {AttentionPath::kMath, true, false},  {AttentionPath::kFlash, true, false},
+      {AttentionPath::kCudnn, true, false}, {AttentionPath::kCudnn, false, false},
+      {AttentionPath::kAuto, false, false}, {AttentionPath::kCudnn, false, true}};
   std::map<std::pair<size_t, HeadMixing>, AttentionPath> auto_path_without_documents;
   int cudnn_with_documents = 0;  // cases whose documents ran as cuDNN calls over pieces
   for (const nn::DocumentStarts* docs :
@@ -290,19 +313,27 @@ TEST(GroupedQueryCuda, EveryPathMatchesTheCpu) {
     for (size_t shape_index = 0; shape_index < shapes.size(); ++shape_index) {
       const auto& [shape, pairs] = shapes[shape_index];
       for (const HeadMixing mixing : {HeadMixing::kHeadGroups, HeadMixing::kAllHeads}) {
-        for (const auto& [path, reads_lse] : paths) {
+        for (const auto& [path, reads_lse, projected] : paths) {
           SCOPED_TRACE(std::string(nn::path_name(path)) +
                        (mixing == HeadMixing::kAllHeads ? " all heads" : " head groups") + ", H " +
                        std::to_string(shape.heads) + ", H_kv " + std::to_string(shape.kv_heads) +
                        (docs != nullptr ? ", documents" : "") +
-                       (reads_lse ? ", loss reads lse" : ""));
+                       (reads_lse ? ", loss reads lse" : "") +
+                       (projected ? ", views of one projection" : ""));
           DilatedAttentionOptions o = options_for(DilationVariant::kSegmentLocal, mixing,
                                                   OffsetRule::kConstant, true, pairs);
           const CallResult want = run(o, shape, false, 11, DType::kFloat64, Device::cpu(),
-                                      DType::kBFloat16, docs, reads_lse);
+                                      DType::kBFloat16, docs, reads_lse, projected);
           o.path = path;
-          const CallResult got = run(o, shape, false, 11, DType::kBFloat16, Device::cuda(0),
-                                     DType::kBFloat16, docs, reads_lse);
+          CallResult got;
+          try {
+            got = run(o, shape, false, 11, DType::kBFloat16, Device::cuda(0), DType::kBFloat16,
+                      docs, reads_lse, projected);
+          } catch (const std::exception& e) {
+            // Named with the case (SCOPED_TRACE shows only on assertions); the device may be
+            // unusable after a failed kernel, so the test stops here.
+            FAIL() << e.what();
+          }
           const double unit = std::ldexp(1.0, -8);
           expect_close(got.out, want.out, "out", 8 * unit);
           expect_close(got.lse, want.lse, "lse", 8 * unit);

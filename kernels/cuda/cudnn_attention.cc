@@ -29,6 +29,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -424,6 +425,13 @@ std::pair<int64_t, int64_t> piece_span(const AttentionPieces& p, const PieceTens
                      (v.ndim == 4 ? v.shape[3] : 1)};
 }
 
+// A view's strides as text, "(s0, s1, ...)".
+std::string strides_text(const StridedView& v) {
+  std::string text = "(";
+  for (int d = 0; d < v.ndim; ++d) text += str_cat(d > 0 ? ", " : "", v.strides[d]);
+  return text + ")";
+}
+
 // A call over pieces (AttentionPieces) runs as one graph with ragged offsets: [B, H, 1, D]
 // views (lse [B, H, 1]) whose row strides are multiples of the step, pieces that each fit
 // int32 offsets, the same heads for k and v as for q, and causal masks only on pieces whose
@@ -472,6 +480,31 @@ std::string pieces_problem(const AttentionPieces& pieces, const AttentionParams&
         return str_cat("piece ", p, " spans ", end - begin,
                        " elements, past cuDNN's int32 offsets");
       }
+    }
+  }
+  return "";
+}
+
+// With as many key/value heads as query heads, cuDNN's ragged backward writes dK and dV where
+// k and v lie: a dK laid out otherwise than k got writes out of bounds (H200, cuDNN 9.14;
+// tests/cuda_cudnn_attention_test.cc). With fewer (grouped-query), its head reduction writes
+// them through their own offsets; dQ and dO may be laid out otherwise than q and out either way.
+std::string piece_key_grads_problem(const std::vector<PieceTensor>& tensors) {
+  auto view_of = [&](TensorUid uid) -> const StridedView& {
+    return std::find_if(tensors.begin(), tensors.end(),
+                        [uid](const PieceTensor& t) { return t.uid == uid; })
+        ->view;
+  };
+  if (view_of(kQ).shape[1] != view_of(kK).shape[1]) return "";
+  using Pair = std::tuple<const char*, TensorUid, TensorUid>;
+  for (auto [name, grad_uid, input_uid] :
+       {Pair{"grad_k", kGradK, kK}, Pair{"grad_v", kGradV, kV}}) {
+    const StridedView &grad = view_of(grad_uid), &input = view_of(input_uid);
+    if (!std::equal(grad.strides.begin(), grad.strides.begin() + grad.ndim,
+                    input.strides.begin())) {
+      return str_cat("pieces: ", name, " is laid out otherwise than its input (strides ",
+                     strides_text(grad), " and ", strides_text(input),
+                     "); cuDNN's ragged backward with full heads needs them alike");
     }
   }
   return "";
@@ -532,7 +565,9 @@ std::string backward_problem(const AttentionBackwardArgs& a) {
     for (const StridedView* grad : {&a.grad_q, &a.grad_k, &a.grad_v, &a.out, &a.grad_out}) {
       if (grad->dtype != a.q.dtype) return "pieces: out and the gradients must be q's dtype";
     }
-    problem = pieces_problem(*a.pieces, a.params, piece_tensors(a));
+    const std::vector<PieceTensor> tensors = piece_tensors(a);
+    problem = pieces_problem(*a.pieces, a.params, tensors);
+    if (problem.empty()) problem = piece_key_grads_problem(tensors);
   }
   return problem;
 }
