@@ -338,45 +338,61 @@ class FixedBackward {
  private:
   // A group of document pieces (one pair, head set and heads) as one call over pieces: its
   // dQ stored in place; its dK/dV too where its pair writes its key/value heads first
-  // (KeyGradStores, gradients in q's dtype) and the kernel takes the buffers as they lie.
-  // Else (a key/value head that two pairs' query heads share; buffers laid out otherwise
-  // than k and v, which cuDNN's ragged backward with full heads refuses) dK/dV are stored
-  // into zeroed scratch laid out like k and v and added. False, with nothing run, where no
+  // (KeyGradStores, gradients in q's dtype) and the kernel takes the buffers as they lie,
+  // else into zeroed scratch (KeyGradScratch), added after. False, with nothing run, where no
   // kernel takes the group.
   bool piece_group(const std::vector<const LocalCall*>& group, const Tensor& k, const Tensor& v,
                    KeyGradStores& stores) {
-    const Tensor& grad_k = grads_.qkv[1];
-    const Tensor& grad_v = grads_.qkv[2];
     if (grads_.qkv[0].dtype() != q_.dtype()) return false;  // cuDNN writes q's dtype
+    auto run_into = [&](const Tensor& into_k, const Tensor& into_v) {
+      return backward_piece_group(runner_, group, q_, k, v, out_, lse_, grad_out_, grads_.qkv[0],
+                                  into_k, into_v);
+    };
     // The calls of a group share their pair and heads: one answer (and record) for all.
-    if (stores.may_store(*group.front()) && grad_k.dtype() == q_.dtype() &&
-        backward_piece_group(runner_, group, q_, k, v, out_, lse_, grad_out_, grads_.qkv[0], grad_k,
-                             grad_v)) {
+    if (stores.may_store(*group.front()) && grads_.qkv[1].dtype() == q_.dtype() &&
+        run_into(grads_.qkv[1], grads_.qkv[2])) {
       return true;
     }
-    const Selection& keys = group.front()->k;
-    const Heads heads{keys.first_head, keys.head_stride, keys.head_count};
+    if (scratch_refused_) return false;
     const RowRun rows = written_rows(group, k.size(1));
-    const Tensor scratch_k = zeroed_like(k, heads, rows), scratch_v = zeroed_like(v, heads, rows);
-    if (!backward_piece_group(runner_, group, q_, k, v, out_, lse_, grad_out_, grads_.qkv[0],
-                              scratch_k, scratch_v)) {
+    const KeyGradScratch scratch = key_grad_scratch(group.front()->k, k, v, rows);
+    if (!run_into(scratch.k, scratch.v)) {
+      // No kernel takes calls over pieces in this pass (a forced flash or math path, dropout):
+      // later groups go straight to single calls rather than allocate scratch again.
+      scratch_refused_ = true;
       return false;
     }
-    for (const auto& [grad, scratch] : {std::pair{&grad_k, &scratch_k}, {&grad_v, &scratch_v}}) {
-      add_into(unit_rows(*grad, heads, rows), unit_rows(*scratch, heads, rows));
-    }
+    add_into(unit_rows(grads_.qkv[1], scratch.heads, rows),
+             unit_rows(scratch.k, scratch.heads, rows));
+    add_into(unit_rows(grads_.qkv[2], scratch.heads, rows),
+             unit_rows(scratch.v, scratch.heads, rows));
     return true;
   }
 
-  // A tensor laid out like t (its shape and strides, over fresh memory) whose rows `rows` of
-  // heads `heads` are zero, the rest unset.
-  static Tensor zeroed_like(const Tensor& t, const Heads& heads, const RowRun& rows) {
+  // Zeroed scratch (q's dtype) for the dK/dV of a group reading key/value heads `keys`, at
+  // rows `rows`, laid out like k and v: cuDNN's ragged backward with full heads writes dK/dV
+  // where k and v lie (and refuses them laid out otherwise). Grouped-query calls would take a
+  // compact [B, C, hc, D] (cuDNN reduces their query heads through dK/dV's own offsets): less
+  // memory where k and v are views of a wider projection, not yet done.
+  struct KeyGradScratch {
+    Tensor k, v;
+    Heads heads;  // the group's key/value heads, in k and v as in the scratch
+  };
+  static KeyGradScratch key_grad_scratch(const Selection& keys, const Tensor& k, const Tensor& v,
+                                         const RowRun& rows) {
+    KeyGradScratch s{laid_out_like(k), laid_out_like(v),
+                     Heads{keys.first_head, keys.head_stride, keys.head_count}};
+    for (const Tensor* t : {&s.k, &s.v}) unit_rows(*t, s.heads, rows).zero_();
+    return s;
+  }
+
+  // A tensor laid out like t (its shape and strides) over fresh, unset memory.
+  static Tensor laid_out_like(const Tensor& t) {
     int64_t extent = 1;
-    for (int64_t d = 0; d < t.dim(); ++d)
+    for (int64_t d = 0; d < t.dim(); ++d) {
       extent += (t.size(d) - 1) * t.strides()[static_cast<size_t>(d)];
-    const Tensor laid_out = empty({extent}, options_like(t)).as_strided(t.shape(), t.strides(), 0);
-    unit_rows(laid_out, heads, rows).zero_();
-    return laid_out;
+    }
+    return empty({extent}, options_like(t)).as_strided(t.shape(), t.strides(), 0);
   }
 
   // The rows of a key/value block that a group's calls write: those of its dilation's residue
@@ -458,6 +474,7 @@ class FixedBackward {
   const Tensor &q_, &out_, &lse_, &grad_out_, &grad_lse_;
   const GradBuffers& grads_;
   std::vector<std::pair<int, Tensor>> unit_dq_;
+  bool scratch_refused_ = false;  // a group's call over pieces into scratch found no kernel
 };
 
 }  // namespace

@@ -39,8 +39,9 @@ void unpack_key_grads(const RankPlan& plan, const ExchangeGroup& group, const Te
 // Bytes this rank has sent through `comm` and the sub-groups `plan` gathers in (0 for none).
 int64_t exchange_bytes_sent(dist::Communicator* comm, const RankPlan& plan);
 
-// target += addend (float32 or float64 data), stored in target's dtype: one rounding when
-// that is a 16-bit float.
+// target += addend, summed in the wider of the two dtypes and stored in target's dtype: one
+// rounding when that is a 16-bit float; a float32 target keeps its precision under a 16-bit
+// addend (widened first).
 void add_into(const Tensor& target, const Tensor& addend);
 
 }  // namespace rd::nn

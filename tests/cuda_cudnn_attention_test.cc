@@ -19,6 +19,7 @@
 #include "ringdilated/kernels/attention.h"
 #include "ringdilated/kernels/backend.h"
 #include "ringdilated/kernels/error.h"
+#include "ringdilated/nn/attention_runner.h"
 #include "ringdilated/tensor/device.h"
 #include "ringdilated/tensor/dispatch.h"
 #include "ringdilated/tensor/generator.h"
@@ -411,7 +412,8 @@ TEST_P(CudnnGroupedPieces, MatchFloat64PerPiece) {
   const Tensor grad_v =
       shape.packed ? grad_qkv.narrow(2, q_total + kv_total, kv_total) : zeros_like(v);
 
-  // Pieces of random lengths (1 to 70 rows) covering each batch row.
+  // Pieces of random lengths (1 to 70 rows) over each batch row, some a row apart (rows no
+  // piece reads: every buffer must keep its poison there).
   std::mt19937_64 lengths(static_cast<uint64_t>(dim + g + hc));
   kernels::AttentionPieces pieces;
   for (int64_t b = 0; b < kBatch; ++b) {
@@ -422,9 +424,25 @@ TEST_P(CudnnGroupedPieces, MatchFloat64PerPiece) {
       pieces.k_position.push_back(offset + rate * at);
       pieces.q_rows.push_back(rows);
       pieces.k_rows.push_back(rows);
-      at += rows;
+      at += rows + (lengths() % 4 == 0 ? 1 : 0);
     }
   }
+  // Gradient buffers poisoned (7) but for the pieces' rows of the call's heads, which the
+  // call may store into: a kernel writing elsewhere (over another call's gradients) shows.
+  auto clear_piece_rows = [&](Tensor t, int64_t first_head, int64_t count) {
+    t.fill_(7.0);
+    const Shape& st = t.strides();
+    for (int64_t p = 0; p < pieces.count(); ++p) {
+      const auto i = static_cast<size_t>(p);
+      t.as_strided({pieces.q_rows[i], count, dim}, {rate * st[1], st[2], 1},
+                   t.offset() + pieces.batch_row[i] * st[0] + pieces.q_position[i] * st[1] +
+                       first_head * st[2])
+          .zero_();
+    }
+  };
+  clear_piece_rows(grad_q, shape.q_first, heads);
+  clear_piece_rows(grad_k, shape.kv_first, hc);
+  clear_piece_rows(grad_v, shape.kv_first, hc);
   // The [B, hc, g, 1, D] views at position 0 (lse [B, hc, g, 1]); k's repeat through stride 0.
   auto q_side = [&](const Tensor& t) {
     const Shape& st = t.strides();
@@ -450,18 +468,13 @@ TEST_P(CudnnGroupedPieces, MatchFloat64PerPiece) {
   std::string why;
   ASSERT_TRUE(backend().attention_supports(AttentionKernel::kCudnn, fwd, nullptr, &why)) << why;
   backend().attention_forward(AttentionKernel::kCudnn, fwd);
-  AttentionBackwardArgs bwd;
-  bwd.q = fwd.q;
-  bwd.k = fwd.k;
-  bwd.v = fwd.v;
-  bwd.out = fwd.out;
-  bwd.lse = fwd.lse;
-  bwd.params = fwd.params;
-  bwd.pieces = &pieces;
+  AttentionBackwardArgs bwd = nn::backward_of(fwd);  // q, k, v, out, lse, params, pieces
   bwd.grad_out = q_side(grad_out);
   bwd.grad_q = q_side(grad_q);
   // Own key gradients: [B, N, hc, D] tensors.
-  const Tensor own_k = zeros({kBatch, kLen, hc, dim}, on_gpu), own_v = zeros_like(own_k);
+  const Tensor own_k = empty({kBatch, kLen, hc, dim}, on_gpu), own_v = empty_like(own_k);
+  clear_piece_rows(own_k, 0, hc);
+  clear_piece_rows(own_v, 0, hc);
   bwd.grad_k = shape.own_key_grads ? k_side(own_k, 0) : k_side(grad_k, shape.kv_first);
   bwd.grad_v = shape.own_key_grads ? k_side(own_v, 0) : k_side(grad_v, shape.kv_first);
   bwd.grads_start_at_zero = true;
@@ -471,6 +484,8 @@ TEST_P(CudnnGroupedPieces, MatchFloat64PerPiece) {
     return;
   }
   ASSERT_TRUE(backend().attention_supports(AttentionKernel::kCudnn, fwd, &bwd, &why)) << why;
+  // The gradients' starting values (poison, cleared rows), for the reference to add to.
+  const HostTensor start_q = host_of(grad_q), start_k = host_of(grad_k), start_v = host_of(grad_v);
   backend().attention_backward(AttentionKernel::kCudnn, bwd);
   if (shape.own_key_grads) {
     grad_k.narrow(2, shape.kv_first, hc).copy_(own_k);
@@ -480,8 +495,9 @@ TEST_P(CudnnGroupedPieces, MatchFloat64PerPiece) {
 
   PieceReference ref{host_of(q), host_of(k), host_of(v), host_of(grad_out)};
   ref.out = HostTensor{std::vector<double>(ref.q.values.size(), 7.0), q.shape()};
-  ref.grad_q = HostTensor{std::vector<double>(ref.q.values.size(), 0.0), q.shape()};
-  ref.grad_k = ref.grad_v = HostTensor{std::vector<double>(ref.k.values.size(), 0.0), k.shape()};
+  ref.grad_q = start_q;
+  ref.grad_k = start_k;
+  ref.grad_v = start_v;
   ref.lse = HostTensor{std::vector<double>(static_cast<size_t>(kBatch * q_total * kLen), 7.0),
                        {kBatch, q_total, kLen, 1}};
   ref.group = g;

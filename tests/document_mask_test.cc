@@ -333,19 +333,27 @@ TEST(PieceCalls, GroupByPairHeadSetAndHeads) {
   for (const nn::LocalCall* c : gqa.singles) EXPECT_LT(c->batch_row, 0);
   EXPECT_GT(repeated, 0u);
   EXPECT_EQ(gqa_grouped + gqa.singles.size(), shared.size());
-  // Query heads that are not one run (two key/value heads' pairs of query heads, three heads
-  // apart) stay single: cuDNN's grouped-query layout cannot address them.
-  nn::LocalCall scattered = shared.front();
-  scattered.batch_row = 1;
-  scattered.q.head_count = 2;
-  scattered.q.head_repeat = 2;
-  scattered.q.repeat_stride = 1;
+  // A grouped call made to read two key/value heads' pairs of query heads: as one run
+  // (heads 0-3) it groups; three heads apart (0, 1, 3, 4) it stays single, since cuDNN's
+  // grouped-query layout cannot address such heads.
+  ASSERT_FALSE(gqa.groups.empty());
+  nn::LocalCall one_run = *gqa.groups.front().front();
+  one_run.q.head_count = 2;
+  one_run.q.head_repeat = 2;
+  one_run.q.repeat_stride = 1;
+  one_run.q.head_stride = 2;
+  one_run.k.head_count = 2;
+  one_run.k.head_repeat = 2;
+  nn::LocalCall scattered = one_run;
   scattered.q.head_stride = 3;
-  const std::vector<nn::LocalCall> scattered_calls = {scattered};
+  const std::vector<nn::LocalCall> both = {one_run, scattered};
   const nn::PieceGroups apart =
-      nn::group_piece_calls(scattered_calls, [](const nn::LocalCall&) { return true; });
-  EXPECT_TRUE(apart.groups.empty());
-  EXPECT_EQ(apart.singles.size(), 1u);
+      nn::group_piece_calls(both, [](const nn::LocalCall&) { return true; });
+  ASSERT_EQ(apart.groups.size(), 1u);
+  EXPECT_EQ(apart.groups.front().size(), 1u);
+  EXPECT_EQ(apart.groups.front().front()->q.head_stride, 2);
+  ASSERT_EQ(apart.singles.size(), 1u);
+  EXPECT_EQ(apart.singles.front()->q.head_stride, 3);
 }
 
 // The CPU has no kernel for a call over pieces: it says so, and refuses to run one.

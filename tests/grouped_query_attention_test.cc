@@ -19,6 +19,7 @@
 #include "ringdilated/nn/dilated_attention.h"
 #include "ringdilated/nn/dilated_decode.h"
 #include "ringdilated/nn/dilated_plan.h"
+#include "ringdilated/nn/key_exchange.h"
 #include "ringdilated/nn/ring_dilated_attention.h"
 #include "ringdilated/tensor/autograd.h"
 #include "ringdilated/tensor/device.h"
@@ -344,7 +345,9 @@ TEST(GroupedQueryCuda, EveryPathMatchesTheCpu) {
           if (path == AttentionPath::kAuto && docs == nullptr) {
             auto_path_without_documents[{shape_index, mixing}] = got.path_used;
           } else if (path == AttentionPath::kAuto) {
-            const AttentionPath without = auto_path_without_documents.at({shape_index, mixing});
+            const auto found = auto_path_without_documents.find({shape_index, mixing});
+            ASSERT_NE(found, auto_path_without_documents.end());  // runs without documents first
+            const AttentionPath without = found->second;
             EXPECT_EQ(got.path_used, without) << nn::path_name(got.path_used) << " with documents, "
                                               << nn::path_name(without) << " without";
           }
@@ -384,6 +387,21 @@ TEST(GroupedQueryCuda, DocumentPiecesRunOnCudnn) {
       expect_close(got.grad_v, want.grad_v, "grad_v", 32 * unit);
     }
   }
+}
+
+// A group of document pieces that must add its dK/dV adds q-dtype scratch into gradients
+// that may be float32 (three or more pairs per key/value head): the float32 sums must keep
+// their precision (the add once rounded them to bfloat16).
+TEST(GroupedQueryAddInto, AFloat32TargetKeepsItsPrecisionUnderABFloat16Addend) {
+  const double fine = 1.0 + std::ldexp(1.0, -12);  // not a bfloat16 value
+  const Tensor target = full({3}, fine, TensorOptions(DType::kFloat32));
+  const Tensor addend = full({3}, 0.125, TensorOptions(DType::kBFloat16));
+  nn::add_into(target, addend);
+  for (const double got : target.to_vector<double>()) EXPECT_EQ(got, fine + 0.125);
+  // A bfloat16 target takes one rounding of the float32 sum.
+  const Tensor narrow = full({2}, 1.0, TensorOptions(DType::kBFloat16));
+  nn::add_into(narrow, full({2}, std::ldexp(1.0, -7), TensorOptions(DType::kFloat32)));
+  for (const double got : narrow.to_vector<double>()) EXPECT_EQ(got, 1.0 + std::ldexp(1.0, -7));
 }
 
 // How many pairs read one key/value head decides whether dK/dV may be stored in the inputs'

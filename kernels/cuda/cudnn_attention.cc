@@ -460,17 +460,20 @@ std::string pieces_problem(const AttentionPieces& pieces, const AttentionParams&
   const auto key_side = std::find_if(tensors.begin(), tensors.end(),
                                      [](const PieceTensor& t) { return t.role == 'k'; });
   const int64_t kv_heads = key_side == tensors.end() ? q_heads : key_side->view.shape[1];
+  if (kv_heads < 1 || q_heads % kv_heads != 0) {
+    return str_cat("pieces: ", kv_heads, " key/value heads do not divide ", q_heads,
+                   " query heads");
+  }
   for (const PieceTensor& t : tensors) {
     const StridedView& view = t.view;
     constexpr int seq_dim = 2;  // [B, H, rows, D] and [B, H, rows]
     const int64_t heads = t.role == 'q' ? q_heads : kv_heads;
     if ((view.ndim != 4 && view.ndim != 3) || view.shape[seq_dim] != 1 || view.shape[1] != heads ||
-        kv_heads < 1 || q_heads % kv_heads != 0 || view.strides[seq_dim] % pieces.step != 0 ||
-        view.strides[0] < 0 || view.strides[1] < 0 || view.strides[seq_dim] <= 0) {
+        view.strides[seq_dim] % pieces.step != 0 || view.strides[0] < 0 || view.strides[1] < 0 ||
+        view.strides[seq_dim] <= 0) {
       return str_cat("a view of the pieces is ", shape_of(t.view),
                      " (pieces need [B, H, 1, D] views, or grouped-query [B, hc, repeat, 1, D] "
-                     "ones with the query heads in one run, the key heads dividing the query "
-                     "heads, row strides a multiple of the step ",
+                     "ones with the query heads in one run, row strides a multiple of the step ",
                      pieces.step, ")");
     }
     // Pieces run in runs that int32 offsets reach from their lowest start; one piece must fit.
