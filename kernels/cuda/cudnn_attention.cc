@@ -28,6 +28,7 @@
 #include <list>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <tuple>
 #include <unordered_map>
@@ -425,11 +426,9 @@ std::pair<int64_t, int64_t> piece_span(const AttentionPieces& p, const PieceTens
                      (v.ndim == 4 ? v.shape[3] : 1)};
 }
 
-// A view's strides as text, "(s0, s1, ...)".
+// A view's strides as text, "[s0, s1, ...]".
 std::string strides_text(const StridedView& v) {
-  std::string text = "(";
-  for (int d = 0; d < v.ndim; ++d) text += str_cat(d > 0 ? ", " : "", v.strides[d]);
-  return text + ")";
+  return shape_str(std::span<const int64_t>(v.strides.data(), v.ndim));
 }
 
 // A call over pieces (AttentionPieces) runs as one graph with ragged offsets: [B, H, 1, D]
