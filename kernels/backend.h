@@ -221,6 +221,8 @@ class KernelBackend {
   // out[i] = in[i] with dtype conversion; shapes equal, any strides (in may broadcast).
   virtual void copy(const StridedView& out, const StridedView& in) = 0;
   // out[i] += in[i]; out may alias itself (overlapping strides), adds are applied in order.
+  // in has out's dtype, or is bfloat16/float16 into a float32 out: read widened, so that a
+  // float32 gradient takes a 16-bit partial without a widened copy.
   virtual void accumulate(const StridedView& out, const StridedView& in) = 0;
   virtual void random(const StridedView& out, Distribution dist, double a, double b,
                       uint64_t seed, uint64_t offset) = 0;

@@ -51,6 +51,12 @@ constexpr DType accumulation_dtype(DType t) {
   return t == DType::kFloat64 ? DType::kFloat64 : DType::kFloat32;
 }
 
+// The dtypes KernelBackend::accumulate adds: out += in where in has out's dtype, or is a
+// 16-bit float read widened into a float32 out.
+constexpr bool accumulate_takes(DType out, DType in) {
+  return in == out || (out == DType::kFloat32 && (in == DType::kBFloat16 || in == DType::kFloat16));
+}
+
 // Result type of a binary op on two tensors (PyTorch's rules, minus scalars):
 // bool < int32 < int64 < 16-bit floats < float32 < float64; bf16 with f16 gives float32.
 constexpr DType promote_types(DType a, DType b) {

@@ -38,6 +38,12 @@ void check_dtype(const char* op, const char* arg, const StridedView& v, DType ex
            dtype_name(v.dtype), ", expected ", dtype_name(expected));
 }
 
+void check_accumulate_dtypes(const char* op, const StridedView& out, const StridedView& in) {
+  RD_CHECK(accumulate_takes(out.dtype, in.dtype), kDTypeMismatch, op, ": argument 'in' has dtype ",
+           dtype_name(in.dtype), " but 'out' has ", dtype_name(out.dtype),
+           " (in must be out's dtype, or bfloat16/float16 into float32)");
+}
+
 void check_same_shape(const char* op, const char* name_a, const StridedView& a, const char* name_b,
                       const StridedView& b) {
   bool same = a.ndim == b.ndim;

@@ -22,6 +22,10 @@ std::string shape_of(const StridedView& v);
 // Throws kDTypeMismatch unless v (argument `arg` of `op`) has dtype `expected`.
 void check_dtype(const char* op, const char* arg, const StridedView& v, DType expected);
 
+// The dtypes KernelBackend::accumulate takes: in has out's dtype, or out is float32 and in a
+// 16-bit float (read widened). Throws kDTypeMismatch naming `op` otherwise.
+void check_accumulate_dtypes(const char* op, const StridedView& out, const StridedView& in);
+
 // Throws kShapeMismatch unless a and b have the same shape.
 void check_same_shape(const char* op, const char* name_a, const StridedView& a,
                       const char* name_b, const StridedView& b);

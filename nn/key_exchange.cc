@@ -206,11 +206,11 @@ int64_t exchange_bytes_sent(dist::Communicator* comm, const RankPlan& plan) {
 // target += addend, summed in the wider of the two dtypes and stored in target's: one
 // rounding when that is a 16-bit float, none of target's float32 when the addend is narrower.
 void add_into(const Tensor& target, const Tensor& addend) {
-  if (dtype_size(addend.dtype()) < dtype_size(target.dtype())) {
-    add_into(target, addend.to(target.dtype()));
-  } else if (target.dtype() == addend.dtype()) {
+  if (accumulate_takes(target.dtype(), addend.dtype())) {
     backend_for(target.device())
         .accumulate(kernel_view(target, "add_into"), kernel_view(addend, "add_into"));
+  } else if (dtype_size(addend.dtype()) < dtype_size(target.dtype())) {
+    add_into(target, addend.to(target.dtype()));
   } else {
     target.detach().copy_(add(target.to(addend.dtype()), addend));
   }

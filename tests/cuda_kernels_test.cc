@@ -369,11 +369,13 @@ TEST_F(CudaKernelsTest, AccumulateAddsIntoDistinctAndOverlappingOutputs) {
 // Rows of whole aligned vectors in strided outer dims (a dilated selection's rows of D
 // contiguous elements) take the vectorized row loop (RowVectorBody); a misaligned start
 // falls back to the per-element loop. Widening: float32 out += a bf16/f16 in, equal to the
-// CPU's accumulate of the input converted to float32.
+// CPU's float32 accumulate of the input converted to float32, into distinct and overlapping
+// (atomic) outputs.
 TEST_F(CudaKernelsTest, AccumulatesRowsOfVectorsAndWidensNarrowFloats) {
   const Layout kRowGaps{"row_gaps", {3, 4, 32}, {512, 64, 1}, 8};
   const Layout kRowDense = contiguous({3, 4, 32}, "row_dense");
   const Layout kRowMisaligned{"row_misaligned", {3, 4, 32}, {512, 64, 1}, 3};
+  const Layout kRowOverlapping{"row_overlapping", {3, 4, 32}, {0, 32, 1}, 0};
   const UnaryLayouts layouts[] = {{&kRowGaps, &kRowDense},
                                   {&kRowDense, &kRowGaps},
                                   {&kRowGaps, &kRowGaps},
@@ -382,18 +384,17 @@ TEST_F(CudaKernelsTest, AccumulatesRowsOfVectorsAndWidensNarrowFloats) {
   for (DType dtype : {DType::kFloat32, DType::kBFloat16, DType::kFloat16, DType::kFloat64}) {
     for (const UnaryLayouts& l : layouts) expect_accumulate_matches(dtype, *l.out, *l.in);
   }
+  std::vector<UnaryLayouts> widening(std::begin(layouts), std::end(layouts));
+  widening.push_back({&kRowOverlapping, &kRowGaps});
   for (DType narrow : {DType::kBFloat16, DType::kFloat16}) {
-    for (const UnaryLayouts& l : layouts) {
+    for (const UnaryLayouts& l : widening) {
       Mirror in(random_array(narrow, l.in->extent(), rng_, Values::kSmallInts));
       Mirror widened(poisoned_array(DType::kFloat32, l.in->extent()));
       cpu().copy(widened.cpu(*l.in), in.cpu(*l.in));
       Mirror out(random_array(DType::kFloat32, l.out->extent(), rng_, Values::kSmallInts));
       cpu().accumulate(out.cpu(*l.out), widened.cpu(*l.in));
-      bool launched = false;
-      run_gpu(
-          [&] { launched = cuda::accumulate_widening(out.gpu(*l.out), in.gpu(*l.in), nullptr); });
-      EXPECT_TRUE(launched);
-      expect_same(out, Match::kExact, describe("accumulate_widening", narrow, {l.out, l.in}));
+      run_gpu([&] { cuda::accumulate(out.gpu(*l.out), in.gpu(*l.in), nullptr); });
+      expect_same(out, Match::kExact, describe("accumulate widening", narrow, {l.out, l.in}));
     }
   }
 }

@@ -187,6 +187,39 @@ TEST(CpuKernelsTest, AccumulateIntoOverlappingOutputAppliesAddsInOrder) {
   for (int64_t k = 0; k < out2.size(); ++k) ASSERT_EQ(out2.get(k), want2[k]) << k;
 }
 
+// A 16-bit float adds into float32 widened: each sum is the float32 sum of the two values,
+// rounded once (in float32), into distinct and overlapping outputs. Other mixes are refused.
+TEST(CpuKernelsTest, AccumulateWidensSixteenBitFloatsIntoFloat32) {
+  std::mt19937 rng(4);
+  for (DType narrow : {DType::kBFloat16, DType::kFloat16}) {
+    Buffer out(DType::kFloat32, 6 * 40), in(narrow, 6 * 40);
+    out.randomize(rng);
+    in.randomize(rng);
+    std::vector<float> want(out.size());
+    for (int64_t k = 0; k < out.size(); ++k) {
+      want[k] = static_cast<float>(out.get(k)) + static_cast<float>(in.get(k));
+    }
+    cpu().accumulate(out.view({6, 40}), in.view({6, 40}));
+    for (int64_t k = 0; k < out.size(); ++k) ASSERT_EQ(out.get(k), want[k]) << k;
+
+    Buffer row(DType::kFloat32, 40);  // six rows into one, in order
+    row.randomize(rng);
+    std::vector<float> want_row(40);
+    for (int j = 0; j < 40; ++j) {
+      float acc = static_cast<float>(row.get(j));
+      for (int i = 0; i < 6; ++i) acc += static_cast<float>(in.get(i * 40 + j));
+      want_row[j] = acc;
+    }
+    cpu().accumulate(row.view({6, 40}, {0, 1}), in.view({6, 40}));
+    for (int j = 0; j < 40; ++j) ASSERT_EQ(row.get(j), want_row[j]) << j;
+  }
+  Buffer f32(DType::kFloat32, 4), f64(DType::kFloat64, 4), bf16(DType::kBFloat16, 4);
+  expect_error([&] { cpu().accumulate(bf16.view({4}), f32.view({4})); }, ErrorCode::kDTypeMismatch,
+               "accumulate: argument 'in' has dtype float32");
+  expect_error([&] { cpu().accumulate(f64.view({4}), bf16.view({4})); }, ErrorCode::kDTypeMismatch,
+               "accumulate");
+}
+
 TEST(CpuKernelsTest, OverlapDetectionIsExactOnCommonLayouts) {
   Buffer b(DType::kFloat32, 64);
   EXPECT_TRUE(has_distinct_elements(b.view({4, 8})));

@@ -53,9 +53,18 @@ void CpuBackend::copy(const StridedView& out, const StridedView& in) {
 
 void CpuBackend::accumulate(const StridedView& out, const StridedView& in) {
   check_same_shape("accumulate", "out", out, "in", in);
-  check_dtype("accumulate", "in", in, out.dtype);
+  check_accumulate_dtypes("accumulate", out, in);
   // Overlapping out elements receive several adds: apply them one at a time, in order.
   bool serial = !has_distinct_elements(out);
+  if (out.dtype != in.dtype) {  // a 16-bit float into float32, read widened
+    auto widen = [&](auto narrow_tag) {
+      using Narrow = decltype(narrow_tag);
+      for_each_typed<float, Narrow>(
+          out, {&in}, [](float& o, const Narrow& x) { o += convert<float>(x); }, serial);
+    };
+    in.dtype == DType::kBFloat16 ? widen(BFloat16{}) : widen(Float16{});
+    return;
+  }
   dispatch_dtype(out.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     for_each_typed<T, T>(out, {&in}, [](T& o, const T& x) { add_into(o, x); }, serial);

@@ -1090,21 +1090,6 @@ class Staged {
   std::optional<ScratchBuffer> buffer_;
 };
 
-// grad += produced, where `produced` (contiguous, q's dtype) came from cuDNN; a float32 grad
-// reads it widened in the add, or (overlapping elements) through a float32 copy.
-void add_into(const StridedView& grad, const StridedView& produced, Allocator& scratch,
-              cudaStream_t stream) {
-  if (grad.dtype == produced.dtype) {
-    accumulate(grad, produced, stream);
-    return;
-  }
-  if (accumulate_widening(grad, produced, stream)) return;
-  ScratchBuffer widened(scratch, view_bytes(produced, grad.dtype));
-  const StridedView wide = contiguous_like(produced, grad.dtype, widened.get());
-  copy(wide, produced, stream);
-  accumulate(grad, wide, stream);
-}
-
 // Where cuDNN writes one gradient. cuDNN overwrites its outputs and ours accumulate, so the
 // gradient lands in scratch and is added afterwards, unless the caller promised the
 // gradient view holds zeros (and it is q's dtype in a layout cuDNN takes): then cuDNN writes
@@ -1123,8 +1108,8 @@ class GradientTarget {
   }
   const StridedView& view() const { return view_; }
   // Adds a staged gradient into the caller's view.
-  void finish(Allocator& scratch, cudaStream_t stream) const {
-    if (buffer_) add_into(user_, view_, scratch, stream);
+  void finish(cudaStream_t stream) const {
+    if (buffer_) accumulate(user_, view_, stream);  // a float32 user_ reads view_ widened
   }
 
  private:
@@ -1403,7 +1388,7 @@ void cudnn_attention_backward(const AttentionBackwardArgs& args, Allocator& scra
              {kGradK, grad_k.view().data},
              {kGradV, grad_v.view().data}},
             scratch, stream);
-  for (const GradientTarget* grad : {&grad_q, &grad_k, &grad_v}) grad->finish(scratch, stream);
+  for (const GradientTarget* grad : {&grad_q, &grad_k, &grad_v}) grad->finish(stream);
 }
 
 CudnnGraphCacheStats cudnn_graph_cache_stats() { return GraphCache::instance().stats(); }

@@ -689,18 +689,42 @@ std::optional<RowRuns> as_row_runs(const StridedView& out, const StridedView& in
   return r;
 }
 
-// out += in where out overlaps itself: elements sharing memory each add atomically.
-template <class T>
+// out += in where out overlaps itself: elements sharing memory each add atomically. `In` is
+// T, or a 16-bit float read widened into a float32 out.
+template <class T, class In = T>
 struct AtomicAccumulateBody {
   T* out;
-  const T* in;
+  const In* in;
   OffsetCalculator<2> calc;
 
   RD_HOST_DEVICE void operator()(int64_t i) const {
     const Offsets<2> o = calc.get(i);
-    atomic_add_into(out + o.v[0], in[o.v[1]]);
+    atomic_add_into(out + o.v[0], convert<T>(in[o.v[1]]));
   }
 };
+
+// acc + x in float32, x read in its narrower type: one pass where a widened copy plus an
+// add took three.
+template <class Narrow>
+struct WidenAddOp {
+  RD_HOST_DEVICE float operator()(int64_t, float acc, Narrow x) const {
+    return acc + convert<float>(x);
+  }
+};
+
+// float32 out += a bf16/f16 in, each element read once in its own type.
+template <class Narrow>
+void accumulate_widened(const StridedView& out, const StridedView& in, cudaStream_t stream) {
+  if (has_distinct_elements(out)) {
+    run_rows<float, float, Narrow>(WidenAddOp<Narrow>{}, out, {&out, &in}, stream);
+    return;
+  }
+  launch_grid_stride(out.numel(),
+                     AtomicAccumulateBody<float, Narrow>{static_cast<float*>(out.data),
+                                                         static_cast<const Narrow*>(in.data),
+                                                         make_offset_calculator<2>({&out, &in})},
+                     stream);
+}
 
 }  // namespace
 
@@ -769,9 +793,14 @@ void copy(const StridedView& out, const StridedView& in, cudaStream_t stream) {
 
 void accumulate(const StridedView& out, const StridedView& in, cudaStream_t stream) {
   check_same_shape("accumulate", "out", out, "in", in);
-  check_dtype("accumulate", "in", in, out.dtype);
+  check_accumulate_dtypes("accumulate", out, in);
   const int64_t n = out.numel();
   if (n == 0) return;
+  if (in.dtype != out.dtype) {  // a 16-bit float into float32
+    in.dtype == DType::kBFloat16 ? accumulate_widened<BFloat16>(out, in, stream)
+                                 : accumulate_widened<Float16>(out, in, stream);
+    return;
+  }
   if (has_distinct_elements(out)) {
     // A plain elementwise out = out + in (logical or, i.e. maximum, for bool).
     const BinaryOp op = out.dtype == DType::kBool ? BinaryOp::kMaximum : BinaryOp::kAdd;
@@ -794,28 +823,6 @@ void accumulate(const StridedView& out, const StridedView& in, cudaStream_t stre
                                                make_offset_calculator<2>({&out, &in})},
                        stream);
   });
-}
-
-// acc + x in float32, x read in its narrower type: one pass where a widened copy plus an
-// add took three.
-template <class Narrow>
-struct WidenAddOp {
-  RD_HOST_DEVICE float operator()(int64_t, float acc, Narrow x) const {
-    return acc + convert<float>(x);
-  }
-};
-
-bool accumulate_widening(const StridedView& out, const StridedView& in, cudaStream_t stream) {
-  check_same_shape("accumulate_widening", "out", out, "in", in);
-  if (out.dtype != DType::kFloat32 || !has_distinct_elements(out)) return false;
-  if (in.dtype == DType::kBFloat16) {
-    run_rows<float, float, BFloat16>(WidenAddOp<BFloat16>{}, out, {&out, &in}, stream);
-  } else if (in.dtype == DType::kFloat16) {
-    run_rows<float, float, Float16>(WidenAddOp<Float16>{}, out, {&out, &in}, stream);
-  } else {
-    return false;
-  }
-  return true;
 }
 
 void unary(UnaryOp op, const StridedView& out, const StridedView& in, const UnaryParams& params,

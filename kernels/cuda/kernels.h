@@ -17,11 +17,9 @@ namespace rd::kernels::cuda {
 void fill(const StridedView& out, double value, cudaStream_t stream);
 void arange(const StridedView& out, double start, double step, cudaStream_t stream);
 void copy(const StridedView& out, const StridedView& in, cudaStream_t stream);
+// out += in; a bfloat16/float16 in adds into a float32 out widened per element (the contract
+// of KernelBackend::accumulate).
 void accumulate(const StridedView& out, const StridedView& in, cudaStream_t stream);
-// out (float32) += in (bfloat16 or float16), widened per element: gradients a library kernel
-// wrote in the inputs' dtype added into float32 accumulators without a widened copy. Returns
-// false (and does nothing) for other dtypes or an out whose elements overlap.
-bool accumulate_widening(const StridedView& out, const StridedView& in, cudaStream_t stream);
 void unary(UnaryOp op, const StridedView& out, const StridedView& in, const UnaryParams& params,
            cudaStream_t stream);
 void binary(BinaryOp op, const StridedView& out, const StridedView& a, const StridedView& b,
