@@ -29,6 +29,8 @@
 //       them (ratio <= 1.15).
 //   documents/gqa_fwdbwd_over_unmasked/H16D128/N262144/<dense|causal>/KV4  the same with
 //       grouped queries (H_kv = 4) on both sides (no target).
+//   documents/allheads_fwdbwd_over_unmasked/H16D128/N262144/<dense|causal>  the same with
+//       every head on every pair (HeadMixing::kAllHeads, rd_train's default; no target).
 //   target/...  issue 4's four targets at N = 262144, H = 16, D = 128, fixed, non-causal,
 //       each with its ratio, target and direction (counter target_max = 1: ratio <= target).
 //
@@ -145,6 +147,7 @@ struct RowSpec {
   bool causal = false;
   AttentionPath path = AttentionPath::kAuto;
   bool hilbert = false;
+  rd::nn::HeadMixing mixing = rd::nn::HeadMixing::kHeadGroups;
 };
 
 bool backward_of(const RowSpec& s) { return s.direction == Direction::kForwardBackward; }
@@ -304,6 +307,7 @@ rd::nn::DilatedAttentionOptions options_of(const RowSpec& s) {
   o.causal = s.causal;
   o.use_hilbert = s.hilbert;
   o.path = s.path;
+  o.mixing = s.mixing;
   return o;
 }
 
@@ -672,12 +676,15 @@ void target_gqa(benchmark::State& state, int64_t kv_heads, Direction direction, 
 // Issue 21's document-mask target: documents of random lengths, uniform in [1, w / 2 - 1]
 // for the longest segment w (a mean of a quarter of it), packed over the sequence; the
 // masked call against the same call without documents, measured in the same row. With
-// kv_heads > 0 both calls are grouped-query ones (no target: the row tells whether grouped
-// queries keep the documents' cost).
-void target_documents(benchmark::State& state, bool causal, int64_t kv_heads = 0) {
+// kv_heads > 0 both calls are grouped-query ones, and `mixing` all heads mixes every head
+// on every pair (rd_train's default), on both sides (no target: the rows tell whether those
+// keep the documents' cost).
+void target_documents(benchmark::State& state, bool causal, int64_t kv_heads = 0,
+                      rd::nn::HeadMixing mixing = rd::nn::HeadMixing::kHeadGroups) {
   run_guarded(state, [&] {
     RowSpec s = target_spec(Direction::kForwardBackward, AttentionPath::kAuto);
     s.causal = causal;
+    s.mixing = mixing;
     const int64_t longest = kSegmentLengths.back();
     std::mt19937_64 rng(7);
     std::vector<int64_t> starts;
@@ -693,7 +700,7 @@ void target_documents(benchmark::State& state, bool causal, int64_t kv_heads = 0
     state.counters["unmasked_s"] = unmasked.timing.seconds;
     state.counters["documents"] = static_cast<double>(starts.size());
     const double ratio = masked.timing.seconds / unmasked.timing.seconds;
-    if (kv_heads == 0) {
+    if (kv_heads == 0 && mixing == rd::nn::HeadMixing::kHeadGroups) {
       set_target(state, ratio, 1.15, /*at_most=*/true);
     } else {
       state.counters["ratio"] = ratio;
@@ -831,6 +838,11 @@ void add_rows() {
     add(rd::str_cat("documents/gqa_fwdbwd_over_unmasked/", config_name(kTargetConfig), "/N",
                     kTargetSeqLen, "/", mask_name(causal), "/KV4"),
         [causal](benchmark::State& state) { target_documents(state, causal, 4); });
+    add(rd::str_cat("documents/allheads_fwdbwd_over_unmasked/", config_name(kTargetConfig), "/N",
+                    kTargetSeqLen, "/", mask_name(causal)),
+        [causal](benchmark::State& state) {
+          target_documents(state, causal, 0, rd::nn::HeadMixing::kAllHeads);
+        });
   }
 }
 

@@ -77,6 +77,7 @@ AttentionRunner::AttentionRunner(const char* op, const DilatedAttentionOptions& 
   hilbert_ = options.use_hilbert;
   patterns_ = context.patterns != nullptr ? context.patterns : &global_pattern_cache();
   backward_piece_elements_ = context.backward_piece_elements;
+  counts_ = context.counts;
   if (context.training && options.dropout > 0) {
     params_.dropout = options.dropout;
     params_.seed = context.generator->seed();
@@ -153,6 +154,7 @@ std::optional<AttentionKernel> AttentionRunner::run(const kernels::AttentionForw
       reasons += str_cat(kernels::kernel_name(kernel), ": ", e.what(), "; ");
       continue;
     }
+    if (counts_ != nullptr) count_call(kernel, fwd.pieces != nullptr, backward != nullptr);
     if (forced_ && kernel != kernels_.front() && !optional) {
       log_once(str_cat(op_, ": the ", kernels::kernel_name(kernels_.front()),
                        " path cannot run this call (", reasons, "); using ",
@@ -162,6 +164,16 @@ std::optional<AttentionKernel> AttentionRunner::run(const kernels::AttentionForw
   }
   if (optional) return std::nullopt;
   RD_FAIL(kUnimplemented, op_, ": no attention path can run this call: ", reasons);
+}
+
+void AttentionRunner::count_call(AttentionKernel kernel, bool over_pieces, bool backward) {
+  AttentionCallCounts::Calls& calls = backward ? counts_->backward : counts_->forward;
+  switch (kernel) {
+    case AttentionKernel::kCudnn: ++calls.cudnn; break;
+    case AttentionKernel::kFlash: ++calls.flash; break;
+    case AttentionKernel::kMath: ++calls.math; break;
+  }
+  if (over_pieces) ++calls.over_pieces;
 }
 
 kernels::AttentionBackwardArgs backward_of(const kernels::AttentionForwardArgs& fwd) {

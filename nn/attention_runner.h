@@ -82,6 +82,7 @@ class AttentionRunner {
   std::optional<kernels::AttentionKernel> run(const kernels::AttentionForwardArgs& fwd,
                                               const kernels::AttentionBackwardArgs* backward,
                                               bool optional = false);
+  void count_call(kernels::AttentionKernel kernel, bool over_pieces, bool backward);
 
   const char* op_;
   Device device_;
@@ -93,6 +94,7 @@ class AttentionRunner {
   int64_t backward_piece_elements_ = 0;
   std::vector<uint64_t> pair_offsets_;  // with dropout: each pair's first Philox counter
   kernels::AttentionKernel slowest_ = kernels::AttentionKernel::kCudnn;
+  AttentionCallCounts* counts_ = nullptr;  // the context's, or null
 };
 
 // A backward's inputs from its forward call: q, k, v, out, lse, parameters and pieces (the

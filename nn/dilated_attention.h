@@ -65,6 +65,16 @@ struct DilatedAttentionOptions {
   AttentionPath path = AttentionPath::kAuto;
 };
 
+// The attention kernel calls one dilated-attention call ran, forward and backward, by path:
+// what tests and profiles read to see which kernels served it. Counts are added to.
+struct AttentionCallCounts {
+  struct Calls {
+    int64_t cudnn = 0, flash = 0, math = 0;
+    int64_t over_pieces = 0;  // of them, calls over document pieces (one call for many)
+  };
+  Calls forward, backward;
+};
+
 // Per-call state that is not an option: training mode, the dropout generator (required
 // when training with dropout > 0; it is advanced by the counters the masks use) and the
 // cache of index patterns (cycled lists, Hilbert orders) to use; nullptr: the global one.
@@ -82,6 +92,9 @@ struct AttentionCallContext {
   // document (intersected with the pattern and the causal mask; docs/dilated-attention.md).
   // Null, or empty rows: one document per row. Segment-local variant only.
   const std::vector<std::vector<int64_t>>* document_starts = nullptr;
+  // Where to count the kernel calls (forward, and the backward when it runs), or null. Must
+  // outlive the backward; one per rank when ranks are threads.
+  AttentionCallCounts* counts = nullptr;
 };
 
 // Per batch row, the global positions where its documents start (see

@@ -179,8 +179,35 @@ void local_forward(AttentionRunner& runner, const RankPlan& plan, const Tensor& 
   }
 }
 
+// A unit's calls on block src's keys, re-based into the unit's own rows: query selections
+// in this rank's rows of the unit (q, out and lse seen through unit_rows), key selections in
+// the unit's packed rows. In these coordinates the unit's document pieces run as calls over
+// pieces (piece_calls.h) on the exchanged keys.
+struct UnitCalls {
+  std::vector<LocalCall> rebased;       // parallel to `calls`
+  std::vector<const LocalCall*> calls;  // the plan's own
+  const LocalCall* original(const LocalCall* rebased_call) const {
+    return calls[static_cast<size_t>(rebased_call - rebased.data())];
+  }
+};
+
+UnitCalls unit_calls(const RankPlan& plan, const std::vector<const LocalCall*>& calls, int unit,
+                     int src) {
+  const RankLayout& l = plan.layout;
+  const ExchangeUnit& u = plan.units[static_cast<size_t>(unit)];
+  UnitCalls result{{}, calls};
+  for (const LocalCall* call : calls) {
+    LocalCall c = *call;
+    c.q = in_unit(call->q, u.heads, u.rows(l, l.rank));
+    c.k = in_unit(call->k, u.kv_heads, u.rows(l, src));
+    result.rebased.push_back(c);
+  }
+  return result;
+}
+
 // The calls on block src's keys of the units `group` exchanges, held in `flat`: per unit and
-// key piece, one partial merged into the unit's accumulator.
+// key piece, one partial merged into the unit's accumulator. A unit's document pieces run as
+// one call over pieces per group where a kernel takes it (cuDNN), else one call each.
 void remote_forward(AttentionRunner& runner, const RankPlan& plan, int src, const Tensor& q,
                     const ExchangeGroup& group, const Tensor& flat, ForwardState& state) {
   const std::vector<LocalCall>& calls = plan.calls[static_cast<size_t>(src)];
@@ -189,22 +216,33 @@ void remote_forward(AttentionRunner& runner, const RankPlan& plan, int src, cons
     if (mine.empty()) continue;
     UnitAcc& acc = unit_acc(plan, state, unit, q.dtype());
     const ExchangeUnit& u = plan.units[static_cast<size_t>(unit)];
+    const UnitCalls unit_view = unit_calls(plan, mine, unit, src);
+    const Tensor unit_q = unit_rows(q, u.heads, acc.rows);
+    const auto [unit_k, unit_v] = packed_rows(plan, group, group.index_of(unit), flat, src);
+    auto run_one = [&](const LocalCall& call) {
+      const Keys keys = exchanged_keys(runner, plan, call, src, group, flat);
+      runner.forward(
+          forward_args(runner, plan.layout, q, call, keys,
+                       {acc.part_out, acc.part_lse, in_unit(call.q, u.heads, acc.rows)}));
+    };
     // One partial per key piece: within one the calls write disjoint query rows (a row
     // meets a piece in one segment per pair), across the two pieces of the zigzag layout
     // they may not.
     for (int piece = 0; piece < plan.layout.pieces(); ++piece) {
+      const PieceGroups piece_calls = group_piece_calls(
+          unit_view.rebased, [piece](const LocalCall& c) { return c.key_piece == piece; });
+      if (piece_calls.singles.empty() && piece_calls.groups.empty()) continue;
       acc.part_out.zero_();
       acc.part_lse.fill_(kEmptyLse);
-      bool any = false;
-      for (const LocalCall* call : mine) {
-        if (call->key_piece != piece) continue;
-        const Keys keys = exchanged_keys(runner, plan, *call, src, group, flat);
-        runner.forward(
-            forward_args(runner, plan.layout, q, *call, keys,
-                         {acc.part_out, acc.part_lse, in_unit(call->q, u.heads, acc.rows)}));
-        any = true;
+      for (const LocalCall* call : piece_calls.singles) run_one(*unit_view.original(call));
+      for (const std::vector<const LocalCall*>& pieces : piece_calls.groups) {
+        if (forward_piece_group(runner, pieces, unit_q, unit_k, unit_v, acc.part_out,
+                                acc.part_lse)) {
+          continue;
+        }
+        for (const LocalCall* call : pieces) run_one(*unit_view.original(call));
       }
-      if (any) attention_merge_(acc.out, acc.lse, acc.part_out, acc.part_lse);
+      attention_merge_(acc.out, acc.lse, acc.part_out, acc.part_lse);
     }
   }
 }
@@ -297,8 +335,8 @@ class FixedBackward {
     std::vector<const LocalCall*> singles = calls.singles;
     KeyGradStores stores(plan_.layout.kv_heads);
     for (const std::vector<const LocalCall*>& group : calls.groups) {
-      // Document pieces as one call where a kernel takes it (in place, no lse gradient).
-      if (head_groups && !grad_lse_.defined() && piece_group(group, k, v, stores)) continue;
+      // Document pieces as one call where a kernel takes it (no lse gradient).
+      if (!grad_lse_.defined() && piece_group(group, k, v, stores)) continue;
       singles.insert(singles.end(), group.begin(), group.end());
     }
     for (const LocalCall* call : singles) {
@@ -317,10 +355,16 @@ class FixedBackward {
     for (int unit : group.units) {
       const ExchangeUnit& u = plan_.units[static_cast<size_t>(unit)];
       const RowRun rows = u.rows(l, l.rank);
-      for (const LocalCall* call :
-           plan_.calls_of_unit(plan_.calls[static_cast<size_t>(src)], unit)) {
+      const std::vector<const LocalCall*> calls =
+          plan_.calls_of_unit(plan_.calls[static_cast<size_t>(src)], unit);
+      if (calls.empty()) continue;
+      const size_t index = group.index_of(unit);
+      auto [grad_k, grad_v] = packed_rows(plan_, group, index, key_grads, src);
+      const std::vector<const LocalCall*> singles =
+          remote_piece_groups(unit_calls(plan_, calls, unit, src),
+                              packed_rows(plan_, group, index, flat, src), grad_k, grad_v);
+      for (const LocalCall* call : singles) {
         const Keys keys = exchanged_keys(runner_, plan_, *call, src, group, flat);
-        auto [grad_k, grad_v] = packed_rows(plan_, group, group.index_of(unit), key_grads, src);
         run(*call, keys, unit_dq(unit, rows), in_unit(call->q, u.heads, rows), grad_k, grad_v,
             StartsAtZero{});
       }
@@ -336,36 +380,91 @@ class FixedBackward {
   }
 
  private:
-  // A group of document pieces (one pair, head set and heads) as one call over pieces: its
-  // dQ stored in place; its dK/dV too where its pair writes its key/value heads first
-  // (KeyGradStores, gradients in q's dtype) and the kernel takes the buffers as they lie,
-  // else into zeroed scratch (KeyGradScratch), added after. False, with nothing run, where no
-  // kernel takes the group.
+  // A group of document pieces (one pair, head set and heads) as one call over pieces. Head
+  // groups: its dQ stored in place (q's dtype), its dK/dV too where its pair writes its
+  // key/value heads first (KeyGradStores) and the kernel takes the buffers as they lie. What
+  // is not stored (all heads: every pair adds into float32 gradients) goes through zeroed
+  // scratch in q's dtype, added after. False, with nothing run, where no kernel takes the
+  // group.
   bool piece_group(const std::vector<const LocalCall*>& group, const Tensor& k, const Tensor& v,
                    KeyGradStores& stores) {
-    if (grads_.qkv[0].dtype() != q_.dtype()) return false;  // cuDNN writes q's dtype
-    auto run_into = [&](const Tensor& into_k, const Tensor& into_v) {
-      return backward_piece_group(runner_, group, q_, k, v, out_, lse_, grad_out_, grads_.qkv[0],
-                                  into_k, into_v);
-    };
+    const LocalCall& first = *group.front();
+    const bool store_q = !plan_.merged && grads_.qkv[0].dtype() == q_.dtype();
     // The calls of a group share their pair and heads: one answer (and record) for all.
-    if (stores.may_store(*group.front()) && grads_.qkv[1].dtype() == q_.dtype() &&
-        run_into(grads_.qkv[1], grads_.qkv[2])) {
+    const bool store_kv =
+        !plan_.merged && stores.may_store(first) && grads_.qkv[1].dtype() == q_.dtype();
+    auto run_into = [&](const Tensor& into_q, const Tensor& into_k, const Tensor& into_v) {
+      return backward_piece_group(runner_, group, q_, k, v, out_, lse_, grad_out_, into_q, into_k,
+                                  into_v);
+    };
+    if (store_q && store_kv && run_into(grads_.qkv[0], grads_.qkv[1], grads_.qkv[2])) {
       return true;
     }
     if (scratch_refused_) return false;
-    const RowRun rows = written_rows(group, k.size(1));
-    const KeyGradScratch scratch = key_grad_scratch(group.front()->k, k, v, rows);
-    if (!run_into(scratch.k, scratch.v)) {
+    const RowRun key_rows = written_rows(group, &LocalCall::k, k.size(1));
+    const KeyGradScratch scratch = key_grad_scratch(first.k, k, v, key_rows);
+    const Tensor dq = store_q ? grads_.qkv[0] : zeros_like(q_);
+    if (!run_into(dq, scratch.k, scratch.v)) {
       // No kernel takes calls over pieces in this pass (a forced flash or math path, dropout):
       // later groups go straight to single calls rather than allocate scratch again.
       scratch_refused_ = true;
       return false;
     }
-    add_into(unit_rows(grads_.qkv[1], scratch.heads, rows),
-             unit_rows(scratch.k, scratch.heads, rows));
-    add_into(unit_rows(grads_.qkv[2], scratch.heads, rows),
-             unit_rows(scratch.v, scratch.heads, rows));
+    if (!store_q) {
+      const RowRun q_rows = written_rows(group, &LocalCall::q, q_.size(1));
+      const Heads every_head{0, 1, q_.size(2)};  // the scratch is zero beyond the group's
+      add_into(unit_rows(grads_.qkv[0], every_head, q_rows), unit_rows(dq, every_head, q_rows));
+    }
+    add_into(unit_rows(grads_.qkv[1], scratch.heads, key_rows),
+             unit_rows(scratch.k, scratch.heads, key_rows));
+    add_into(unit_rows(grads_.qkv[2], scratch.heads, key_rows),
+             unit_rows(scratch.v, scratch.heads, key_rows));
+    return true;
+  }
+
+  // The document pieces of a unit's calls on block src's keys (packed `keys`: k and v) as
+  // calls over pieces where a kernel takes them: into zeroed q-dtype scratch, added after to
+  // the unit's dQ and the packed dK/dV (which accumulate in float32 across blocks). Returns
+  // the calls left to run one by one.
+  std::vector<const LocalCall*> remote_piece_groups(const UnitCalls& unit_view,
+                                                    const std::pair<Tensor, Tensor>& keys,
+                                                    const Tensor& grad_k, const Tensor& grad_v) {
+    if (grad_lse_.defined() || scratch_refused_) return unit_view.calls;
+    const PieceGroups groups =
+        group_piece_calls(unit_view.rebased, [](const LocalCall&) { return true; });
+    std::vector<const LocalCall*> singles;
+    for (const LocalCall* call : groups.singles) singles.push_back(unit_view.original(call));
+    if (groups.groups.empty()) return singles;
+    const int unit = plan_.unit_of(*unit_view.calls.front());
+    for (const std::vector<const LocalCall*>& group : groups.groups) {
+      if (!scratch_refused_ && remote_piece_group(unit, group, keys, grad_k, grad_v)) continue;
+      for (const LocalCall* call : group) singles.push_back(unit_view.original(call));
+    }
+    return singles;
+  }
+
+  // One group of remote_piece_groups (re-based calls of unit `unit`). False, with nothing
+  // added, where no kernel takes it; then no later group of this pass tries.
+  bool remote_piece_group(int unit, const std::vector<const LocalCall*>& group,
+                          const std::pair<Tensor, Tensor>& keys, const Tensor& grad_k,
+                          const Tensor& grad_v) {
+    const ExchangeUnit& u = plan_.units[static_cast<size_t>(unit)];
+    const RowRun rows = u.rows(plan_.layout, plan_.layout.rank);
+    const Tensor q = unit_rows(q_, u.heads, rows);
+    const auto& [k, v] = keys;
+    // cuDNN writes dK/dV where k and v lie (full heads, ragged offsets): scratch laid out
+    // like the packed rows.
+    const Tensor dq = zeros(q.shape(), options_like(q_));
+    const Tensor dk = laid_out_like(k).zero_(), dv = laid_out_like(v).zero_();
+    if (!backward_piece_group(runner_, group, q, k, v, unit_rows(out_, u.heads, rows),
+                              unit_stat(lse_, u.heads, rows), unit_rows(grad_out_, u.heads, rows),
+                              dq, dk, dv)) {
+      scratch_refused_ = true;  // no kernel takes calls over pieces in this pass
+      return false;
+    }
+    add_into(unit_dq(unit, rows), dq);
+    add_into(grad_k, dk);
+    add_into(grad_v, dv);
     return true;
   }
 
@@ -395,13 +494,16 @@ class FixedBackward {
     return empty({extent}, options_like(t)).as_strided(t.shape(), t.strides(), 0);
   }
 
-  // The rows of a key/value block that a group's calls write: those of its dilation's residue
-  // where every piece starts on it (one pair's head group has one offset), else all.
-  static RowRun written_rows(const std::vector<const LocalCall*>& group, int64_t block_rows) {
-    const int64_t rate = group.front()->k.rate;
-    const int64_t first = group.front()->k.first_position % rate;
+  // The rows of a block (of `block_rows`) that a group's calls write through selection
+  // `side` (their q or k): those of its dilation's residue where every piece starts on it
+  // (one pair's head group has one offset), else all.
+  static RowRun written_rows(const std::vector<const LocalCall*>& group, Selection BlockCall::*side,
+                             int64_t block_rows) {
+    const Selection& front = group.front()->*side;
+    const int64_t rate = front.rate;
+    const int64_t first = front.first_position % rate;
     for (const LocalCall* call : group) {
-      if (call->k.first_position % rate != first) return RowRun{0, 1, block_rows};
+      if ((call->*side).first_position % rate != first) return RowRun{0, 1, block_rows};
     }
     return RowRun{first, rate, (block_rows - first + rate - 1) / rate};
   }

@@ -210,6 +210,47 @@ TEST(DocumentMaskRingCuda, RanksSharingOneGpuMatchIt) {
   test::expect_every_split_matches(f, o, test::gpu_ring_tolerance(DType::kBFloat16));
 }
 
+// Under kAuto with a loss that does not read the lse, every document piece runs inside a
+// cuDNN call over pieces, on one device and on each rank, forward and backward: the calls on
+// a rank's own keys and those on keys from other ranks (segments of 256 and 512 cross the
+// blocks of 2 ranks), both mixings (all heads: the gradients go through scratch), causal or
+// not, ring and all-gather. Every segment holds a boundary, so no call is without pieces;
+// the rows and gradients still equal one device's.
+TEST(DocumentMaskRingCuda, PiecesRunAsCallsOverPiecesOnEveryRank) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  const nn::DocumentStarts documents = {{0, 37, 130, 200, 300, 390, 450}, {0, 100, 180, 290, 400}};
+  for (const HeadMixing mixing : {HeadMixing::kAllHeads, HeadMixing::kHeadGroups}) {
+    for (const bool causal : {false, true}) {
+      DilatedAttentionOptions o = options_for(mixing, OffsetRule::kRotating, causal);
+      o.segment_lengths = {128, 256, 512};
+      const test::FullSequence f =
+          test::single_device(o, DType::kBFloat16, 44, Device::cuda(0),
+                              test::RingDims{2, 512, 8, 64}, documents, /*loss_reads_lse=*/false);
+      auto expect_pieces_only = [](const nn::AttentionCallCounts& counts, const std::string& who) {
+        for (const auto& [direction, calls] :
+             {std::pair{"forward", counts.forward}, {"backward", counts.backward}}) {
+          EXPECT_EQ(calls.flash + calls.math, 0) << who << " " << direction << ": " << calls.flash
+                                                 << " flash, " << calls.math << " math calls";
+          EXPECT_GT(calls.over_pieces, 0) << who << " " << direction;
+        }
+      };
+      SCOPED_TRACE(std::string(mixing == HeadMixing::kAllHeads ? "all heads" : "head groups") +
+                   (causal ? ", causal" : ""));
+      expect_pieces_only(f.counts, "one device");
+      for (const nn::DistStrategy strategy :
+           {nn::DistStrategy::kRing, nn::DistStrategy::kAllGather}) {
+        const std::vector<test::RankResult> ranks =
+            test::run_in_process_ranks(f, o, 2, strategy, nn::SequenceLayout::kContiguous);
+        test::expect_ranks_match(ranks, f, test::gpu_ring_tolerance(DType::kBFloat16));
+        for (size_t r = 0; r < ranks.size(); ++r) {
+          expect_pieces_only(ranks[r].counts, "rank " + std::to_string(r) + " (" +
+                                                  nn::strategy_name(strategy) + ")");
+        }
+      }
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Ranks, DocumentMaskRing, ::testing::ValuesIn(test::every_ring_case()),
                          test::ring_case_name);
 
@@ -374,6 +415,26 @@ TEST(PieceCalls, TheCpuRefusesACallOverPieces) {
   EXPECT_FALSE(backend.attention_supports(kernels::AttentionKernel::kMath, args, nullptr, &why));
   EXPECT_NE(why.find("pieces"), std::string::npos) << why;
   EXPECT_THROW(backend.attention_forward(kernels::AttentionKernel::kMath, args), Error);
+}
+
+// AttentionCallCounts on the CPU: every call runs on the math kernels, forward and backward,
+// none over pieces; documents split calls into pieces, so they count more calls.
+TEST(PieceCalls, TheCpuCountsOneMathCallPerPiece) {
+  const DilatedAttentionOptions o =
+      options_for(HeadMixing::kHeadGroups, OffsetRule::kConstant, false);
+  const test::RingDims dims{kB, kN, kH, kD};
+  const test::FullSequence plain =
+      test::single_device(o, DType::kFloat64, 5, Device::cpu(), dims, {}, false);
+  const test::FullSequence split =
+      test::single_device(o, DType::kFloat64, 5, Device::cpu(), dims, kDocuments, false);
+  for (const test::FullSequence* f : {&plain, &split}) {
+    for (const nn::AttentionCallCounts::Calls& calls : {f->counts.forward, f->counts.backward}) {
+      EXPECT_GT(calls.math, 0);
+      EXPECT_EQ(calls.cudnn + calls.flash + calls.over_pieces, 0);
+    }
+  }
+  EXPECT_GT(split.counts.forward.math, plain.counts.forward.math);
+  EXPECT_GT(split.counts.backward.math, plain.counts.backward.math);
 }
 
 }  // namespace

@@ -27,12 +27,14 @@ nn::AttentionCallContext call_context(const nn::DilatedAttentionOptions& o, Gene
 }  // namespace
 
 Tensor ring_loss(const Tensor& out, const Tensor& lse, const Tensor& w_out, const Tensor& w_lse) {
+  if (!w_lse.defined()) return sum(mul(out, w_out));
   const Tensor finite_lse = where(gt(lse, -1e300), lse, 0.0);
   return add(sum(mul(out, w_out)), sum(mul(finite_lse, w_lse)));
 }
 
 FullSequence single_device(const nn::DilatedAttentionOptions& o, DType dtype, uint64_t seed,
-                           Device device, RingDims d, nn::DocumentStarts documents) {
+                           Device device, RingDims d, nn::DocumentStarts documents,
+                           bool loss_reads_lse) {
   Generator gen(seed);
   const TensorOptions opts(dtype);
   const Shape bnhd{d.batch, d.seq, d.heads, d.dim};
@@ -44,10 +46,12 @@ FullSequence single_device(const nn::DilatedAttentionOptions& o, DType dtype, ui
   f.v = randn(kv_shape, gen, opts).to(device);
   f.w_out = randn(bnhd, gen, opts).to(device);
   f.w_lse = randn({d.batch, d.heads, d.seq}, gen, DType::kFloat32).to(device);
+  if (!loss_reads_lse) f.w_lse = Tensor();
   for (Tensor* t : {&f.q, &f.k, &f.v}) t->set_requires_grad(true);
   Generator dropout_gen(kRingDropoutSeed);
-  const nn::DilatedAttentionResult r =
-      nn::dilated_attention_with_lse(f.q, f.k, f.v, o, call_context(o, &dropout_gen, f));
+  nn::AttentionCallContext context = call_context(o, &dropout_gen, f);
+  context.counts = &f.counts;
+  const nn::DilatedAttentionResult r = nn::dilated_attention_with_lse(f.q, f.k, f.v, o, context);
   ring_loss(r.out, r.lse, f.w_out, f.w_lse).backward();
   f.out = r.out.detach();
   f.lse = r.lse.detach();
@@ -60,8 +64,9 @@ FullSequence single_device(const nn::DilatedAttentionOptions& o, DType dtype, ui
 
 FullSequence inputs_on(const FullSequence& f, Device device) {
   FullSequence copy = f;
-  for (Tensor* t : {&copy.q, &copy.k, &copy.v, &copy.w_out, &copy.w_lse})
-    *t = t->detach().to(device);
+  for (Tensor* t : {&copy.q, &copy.k, &copy.v, &copy.w_out, &copy.w_lse}) {
+    if (t->defined()) *t = t->detach().to(device);
+  }
   return copy;
 }
 
@@ -70,6 +75,7 @@ RankResult run_rank(const FullSequence& f, const nn::DilatedAttentionOptions& o,
                     nn::SequenceLayout layout) {
   const nn::SequenceLayout resolved = nn::resolve_layout(layout, o, f.q.size(1), comm.size());
   auto block = [&](const Tensor& t, int64_t dim) {
+    if (!t.defined()) return t;
     return nn::sequence_block(t.detach(), comm.rank(), comm.size(), resolved, dim)
         .contiguous()
         .to(device);
@@ -77,17 +83,20 @@ RankResult run_rank(const FullSequence& f, const nn::DilatedAttentionOptions& o,
   Tensor q = block(f.q, 1), k = block(f.k, 1), v = block(f.v, 1);
   for (Tensor* t : {&q, &k, &v}) t->set_requires_grad(true);
   Generator dropout_gen(kRingDropoutSeed);
-  nn::RingAttentionResult info = nn::ring_dilated_attention_with_lse(
-      q, k, v, o, comm, strategy, call_context(o, &dropout_gen, f), layout);
-  ring_loss(info.attention.out, info.attention.lse, block(f.w_out, 1), block(f.w_lse, 2))
+  RankResult result;
+  nn::AttentionCallContext context = call_context(o, &dropout_gen, f);
+  context.counts = &result.counts;
+  result.info = nn::ring_dilated_attention_with_lse(q, k, v, o, comm, strategy, context, layout);
+  ring_loss(result.info.attention.out, result.info.attention.lse, block(f.w_out, 1),
+            block(f.w_lse, 2))
       .backward();
-  return {info.attention.out.detach(),
-          info.attention.lse.detach(),
-          q.grad(),
-          k.grad(),
-          v.grad(),
-          info,
-          resolved};
+  result.out = result.info.attention.out.detach();
+  result.lse = result.info.attention.lse.detach();
+  result.grad_q = q.grad();
+  result.grad_k = k.grad();
+  result.grad_v = v.grad();
+  result.layout = resolved;
+  return result;
 }
 
 std::vector<RankResult> run_in_process_ranks(const FullSequence& f,

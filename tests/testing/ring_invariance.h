@@ -29,7 +29,7 @@ struct RingDims {
 constexpr uint64_t kRingDropoutSeed = 777;
 
 // A scalar loss that reads out and the finite entries of lse with fixed random weights, so
-// both gradients reach the attention.
+// both gradients reach the attention (out only where w_lse is undefined).
 Tensor ring_loss(const Tensor& out, const Tensor& lse, const Tensor& w_out, const Tensor& w_lse);
 
 // Inputs, loss weights and the single-device results on the whole sequence.
@@ -38,14 +38,17 @@ struct FullSequence {
   Tensor out, lse, grad_q, grad_k, grad_v;  // single-device results
   nn::AttentionPath path = nn::AttentionPath::kMath;
   nn::DocumentStarts documents;  // the document masks of every call; empty: none
+  nn::AttentionCallCounts counts;  // the single-device call's kernel calls
 };
 
 // Random inputs (drawn on the CPU from `seed`, then moved to `device`), the single-device
 // result and its gradients. Dropout (options.dropout > 0) runs in training mode. With
 // `documents` (per batch row, AttentionCallContext::document_starts), every call of f, the
-// ranks' too, masks them.
+// ranks' too, masks them. `loss_reads_lse` false: the loss (of every call of f) reads out
+// only, so no lse gradient reaches the backward (cuDNN's backward then runs).
 FullSequence single_device(const nn::DilatedAttentionOptions& o, DType dtype, uint64_t seed,
-                           Device device, RingDims dims, nn::DocumentStarts documents = {});
+                           Device device, RingDims dims, nn::DocumentStarts documents = {},
+                           bool loss_reads_lse = true);
 
 // f's inputs and loss weights copied to `device` (results stay where they are). Ranks that
 // are threads driving one GPU each must not read another GPU's memory once the ring runs:
@@ -55,6 +58,7 @@ FullSequence inputs_on(const FullSequence& f, Device device);
 struct RankResult {
   Tensor out, lse, grad_q, grad_k, grad_v;
   nn::RingAttentionResult info;
+  nn::AttentionCallCounts counts;  // the rank's kernel calls, forward and backward
   nn::SequenceLayout layout = nn::SequenceLayout::kContiguous;  // resolved
 };
 
