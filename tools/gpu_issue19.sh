@@ -9,6 +9,9 @@
 #   loss   train's first part: the loss of the first steps on 1, 2 and 4 GPUs
 #   gqa_loss  (issue 21) the loss of the first steps with 2 key/value heads on 1 and 2 GPUs
 #   gqa_docs_loss  (issue 21) the same with document masks too (text, a document per paragraph)
+#   docs_train  (issue 21) document masks with every head on every pair (rd_train's default
+#          mixing) on 1 GPU and context parallel 2: loss and tokens/s. RD_TRAIN picks the
+#          binary (default the pack's), TAG prefixes the run names (before/after runs).
 # Logs and JSON go to $OUT (or build/issue19); each part prints a short summary last.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -16,7 +19,7 @@ export NCCL_NVLS_ENABLE=0
 tar -C .carry -xJf .carry/gpu.tar.xz
 BIN="$PWD/.carry/gpu/bin"
 export LD_LIBRARY_PATH="$PWD/.carry/gpu/lib:${LD_LIBRARY_PATH:-}"
-export RD_TRAIN="$BIN/rd_train" RD_LAUNCH="$BIN/rd_launch"
+export RD_TRAIN="${RD_TRAIN:-$BIN/rd_train}" RD_LAUNCH="$BIN/rd_launch"
 LOGS="${OUT:-build/issue19}"
 mkdir -p "$LOGS"
 nvidia-smi -L
@@ -115,6 +118,16 @@ part_gqa_docs_loss() {
   train gqad-dp2 2 "$N" --batch_size=1 "${data[@]}"
 }
 
+# Issue 21: document masks (text, a document per paragraph) with all heads mixed, N = 256K:
+# the pair over the whole sequence crosses the two ranks' blocks under context parallelism,
+# so pieces run on keys from the other rank too.
+part_docs_train() {
+  local N=262144
+  local data=(--data=text:docs --documents='separator:\n\n' --mixing=all_heads)
+  train "${TAG:-}docs-one" 1 "$N" --batch_size=2 "${data[@]}"
+  train "${TAG:-}docs-cp2" 2 "$N" --batch_size=2 --context_parallel=2 "${data[@]}"
+}
+
 part_train() {
   part_loss
   # Throughput: 2M tokens per GPU, one GPU against context parallel 4 (8M tokens).
@@ -141,5 +154,6 @@ case "${1:-}" in
   loss) part_loss ;;
   gqa_loss) part_gqa_loss ;;
   gqa_docs_loss) part_gqa_docs_loss ;;
-  *) echo "usage: tools/gpu_issue19.sh quick|tests|bench|links|train|loss|gqa_loss|gqa_docs_loss" >&2; exit 2 ;;
+  docs_train) part_docs_train ;;
+  *) echo "usage: tools/gpu_issue19.sh quick|tests|bench|links|train|loss|gqa_loss|gqa_docs_loss|docs_train" >&2; exit 2 ;;
 esac
