@@ -401,24 +401,14 @@ class FixedBackward {
       return true;
     }
     if (scratch_refused_) return false;
-    const RowRun key_rows = written_rows(group, &LocalCall::k, k.size(1));
-    const KeyGradScratch scratch = key_grad_scratch(first.k, k, v, key_rows);
-    const Tensor dq = store_q ? grads_.qkv[0] : zeros_like(q_);
-    if (!run_into(dq, scratch.k, scratch.v)) {
+    const GroupScratch scratch(group, store_q ? Tensor() : q_, k, v);
+    if (!run_into(store_q ? grads_.qkv[0] : scratch.dq.grad, scratch.dk.grad, scratch.dv.grad)) {
       // No kernel takes calls over pieces in this pass (a forced flash or math path, dropout):
       // later groups go straight to single calls rather than allocate scratch again.
       scratch_refused_ = true;
       return false;
     }
-    if (!store_q) {
-      const RowRun q_rows = written_rows(group, &LocalCall::q, q_.size(1));
-      const Heads every_head{0, 1, q_.size(2)};  // the scratch is zero beyond the group's
-      add_into(unit_rows(grads_.qkv[0], every_head, q_rows), unit_rows(dq, every_head, q_rows));
-    }
-    add_into(unit_rows(grads_.qkv[1], scratch.heads, key_rows),
-             unit_rows(scratch.k, scratch.heads, key_rows));
-    add_into(unit_rows(grads_.qkv[2], scratch.heads, key_rows),
-             unit_rows(scratch.v, scratch.heads, key_rows));
+    scratch.add_into(store_q ? Tensor() : grads_.qkv[0], grads_.qkv[1], grads_.qkv[2]);
     return true;
   }
 
@@ -452,37 +442,62 @@ class FixedBackward {
     const RowRun rows = u.rows(plan_.layout, plan_.layout.rank);
     const Tensor q = unit_rows(q_, u.heads, rows);
     const auto& [k, v] = keys;
-    // cuDNN writes dK/dV where k and v lie (full heads, ragged offsets): scratch laid out
-    // like the packed rows.
-    const Tensor dq = zeros(q.shape(), options_like(q_));
-    const Tensor dk = laid_out_like(k).zero_(), dv = laid_out_like(v).zero_();
+    const GroupScratch scratch(group, q, k, v);
     if (!backward_piece_group(runner_, group, q, k, v, unit_rows(out_, u.heads, rows),
                               unit_stat(lse_, u.heads, rows), unit_rows(grad_out_, u.heads, rows),
-                              dq, dk, dv)) {
+                              scratch.dq.grad, scratch.dk.grad, scratch.dv.grad)) {
       scratch_refused_ = true;  // no kernel takes calls over pieces in this pass
       return false;
     }
-    add_into(unit_dq(unit, rows), dq);
-    add_into(grad_k, dk);
-    add_into(grad_v, dv);
+    scratch.add_into(unit_dq(unit, rows), grad_k, grad_v);
     return true;
   }
 
-  // Zeroed scratch (q's dtype) for the dK/dV of a group reading key/value heads `keys`, at
-  // rows `rows`, laid out like k and v: cuDNN's ragged backward with full heads writes dK/dV
-  // where k and v lie (and refuses them laid out otherwise). Grouped-query calls would take a
-  // compact [B, C, hc, D] (cuDNN reduces their query heads through dK/dV's own offsets): less
-  // memory where k and v are views of a wider projection, not yet done.
-  struct KeyGradScratch {
-    Tensor k, v;
-    Heads heads;  // the group's key/value heads, in k and v as in the scratch
+  // Scratch for what a group of calls over pieces writes of each gradient (q's dtype), for
+  // gradients it may not store: laid out like q, k and v (cuDNN's ragged backward with full
+  // heads writes dK/dV where k and v lie), zeroed over the group's heads and written rows
+  // only, which are all it writes and all that is added back.
+  struct GradRegion {
+    Tensor grad;  // laid out like its input; undefined where not needed
+    Heads heads;
+    RowRun rows;
+    Tensor region() const { return unit_rows(grad, heads, rows); }
   };
-  static KeyGradScratch key_grad_scratch(const Selection& keys, const Tensor& k, const Tensor& v,
-                                         const RowRun& rows) {
-    KeyGradScratch s{laid_out_like(k), laid_out_like(v),
-                     Heads{keys.first_head, keys.head_stride, keys.head_count}};
-    for (const Tensor* t : {&s.k, &s.v}) unit_rows(*t, s.heads, rows).zero_();
-    return s;
+  struct GroupScratch {
+    GradRegion dq, dk, dv;
+    // `q` undefined: dQ is stored in place (no scratch).
+    GroupScratch(const std::vector<const LocalCall*>& group, const Tensor& q, const Tensor& k,
+                 const Tensor& v) {
+      const Selection& keys = group.front()->k;
+      const Heads key_heads{keys.first_head, keys.head_stride, keys.head_count};
+      const RowRun key_rows = written_rows(group, &LocalCall::k, k.size(1));
+      dk = zeroed(k, key_heads, key_rows);
+      dv = zeroed(v, key_heads, key_rows);
+      if (q.defined()) {
+        dq =
+            zeroed(q, query_heads(group.front()->q), written_rows(group, &LocalCall::q, q.size(1)));
+      }
+    }
+    // Adds each scratch region into the same region of its target (skipping undefined ones).
+    void add_into(const Tensor& grad_q, const Tensor& grad_k, const Tensor& grad_v) const {
+      for (const auto& [target, scratch] :
+           {std::pair{&grad_q, &dq}, {&grad_k, &dk}, {&grad_v, &dv}}) {
+        if (target->defined()) {
+          nn::add_into(unit_rows(*target, scratch->heads, scratch->rows), scratch->region());
+        }
+      }
+    }
+    static GradRegion zeroed(const Tensor& like, const Heads& heads, const RowRun& rows) {
+      GradRegion r{laid_out_like(like), heads, rows};
+      r.region().zero_();
+      return r;
+    }
+  };
+
+  // The query heads of a selection in one run (group_piece_calls' grouped-query blocks).
+  static Heads query_heads(const Selection& q) {
+    return q.head_repeat == 1 ? Heads{q.first_head, q.head_stride, q.head_count}
+                              : Heads{q.first_head, q.repeat_stride, q.head_count * q.head_repeat};
   }
 
   // A tensor laid out like t (its shape and strides) over fresh, unset memory.

@@ -4,6 +4,8 @@
 //
 //   CUDA_INJECTION64_PATH=librd_cupti_trace.so RD_CUPTI_TRACE=trace.csv rd_train ...
 //
+// Under rd_launch (RANK and WORLD_SIZE > 1 set) rank r writes trace.csv.rank<r>.
+//
 // The CSV has one row per GPU activity: kind, start and end (ns, GPU clock), stream id,
 // bytes (copies and sets; 0 for kernels), and the (demangled) kernel name last, quoted.
 #include <cupti.h>
@@ -139,6 +141,12 @@ void write_trace() {
 extern "C" int InitializeInjection(void) {
   const char* path = std::getenv("RD_CUPTI_TRACE");
   state().path = (path && *path) ? path : "cupti_trace.csv";
+  // Ranks that rd_launch started share the variable: each writes its own file.
+  const char* rank = std::getenv("RANK");
+  const char* world = std::getenv("WORLD_SIZE");
+  if (rank != nullptr && world != nullptr && std::string(world) != "1") {
+    state().path += std::string(".rank") + rank;
+  }
   report(cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed),
          "cuptiActivityRegisterCallbacks");
   report(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL), "enable kernels");
