@@ -221,12 +221,20 @@ TEST_F(CudnnAttentionRefusalTest, Strides) {
   f = valid();
   f.v = of(big_, {1, 2, 16, 64}, {}, 1);
   expect_refused(f, "aligned");
-  // Batch dims [2, 2, 2] laid out in reverse order: no split folds into (B, H).
+  // Batch dims [2, 2, 2, 2] laid out in reverse order: no split folds into (B, H), nor does
+  // one once the outermost is taken an entry at a time (three reversed dims).
   f = valid();
+  f.q = f.k = f.v =
+      of(big_, {2, 2, 2, 2, 4, 64}, {4 * 64, 2 * 4 * 64, 4 * 4 * 64, 8 * 4 * 64, 64, 1});
+  f.out = of(big_, {2, 2, 2, 2, 4, 64});
+  f.lse = of(lse_, {2, 2, 2, 2, 4});
+  expect_refused(f, "cannot be folded");
+  // Three reversed dims fold once the outermost is taken an entry at a time: supported.
   f.q = f.k = f.v = of(big_, {2, 2, 2, 8, 64}, {8 * 64, 2 * 8 * 64, 4 * 8 * 64, 64, 1});
   f.out = of(big_, {2, 2, 2, 8, 64});
   f.lse = of(lse_, {2, 2, 2, 8});
-  expect_refused(f, "cannot be folded");
+  std::string why;
+  EXPECT_TRUE(backend().attention_supports(AttentionKernel::kCudnn, f, nullptr, &why)) << why;
 }
 
 TEST_F(CudnnAttentionRefusalTest, BackwardWithGradLse) {

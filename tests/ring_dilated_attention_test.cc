@@ -544,6 +544,43 @@ TEST_P(RingInvarianceCuda, MatchesOneGpu) {
   }
 }
 
+// Two batch rows in the zigzag layout: a rank's block holds two pieces, so a call's batch
+// rows lie a block apart while its segments lie one segment apart, and batch and segments do
+// not fold into one of cuDNN's dims. Under kAuto with a loss that does not read the lse,
+// every call still runs on cuDNN (one graph per batch row), forward and backward, on each
+// rank and on one GPU, and the ranks' rows equal one GPU's.
+TEST(RingInvarianceCuda, ZigzagBatchRowsRunOnCudnn) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  constexpr test::RingDims kDims{2, 2048, 8, 64};
+  for (const HeadMixing mixing : {HeadMixing::kHeadGroups, HeadMixing::kAllHeads}) {
+    DilatedAttentionOptions o;
+    o.segment_lengths = {256, 1024, 2048};
+    o.dilation_rates = {1, 2, 4};
+    o.mixing = mixing;
+    o.causal = true;
+    const FullSequence f = test::single_device(o, DType::kBFloat16, 98, Device::cuda(), kDims, {},
+                                               /*loss_reads_lse=*/false);
+    auto expect_cudnn_only = [](const nn::AttentionCallCounts& counts, const std::string& who) {
+      for (const nn::AttentionCallCounts::Calls& calls : {counts.forward, counts.backward}) {
+        EXPECT_EQ(calls.flash + calls.math, 0)
+            << who << ": " << calls.flash << " flash, " << calls.math << " math calls";
+        EXPECT_GT(calls.cudnn, 0) << who;
+      }
+    };
+    expect_cudnn_only(f.counts, "one GPU");
+    for (const int P : {2, 4}) {
+      SCOPED_TRACE(std::string(mixing == HeadMixing::kAllHeads ? "all heads" : "head groups") +
+                   ", P = " + std::to_string(P));
+      const std::vector<RankResult> rs =
+          run_ranks(f, o, P, DistStrategy::kRing, SequenceLayout::kZigzag);
+      test::expect_ranks_match(rs, f, test::gpu_ring_tolerance(DType::kBFloat16));
+      for (size_t r = 0; r < rs.size(); ++r) {
+        expect_cudnn_only(rs[r].counts, "rank " + std::to_string(r));
+      }
+    }
+  }
+}
+
 std::string cuda_case_name(const ::testing::TestParamInfo<CudaCase>& info) {
   const auto [dtype, path, mixing, causal, strategy, P, layout] = info.param;
   return std::string(dtype_name(dtype)) + "_" + nn::path_name(path) + "_" +

@@ -221,6 +221,33 @@ std::optional<CallFold> find_call_fold(const StridedView& q, const StridedView& 
   return std::nullopt;
 }
 
+// v's entry `i` of batch dim d, that dim left of size 1.
+StridedView at_index(const StridedView& v, int d, int64_t i) {
+  if (v.data == nullptr) return v;  // an absent view (grad_lse) stays absent
+  StridedView entry = v;
+  entry.data =
+      static_cast<char*>(v.data) + i * v.strides[d] * static_cast<int64_t>(dtype_size(v.dtype));
+  entry.shape[d] = 1;
+  return entry;
+}
+
+// A call whose batch dims do not fold into (B, H) but do once the outermost batch dim of size
+// > 1 is taken one entry at a time: the batch rows of a rank's block of two zigzag pieces (a
+// row's segments lie one segment apart, rows a whole block apart). That dim, run as one graph
+// per entry; -1 where the call folds as it is or not even so. k and v must not broadcast it
+// (each entry's dK/dV must be its own to store).
+int peeled_batch_dim(const StridedView& q, const StridedView& k, const StridedView& v,
+                     bool allow_broadcast) {
+  const std::vector<int> dims = foldable_dims(q);
+  if (dims.size() < 2 || find_call_fold(q, k, v, allow_broadcast)) return -1;
+  const int d = dims.front();
+  if (k.strides[d] == 0 || v.strides[d] == 0) return -1;
+  const bool folds =
+      find_call_fold(at_index(q, d, 0), at_index(k, d, 0), at_index(v, d, 0), allow_broadcast)
+          .has_value();
+  return folds ? d : -1;
+}
+
 // Why v cannot be read or written by cuDNN in place ("" when it can): the head dim
 // contiguous, other strides of size > 1 dims positive multiples of 8 (or 0 where
 // `allow_broadcast`: dims that find_call_fold leaves out), a 16-byte aligned pointer. An lse
@@ -344,7 +371,7 @@ std::string common_problem(const StridedView& q, const StridedView& k, const Str
     std::string problem = layout_problem(name, *view, true, grouped && view != &q);
     if (!problem.empty()) return problem;
   }
-  if (!find_call_fold(q, k, v, grouped)) {
+  if (!find_call_fold(q, k, v, grouped) && peeled_batch_dim(q, k, v, grouped) < 0) {
     return str_cat("the batch dims of q ", shape_of(q),
                    " cannot be folded into cuDNN's two (B, H) for q, k and v alike",
                    grouped ? " (k and v may broadcast only the last dims of the head group)" : "");
@@ -1307,6 +1334,17 @@ void cudnn_attention_forward(const AttentionForwardArgs& args, Allocator& scratc
     return;
   }
 
+  if (const int d = peeled_batch_dim(args.q, args.k, args.v, true); d >= 0) {
+    for (int64_t i = 0; i < args.q.shape[d]; ++i) {
+      AttentionForwardArgs entry = args;
+      for (StridedView* view : {&entry.q, &entry.k, &entry.v, &entry.out, &entry.lse}) {
+        *view = at_index(*view, d, i);
+      }
+      cudnn_attention_forward(entry, scratch, stream);
+    }
+    return;
+  }
+
   // Grouped-query attention runs natively: k and v fold to their own heads (CallFold).
   const CallFold fold = *find_call_fold(args.q, args.k, args.v, /*allow_broadcast=*/true);
   const bool with_lse = args.lse.data != nullptr;
@@ -1355,6 +1393,18 @@ void cudnn_attention_backward(const AttentionBackwardArgs& args, Allocator& scra
   // Shared gradients (grouped-query attention): k, v and their gradients as their own heads,
   // the shared dims cut to size 1, so that cuDNN's dK and dV land once per key/value head.
   const bool shared = attention_grads_shared(args);
+  if (const int d = peeled_batch_dim(args.q, args.k, args.v, shared); d >= 0) {
+    for (int64_t i = 0; i < args.q.shape[d]; ++i) {
+      AttentionBackwardArgs entry = args;
+      for (StridedView* view :
+           {&entry.q, &entry.k, &entry.v, &entry.out, &entry.lse, &entry.grad_out, &entry.grad_lse,
+            &entry.grad_q, &entry.grad_k, &entry.grad_v}) {
+        *view = at_index(*view, d, i);
+      }
+      cudnn_attention_backward(entry, scratch, stream);
+    }
+    return;
+  }
   const CallFold fold = *find_call_fold(args.q, args.k, args.v, shared);
   const auto own = [shared](const StridedView& v) {
     return shared ? without_broadcast_dims(v) : v;

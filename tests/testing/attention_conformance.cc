@@ -335,6 +335,12 @@ void add_cudnn_cases(std::vector<AttentionCase>& t) {
   c.layout = AttentionLayout::kDilated;
   c.dilation = {.rate = 2, .offset = 1, .heads = 4, .first_head = 1};
   add(c);
+  // Segments 0..3 of 7 per batch row (a rank's block of two zigzag pieces): batch and
+  // segments do not fold into one dim, so cuDNN runs one graph per batch entry.
+  c.name = "cudnn_bf16_dilated_causal_batch_entries";
+  c.dilation.spare_segments = 3;
+  add(c);
+  c.dilation.spare_segments = 0;
   // Gradients that start at zero, written in place by cuDNN in q's dtype; float32 ones
   // still go through scratch and an add.
   for (DType grad : {kBF16, kF32}) {
@@ -467,7 +473,8 @@ Operand make_attention_operand(const AttentionCase& c, Role role, DType dtype, c
     case Style::kDilated: {
       const Dilation& x = c.dilation;
       const int64_t b = shape[0], segments = shape[1], group = shape[2], rows = shape[3];
-      const int64_t heads = x.heads > 0 ? x.heads : group, w = rows * x.rate, seq = segments * w;
+      const int64_t heads = x.heads > 0 ? x.heads : group, w = rows * x.rate;
+      const int64_t seq = (segments + x.spare_segments) * w;
       if (n == 5) {  // [B, S, Hg, n, D] of [B, N, H, D]
         const int64_t d = shape[4];
         strides = {seq * heads * d, w * heads * d, d, x.rate * heads * d, 1};

@@ -57,9 +57,13 @@ enum class AttentionLayout {
 // every rate-th from `offset`, heads first_head .. first_head + Hg - 1 of `heads` (0: Hg).
 // Row statistics (lse, grad_lse) select from a [B, H, N] buffer, or [B, N, H] with
 // lse_heads_last, or are packed [B, S, Hg, n] with packed_lse.
+// With spare_segments > 0 the buffers hold that many more segments per batch row than the
+// selection reads (a rank's block of two zigzag pieces): the batch dim then folds with no
+// other, and cuDNN runs one graph per batch entry.
 struct Dilation {
   int64_t rate = 2, offset = 1, heads = 0, first_head = 0;
   bool lse_heads_last = false, packed_lse = false;
+  int64_t spare_segments = 0;
 };
 
 enum class AttentionValues {
