@@ -27,6 +27,9 @@
 #include "absl/flags/usage_config.h"
 #include "ringdilated/dist/bootstrap.h"
 #include "ringdilated/kernels/error.h"
+#if defined(RD_WITH_CUDNN)
+#include "ringdilated/kernels/cuda/cudnn_attention.h"
+#endif
 #include "ringdilated/tensor/device.h"
 #include "ringdilated/tensor/tensor.h"
 #include "ringdilated/train/checkpoint.h"
@@ -284,6 +287,22 @@ std::shared_ptr<rd::dist::Communicator> world_from_launcher(TrainConfig& c) {
   return rd::dist::init_process_group(env, options);
 }
 
+// How many cuDNN attention graphs the run built (each a pause of tens of milliseconds) and
+// evicted: a cache that keeps evicting rebuilds graphs at every step (documents whose piece
+// counts and lengths vary make many shapes).
+void print_cudnn_graphs(const TrainConfig& c) {
+#if defined(RD_WITH_CUDNN)
+  if (c.device.is_cpu()) return;
+  const rd::kernels::cuda::CudnnGraphCacheStats g = rd::kernels::cuda::cudnn_graph_cache_stats();
+  if (g.builds == 0) return;
+  std::printf("cuDNN attention graphs: %lld built, %lld reused, %lld evicted (a cache of %lld)\n",
+              static_cast<long long>(g.builds), static_cast<long long>(g.hits),
+              static_cast<long long>(g.evictions), static_cast<long long>(g.capacity));
+#else
+  (void)c;
+#endif
+}
+
 // The run's last lines: what the held-out evaluation measured (exact match for tasks with
 // answers; loss, perplexity and bits per byte for text), where the checkpoint and metrics are.
 void print_result(const rd::train::TrainResult& r, const TrainConfig& c) {
@@ -309,6 +328,7 @@ void print_result(const rd::train::TrainResult& r, const TrainConfig& c) {
     std::printf(" (%lld tokens)\n", static_cast<long long>(e.tokens));
   }
   std::printf("checkpoint %s\nmetrics %s/metrics.jsonl\n", r.checkpoint.c_str(), c.out_dir.c_str());
+  print_cudnn_graphs(c);
 }
 
 int train() {

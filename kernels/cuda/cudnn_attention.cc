@@ -23,6 +23,7 @@
 #include <array>
 #include <bit>
 #include <cstdint>
+#include <cstdlib>
 #include <initializer_list>
 #include <limits>
 #include <list>
@@ -66,7 +67,7 @@ constexpr int64_t kStrideMultiple = 8;   // 16 bytes of a 16-bit dtype
 constexpr uintptr_t kPointerAlignment = 16;
 constexpr int kMinComputeCapability = 80;  // sm_80 (Ampere)
 constexpr int kMinCudnnVersion = 90000;
-constexpr size_t kGraphCacheCapacity = 128;
+constexpr size_t kDefaultGraphCacheCapacity = 128;
 
 #if defined(RD_WITH_CUDNN)
 namespace fe = cudnn_frontend;
@@ -821,7 +822,7 @@ class GraphCache {
     lru_.push_front(key);
     it->second = Slot{built, lru_.begin()};
     devices_.insert(key[1]);  // GraphSpec::key() puts the device second
-    while (entries_.size() > kGraphCacheCapacity) {
+    while (entries_.size() > capacity_) {
       const auto victim = entries_.find(lru_.back());
       // Destroying a graph unloads its runtime-compiled kernels (cuLibraryUnload), which
       // waits for every GPU of the process while holding the driver's library lock. When
@@ -844,12 +845,26 @@ class GraphCache {
     absl::MutexLock lock(&mu_);
     CudnnGraphCacheStats s = stats_;
     s.size = static_cast<int64_t>(entries_.size());
-    s.capacity = static_cast<int64_t>(kGraphCacheCapacity);
+    s.capacity = static_cast<int64_t>(capacity_);
     return s;
   }
 
  private:
-  GraphCache() = default;
+  GraphCache() : capacity_(capacity_from_environment()) {}
+
+  // RD_CUDNN_GRAPH_CACHE: how many graphs to hold (each holds compiled kernels, a few MB of
+  // device memory); read once. Unset: kDefaultGraphCacheCapacity. A bad value is an error
+  // naming the variable, at the first cuDNN attention call.
+  static size_t capacity_from_environment() {
+    const char* text = std::getenv("RD_CUDNN_GRAPH_CACHE");
+    if (text == nullptr || *text == '\0') return kDefaultGraphCacheCapacity;
+    char* end = nullptr;
+    const long long value = std::strtoll(text, &end, 10);
+    RD_CHECK(*end == '\0' && value >= 1, kInvalidArgument,
+             "RD_CUDNN_GRAPH_CACHE must be a whole number >= 1, got '", text, "'");
+    return static_cast<size_t>(value);
+  }
+  const size_t capacity_;
   struct Slot {
     std::shared_ptr<GraphEntry> entry;
     std::list<GraphKey>::iterator position;
