@@ -67,7 +67,7 @@ constexpr int64_t kStrideMultiple = 8;   // 16 bytes of a 16-bit dtype
 constexpr uintptr_t kPointerAlignment = 16;
 constexpr int kMinComputeCapability = 80;  // sm_80 (Ampere)
 constexpr int kMinCudnnVersion = 90000;
-constexpr size_t kDefaultGraphCacheCapacity = 128;
+constexpr size_t kDefaultGraphCacheCapacity = 256;
 
 #if defined(RD_WITH_CUDNN)
 namespace fe = cudnn_frontend;
