@@ -115,7 +115,8 @@ INSTANTIATE_TEST_SUITE_P(
 std::vector<Tensor> run_with_documents(const DilatedAttentionOptions& o,
                                        const std::vector<std::vector<int64_t>>& documents,
                                        DType dtype, Device device, bool loss_reads_lse = true,
-                                       nn::AttentionPath* path_used = nullptr) {
+                                       nn::AttentionPath* path_used = nullptr,
+                                       nn::AttentionCallCounts* counts = nullptr) {
   Generator gen(33);
   const Shape shape{2, 64, 4, 16};
   auto draw = [&](const Shape& s) {
@@ -131,6 +132,7 @@ std::vector<Tensor> run_with_documents(const DilatedAttentionOptions& o,
   for (Tensor* t : {&q, &k, &v}) t->set_requires_grad(true);
   nn::AttentionCallContext context;
   context.document_starts = &documents;
+  context.counts = counts;
   const nn::DilatedAttentionResult r = nn::dilated_attention_with_lse(q, k, v, o, context);
   if (path_used != nullptr) *path_used = r.path_used;
   const Tensor lse = r.lse.to(DType::kFloat64);
@@ -146,7 +148,8 @@ std::vector<Tensor> run_with_documents(const DilatedAttentionOptions& o,
 // rounding (the CPU call is checked against the independent reference above), with a loss
 // that reads the lse and one that does not (cuDNN's backward has no lse gradient: only then
 // does it run the backward over pieces). Under kAuto the pieces run as one cuDNN call over
-// pieces (ragged offsets), never one flash call per piece.
+// pieces (ragged offsets), never one flash call per piece, and without an lse gradient no
+// backward call (pieces or boundary-free segments) leaves cuDNN.
 TEST(DocumentMaskCuda, EveryPathMatchesTheCpu) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   // Documents crossing segments of every pair, one of a single position, one at the end.
@@ -169,13 +172,20 @@ TEST(DocumentMaskCuda, EveryPathMatchesTheCpu) {
                        (causal ? ", causal" : "") + (reads_lse ? ", loss reads lse" : ""));
           o.path = path;
           nn::AttentionPath used = nn::AttentionPath::kAuto;
-          const std::vector<Tensor> got = run_with_documents(o, documents, DType::kBFloat16,
-                                                             Device::cuda(0), reads_lse, &used);
+          nn::AttentionCallCounts counts;
+          const std::vector<Tensor> got = run_with_documents(
+              o, documents, DType::kBFloat16, Device::cuda(0), reads_lse, &used, &counts);
           for (size_t i = 0; i < got.size(); ++i) {
             test::expect_tensors_close(names[i], got[i], want[i], tolerances[i]);
           }
           if (path == nn::AttentionPath::kAuto) {
             EXPECT_EQ(used, nn::AttentionPath::kCudnn) << nn::path_name(used);
+            // Without an lse gradient the backward has no reason to leave cuDNN either.
+            const nn::AttentionCallCounts::Calls& b = counts.backward;
+            if (!reads_lse) {
+              EXPECT_EQ(b.flash + b.math, 0) << b.flash << " flash, " << b.math << " math calls";
+              EXPECT_GT(b.over_pieces, 0);
+            }
           }
         }
       }
