@@ -191,18 +191,25 @@ struct UnitCalls {
   }
 };
 
+// `calls` with their query selections in the rows `q_rows` of heads `q_heads` and their key
+// selections in the rows `k_rows` of heads `k_heads` (in_unit).
+UnitCalls rebased_calls(const std::vector<const LocalCall*>& calls, const Heads& q_heads,
+                        const RowRun& q_rows, const Heads& k_heads, const RowRun& k_rows) {
+  UnitCalls result{{}, calls};
+  for (const LocalCall* call : calls) {
+    LocalCall c = *call;
+    c.q = in_unit(call->q, q_heads, q_rows);
+    c.k = in_unit(call->k, k_heads, k_rows);
+    result.rebased.push_back(c);
+  }
+  return result;
+}
+
 UnitCalls unit_calls(const RankPlan& plan, const std::vector<const LocalCall*>& calls, int unit,
                      int src) {
   const RankLayout& l = plan.layout;
   const ExchangeUnit& u = plan.units[static_cast<size_t>(unit)];
-  UnitCalls result{{}, calls};
-  for (const LocalCall* call : calls) {
-    LocalCall c = *call;
-    c.q = in_unit(call->q, u.heads, u.rows(l, l.rank));
-    c.k = in_unit(call->k, u.kv_heads, u.rows(l, src));
-    result.rebased.push_back(c);
-  }
-  return result;
+  return rebased_calls(calls, u.heads, u.rows(l, l.rank), u.kv_heads, u.rows(l, src));
 }
 
 // The calls on block src's keys of the units `group` exchanges, held in `flat`: per unit and
@@ -401,15 +408,65 @@ class FixedBackward {
       return true;
     }
     if (scratch_refused_) return false;
-    const GroupScratch scratch(group, store_q ? Tensor() : q_, k, v);
-    if (!run_into(store_q ? grads_.qkv[0] : scratch.dq.grad, scratch.dk.grad, scratch.dv.grad)) {
+    // Through scratch: the group re-based to its own query heads and rows and its own key
+    // heads and rows, so that scratch (and the copies of k and v full heads need) is sized
+    // by the group, not by the tensors it lies in (views of a wider projection).
+    const Heads q_heads = query_heads(first.q);
+    const Heads k_heads = run_of(first.k.first_head, first.k.head_stride, first.k.head_count);
+    RowRun q_rows = written_rows(group, &LocalCall::q, q_.size(1));
+    RowRun k_rows = written_rows(group, &LocalCall::k, k.size(1));
+    if (q_rows.stride != k_rows.stride) {  // one step for both sides' pieces
+      q_rows = RowRun{0, 1, q_.size(1)};
+      k_rows = RowRun{0, 1, k.size(1)};
+    }
+    const UnitCalls unit_view = rebased_calls(group, q_heads, q_rows, k_heads, k_rows);
+    const UnitInputs in{unit_rows(q_, q_heads, q_rows),   unit_rows(out_, q_heads, q_rows),
+                        unit_stat(lse_, q_heads, q_rows), unit_rows(grad_out_, q_heads, q_rows),
+                        unit_rows(k, k_heads, k_rows),    unit_rows(v, k_heads, k_rows)};
+    const Tensor grad_q = unit_rows(grads_.qkv[0], q_heads, q_rows);
+    return via_scratch(pointers_to(unit_view.rebased), in, store_q ? grad_q : Tensor(), grad_q,
+                       unit_rows(grads_.qkv[1], k_heads, k_rows),
+                       unit_rows(grads_.qkv[2], k_heads, k_rows));
+  }
+
+  // The inputs of a group over pieces run through scratch, in its re-based coordinates: q,
+  // out, lse and grad_out over its query heads and rows, k and v over its key heads and rows.
+  struct UnitInputs {
+    Tensor q, out, lse, grad_out, k, v;
+  };
+
+  // Runs `group` (re-based to `in`) into zeroed compact scratch in q's dtype, then adds the
+  // scratch into grad_q, grad_k and grad_v (shaped like in.q and in.k), or stores dQ into
+  // `store_q` (a view holding zeros) where defined. cuDNN's ragged backward with full heads
+  // writes dK/dV where k and v lie, so k and v run from compact copies there. False, with
+  // nothing added, where no kernel takes the group; then no later group of this pass tries.
+  bool via_scratch(const std::vector<const LocalCall*>& group, UnitInputs in, const Tensor& store_q,
+                   const Tensor& grad_q, const Tensor& grad_k, const Tensor& grad_v) {
+    if (group.front()->q.head_repeat == 1) {
+      for (Tensor* t : {&in.k, &in.v}) {
+        if (!t->is_contiguous()) *t = t->contiguous();
+      }
+    }
+    const TensorOptions opts = options_like(q_);
+    const Tensor dq = store_q.defined() ? store_q : zeros(in.q.shape(), opts);
+    const Tensor dk = zeros(in.k.shape(), opts), dv = zeros(in.v.shape(), opts);
+    if (!backward_piece_group(runner_, group, in.q, in.k, in.v, in.out, in.lse, in.grad_out, dq, dk,
+                              dv)) {
       // No kernel takes calls over pieces in this pass (a forced flash or math path, dropout):
       // later groups go straight to single calls rather than allocate scratch again.
       scratch_refused_ = true;
       return false;
     }
-    scratch.add_into(store_q ? Tensor() : grads_.qkv[0], grads_.qkv[1], grads_.qkv[2]);
+    if (!store_q.defined()) add_into(grad_q, dq);
+    add_into(grad_k, dk);
+    add_into(grad_v, dv);
     return true;
+  }
+
+  static std::vector<const LocalCall*> pointers_to(const std::vector<LocalCall>& calls) {
+    std::vector<const LocalCall*> pointers;
+    for (const LocalCall& call : calls) pointers.push_back(&call);
+    return pointers;
   }
 
   // The document pieces of a unit's calls on block src's keys (packed `keys`: k and v) as
@@ -440,73 +497,23 @@ class FixedBackward {
                           const Tensor& grad_v) {
     const ExchangeUnit& u = plan_.units[static_cast<size_t>(unit)];
     const RowRun rows = u.rows(plan_.layout, plan_.layout.rank);
-    const Tensor q = unit_rows(q_, u.heads, rows);
-    const auto& [k, v] = keys;
-    const GroupScratch scratch(group, q, k, v);
-    if (!backward_piece_group(runner_, group, q, k, v, unit_rows(out_, u.heads, rows),
-                              unit_stat(lse_, u.heads, rows), unit_rows(grad_out_, u.heads, rows),
-                              scratch.dq.grad, scratch.dk.grad, scratch.dv.grad)) {
-      scratch_refused_ = true;  // no kernel takes calls over pieces in this pass
-      return false;
-    }
-    scratch.add_into(unit_dq(unit, rows), grad_k, grad_v);
-    return true;
+    const UnitInputs in{unit_rows(q_, u.heads, rows),
+                        unit_rows(out_, u.heads, rows),
+                        unit_stat(lse_, u.heads, rows),
+                        unit_rows(grad_out_, u.heads, rows),
+                        keys.first,
+                        keys.second};
+    return via_scratch(group, in, Tensor(), unit_dq(unit, rows), grad_k, grad_v);
   }
-
-  // Scratch for what a group of calls over pieces writes of each gradient (q's dtype), for
-  // gradients it may not store: laid out like q, k and v (cuDNN's ragged backward with full
-  // heads writes dK/dV where k and v lie), zeroed over the group's heads and written rows
-  // only, which are all it writes and all that is added back.
-  struct GradRegion {
-    Tensor grad;  // laid out like its input; undefined where not needed
-    Heads heads;
-    RowRun rows;
-    Tensor region() const { return unit_rows(grad, heads, rows); }
-  };
-  struct GroupScratch {
-    GradRegion dq, dk, dv;
-    // `q` undefined: dQ is stored in place (no scratch).
-    GroupScratch(const std::vector<const LocalCall*>& group, const Tensor& q, const Tensor& k,
-                 const Tensor& v) {
-      const Selection& keys = group.front()->k;
-      const Heads key_heads{keys.first_head, keys.head_stride, keys.head_count};
-      const RowRun key_rows = written_rows(group, &LocalCall::k, k.size(1));
-      dk = zeroed(k, key_heads, key_rows);
-      dv = zeroed(v, key_heads, key_rows);
-      if (q.defined()) {
-        dq =
-            zeroed(q, query_heads(group.front()->q), written_rows(group, &LocalCall::q, q.size(1)));
-      }
-    }
-    // Adds each scratch region into the same region of its target (skipping undefined ones).
-    void add_into(const Tensor& grad_q, const Tensor& grad_k, const Tensor& grad_v) const {
-      for (const auto& [target, scratch] :
-           {std::pair{&grad_q, &dq}, {&grad_k, &dk}, {&grad_v, &dv}}) {
-        if (target->defined()) {
-          nn::add_into(unit_rows(*target, scratch->heads, scratch->rows), scratch->region());
-        }
-      }
-    }
-    static GradRegion zeroed(const Tensor& like, const Heads& heads, const RowRun& rows) {
-      GradRegion r{laid_out_like(like), heads, rows};
-      r.region().zero_();
-      return r;
-    }
-  };
 
   // The query heads of a selection in one run (group_piece_calls' grouped-query blocks).
   static Heads query_heads(const Selection& q) {
-    return q.head_repeat == 1 ? Heads{q.first_head, q.head_stride, q.head_count}
-                              : Heads{q.first_head, q.repeat_stride, q.head_count * q.head_repeat};
+    return q.head_repeat == 1 ? run_of(q.first_head, q.head_stride, q.head_count)
+                              : run_of(q.first_head, q.repeat_stride, q.head_count * q.head_repeat);
   }
-
-  // A tensor laid out like t (its shape and strides) over fresh, unset memory.
-  static Tensor laid_out_like(const Tensor& t) {
-    int64_t extent = 1;
-    for (int64_t d = 0; d < t.dim(); ++d) {
-      extent += (t.size(d) - 1) * t.strides()[static_cast<size_t>(d)];
-    }
-    return empty({extent}, options_like(t)).as_strided(t.shape(), t.strides(), 0);
+  // Heads first + stride * a, a < count; a single head's stride is 1 (in_unit divides by it).
+  static Heads run_of(int64_t first, int64_t stride, int64_t count) {
+    return Heads{first, count == 1 ? 1 : stride, count};
   }
 
   // The rows of a block (of `block_rows`) that a group's calls write through selection
