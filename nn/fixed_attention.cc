@@ -484,8 +484,11 @@ class FixedBackward {
     if (groups.groups.empty()) return singles;
     const int unit = plan_.unit_of(*unit_view.calls.front());
     for (const std::vector<const LocalCall*>& group : groups.groups) {
-      if (!scratch_refused_ && remote_piece_group(unit, group, keys, grad_k, grad_v)) continue;
-      for (const LocalCall* call : group) singles.push_back(unit_view.original(call));
+      // Pieces that share key rows (the zigzag layout's two query pieces) in separate calls.
+      for (const std::vector<const LocalCall*>& part : split_shared_keys(group)) {
+        if (!scratch_refused_ && remote_piece_group(unit, part, keys, grad_k, grad_v)) continue;
+        for (const LocalCall* call : part) singles.push_back(unit_view.original(call));
+      }
     }
     return singles;
   }

@@ -1,6 +1,8 @@
 // Document pieces as one call (see piece_calls.h).
 #include "ringdilated/nn/piece_calls.h"
 
+#include <algorithm>
+
 #include "ringdilated/kernels/attention.h"
 #include "ringdilated/tensor/dispatch.h"
 
@@ -84,6 +86,39 @@ PieceGroups group_piece_calls(const std::vector<LocalCall>& calls,
     if (g == result.groups.size()) result.groups.emplace_back();
     result.groups[g].push_back(&call);
   }
+  return result;
+}
+
+std::vector<std::vector<const LocalCall*>> split_shared_keys(
+    const std::vector<const LocalCall*>& group) {
+  auto first_key = [](const LocalCall* c) { return c->k.first_position; };
+  auto key_end = [](const LocalCall* c) {
+    return c->k.first_position + (c->k.count - 1) * c->k.rate + 1;
+  };
+  std::vector<const LocalCall*> sorted = group;
+  std::stable_sort(sorted.begin(), sorted.end(), [&](const LocalCall* x, const LocalCall* y) {
+    return x->batch_row != y->batch_row ? x->batch_row < y->batch_row : first_key(x) < first_key(y);
+  });
+  // Sorted by row, then first key, a call overlaps a part's calls of its row exactly when it
+  // starts before the farthest end among them.
+  struct Part {
+    std::vector<const LocalCall*> calls;
+    int64_t row = -1, end = 0;
+  };
+  std::vector<Part> parts;
+  for (const LocalCall* call : sorted) {
+    size_t p = 0;
+    while (p < parts.size() && parts[p].row == call->batch_row && parts[p].end > first_key(call)) {
+      ++p;
+    }
+    if (p == parts.size()) parts.emplace_back();
+    Part& part = parts[p];
+    part.end = part.row == call->batch_row ? std::max(part.end, key_end(call)) : key_end(call);
+    part.row = call->batch_row;
+    part.calls.push_back(call);
+  }
+  std::vector<std::vector<const LocalCall*>> result;
+  for (Part& part : parts) result.push_back(std::move(part.calls));
   return result;
 }
 

@@ -24,6 +24,14 @@ struct PieceGroups {
 PieceGroups group_piece_calls(const std::vector<LocalCall>& calls,
                               const std::function<bool(const LocalCall&)>& wanted);
 
+// `group` split into parts in none of which two calls read the same key rows of one batch
+// row. A call over pieces stores each piece's dK/dV rather than adding them, so pieces that
+// share keys must run in separate calls whose gradients are added: the zigzag layout's two
+// query pieces of a rank reading one key piece of another rank within one document. Calls
+// keep their order by batch row and first key position within a part.
+std::vector<std::vector<const LocalCall*>> split_shared_keys(
+    const std::vector<const LocalCall*>& group);
+
 // The group's forward as one call over pieces on this rank's q, k, v [B, C, H(_kv), D],
 // writing its rows of out [B, C, H, D] and lse [B, H, C] in place. False, with nothing run,
 // where no kernel takes it.

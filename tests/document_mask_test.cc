@@ -261,6 +261,28 @@ TEST(DocumentMaskRingCuda, PiecesRunAsCallsOverPiecesOnEveryRank) {
   }
 }
 
+// The zigzag layout with documents that span three or more pieces, and a loss that does not
+// read the lse (so the backward runs over pieces on other ranks' keys too): a rank's two query
+// pieces read the same key rows of another rank within one document, which must not share
+// one call over pieces (split_shared_keys). Gradients equal one GPU's.
+TEST(DocumentMaskRingCuda, ZigzagPiecesSharingRemoteKeysMatchOneGpu) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  const nn::DocumentStarts documents = {{0, 400}, {0, 37, 450}};
+  for (const bool causal : {true, false}) {
+    DilatedAttentionOptions o = options_for(HeadMixing::kAllHeads, OffsetRule::kConstant, causal);
+    o.segment_lengths = {128, 256, 512};
+    const test::FullSequence f =
+        test::single_device(o, DType::kBFloat16, 45, Device::cuda(0), test::RingDims{2, 512, 8, 64},
+                            documents, /*loss_reads_lse=*/false);
+    for (const int P : {2, 4}) {
+      SCOPED_TRACE(std::string(causal ? "causal" : "not causal") + ", P = " + std::to_string(P));
+      test::expect_ranks_match(
+          test::run_in_process_ranks(f, o, P, nn::DistStrategy::kRing, nn::SequenceLayout::kZigzag),
+          f, test::gpu_ring_tolerance(DType::kBFloat16));
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Ranks, DocumentMaskRing, ::testing::ValuesIn(test::every_ring_case()),
                          test::ring_case_name);
 
@@ -425,6 +447,64 @@ TEST(PieceCalls, TheCpuRefusesACallOverPieces) {
   EXPECT_FALSE(backend.attention_supports(kernels::AttentionKernel::kMath, args, nullptr, &why));
   EXPECT_NE(why.find("pieces"), std::string::npos) << why;
   EXPECT_THROW(backend.attention_forward(kernels::AttentionKernel::kMath, args), Error);
+}
+
+// A call over pieces stores each piece's dK/dV, so pieces that read the same keys of one
+// batch row go to separate parts: duplicates and overlaps split, other rows and disjoint
+// keys stay together.
+TEST(PieceCalls, SplitSharedKeysSeparatesPiecesReadingTheSameKeys) {
+  auto call = [](int64_t row, int64_t first, int64_t count) {
+    nn::LocalCall c;
+    c.batch_row = row;
+    c.k.first_position = first;
+    c.k.count = count;
+    c.k.rate = 2;  // keys first, first + 2, ...
+    return c;
+  };
+  // Row 0: [0, 9], [10, 19], [0, 9] again, [8, 17] (overlaps both [0, 9]s); row 1: [0, 9].
+  const std::vector<nn::LocalCall> calls = {call(0, 0, 5), call(0, 10, 5), call(0, 0, 5),
+                                            call(0, 8, 5), call(1, 0, 5)};
+  std::vector<const nn::LocalCall*> group;
+  for (const nn::LocalCall& c : calls) group.push_back(&c);
+  const auto parts = nn::split_shared_keys(group);
+  size_t placed = 0;
+  for (const auto& part : parts) {
+    placed += part.size();
+    for (size_t a = 0; a < part.size(); ++a) {
+      for (size_t b = a + 1; b < part.size(); ++b) {
+        const nn::LocalCall &x = *part[a], &y = *part[b];
+        const bool overlap = x.batch_row == y.batch_row &&
+                             x.k.first_position < y.k.first_position + 2 * y.k.count - 1 &&
+                             y.k.first_position < x.k.first_position + 2 * x.k.count - 1;
+        EXPECT_FALSE(overlap) << "rows " << x.batch_row << " keys " << x.k.first_position << " and "
+                              << y.k.first_position;
+      }
+    }
+  }
+  EXPECT_EQ(placed, calls.size());
+  EXPECT_EQ(parts.size(), 3u);  // [0, 9] twice and [8, 17]: three overlap pairwise
+  // Disjoint keys: one part.
+  EXPECT_EQ(nn::split_shared_keys({&calls[0], &calls[1], &calls[4]}).size(), 1u);
+}
+
+// The case that needs the split: the zigzag layout on 2 ranks holds pieces 1 and 2 of 4 on
+// rank 1, and within one document both read rank 0's key piece 0 (causal), so their calls
+// on those keys read the same key rows and fall into one group.
+TEST(PieceCalls, ZigzagQueryPiecesShareRemoteKeysWithinADocument) {
+  DilatedAttentionOptions o = options_for(HeadMixing::kAllHeads, OffsetRule::kConstant, true);
+  o.segment_lengths = {128, 256, 512};
+  o.dilation_rates = {1, 2, 4};
+  const nn::DocumentStarts documents = {{0, 400}};
+  const nn::RankLayout layout{1, 256, 4, 8, /*rank=*/1, /*ranks=*/2, /*zigzag=*/true};
+  const nn::RankPlan plan = nn::make_rank_plan(o, layout, nn::DistStrategy::kRing, 2, &documents);
+  const nn::PieceGroups groups =
+      nn::group_piece_calls(plan.calls[0], [](const nn::LocalCall&) { return true; });
+  size_t shared = 0;
+  for (const std::vector<const nn::LocalCall*>& group : groups.groups) {
+    const size_t parts = nn::split_shared_keys(group).size();
+    shared += parts > 1 ? 1 : 0;
+  }
+  EXPECT_GT(shared, 0u) << "no group of rank 1's calls on rank 0's keys shares keys";
 }
 
 // AttentionCallCounts on the CPU: every call runs on the math kernels, forward and backward,
