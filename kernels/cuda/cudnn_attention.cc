@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <array>
 #include <bit>
+#include <cerrno>
 #include <cstdint>
 #include <cstdlib>
 #include <initializer_list>
@@ -859,8 +860,9 @@ class GraphCache {
     const char* text = std::getenv("RD_CUDNN_GRAPH_CACHE");
     if (text == nullptr || *text == '\0') return kDefaultGraphCacheCapacity;
     char* end = nullptr;
+    errno = 0;  // strtoll reports overflow only through errno
     const long long value = std::strtoll(text, &end, 10);
-    RD_CHECK(*end == '\0' && value >= 1, kInvalidArgument,
+    RD_CHECK(errno == 0 && *end == '\0' && value >= 1, kInvalidArgument,
              "RD_CUDNN_GRAPH_CACHE must be a whole number >= 1, got '", text, "'");
     return static_cast<size_t>(value);
   }
