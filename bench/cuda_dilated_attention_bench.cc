@@ -31,6 +31,8 @@
 //       grouped queries (H_kv = 4) on both sides (no target).
 //   documents/allheads_fwdbwd_over_unmasked/H16D128/N262144/<dense|causal>  the same with
 //       every head on every pair (HeadMixing::kAllHeads, rd_train's default; no target).
+//   allheads/<fwd|fwdbwd>/H16D128/N262144/<dense|causal>/auto  every head on every pair
+//       (HeadMixing::kAllHeads): each pair's partial merged into the others' through the LSE.
 //   target/...  issue 4's four targets at N = 262144, H = 16, D = 128, fixed, non-causal,
 //       each with its ratio, target and direction (counter target_max = 1: ratio <= target).
 //
@@ -782,6 +784,18 @@ void add_rows() {
               [s](benchmark::State& state) { ceiling_row(state, s); });
         }
       }
+    }
+  }
+  // Every head on every pair (rd_train's default mixing): the pairs' partials merged through
+  // the LSE, at the target shape.
+  for (Direction direction : directions) {
+    for (bool causal : {false, true}) {
+      RowSpec s{DilationVariant::kSegmentLocal, direction, kTargetConfig, kTargetSeqLen, causal,
+                AttentionPath::kAuto,           false};
+      s.mixing = rd::nn::HeadMixing::kAllHeads;
+      add(rd::str_cat("allheads/", direction_name(direction), "/", config_name(kTargetConfig), "/N",
+                      kTargetSeqLen, "/", mask_name(causal), "/auto"),
+          [s](benchmark::State& state) { dilated_row(state, s); });
     }
   }
   // use_hilbert against the same rows without it.

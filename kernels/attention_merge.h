@@ -18,6 +18,15 @@ RD_HOST_DEVICE inline T merged_lse(T a, T b) {
   return hi + log1p(exp(lo - hi));
 }
 
+// Whether a partial's row takes part in a merge: one with no key (lse -inf) leaves the
+// accumulator exactly as it is (merged_value and merged_lse return acc), so the kernels skip
+// it without reading its output, which callers need not initialize there. (A dilated pair's
+// partial covers 1/r of the rows: the skip saves most of its merge's traffic.)
+template <class T>
+RD_HOST_DEVICE inline bool merges_into_acc(T part_lse) {
+  return part_lse != -INFINITY;
+}
+
 // One element of the merged output: acc and part weighted by their softmax denominators,
 // exp(lse - merged). A side whose weight is 0 (its lse is -inf) contributes exactly 0, even if
 // its value is not finite; a row with no key on either side keeps acc.
@@ -43,7 +52,9 @@ inline StridedView lse_per_element(const StridedView& lse, const StridedView& ou
 // (the same leading dims; any strides, e.g. a [B, H, N] lse permuted to [B, N, H] beside a
 // [B, N, H, D] output). acc_out, acc_lse and part_lse share one dtype, float32 or float64;
 // part_out has it too or, with float32, is bfloat16 or float16 (an attention kernel's
-// output in q's dtype, converted as it is read). The acc views must not overlap themselves. A violation is an rd::Error naming "attention_merge", the argument and shapes.
+// output in q's dtype, converted as it is read). part_out is not read in rows whose part_lse
+// is -inf (merges_into_acc). The acc views must not overlap themselves. A violation is an
+// rd::Error naming "attention_merge", the argument and shapes.
 void check_attention_merge_args(const StridedView& acc_out, const StridedView& acc_lse,
                                 const StridedView& part_out, const StridedView& part_lse);
 

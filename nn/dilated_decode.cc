@@ -151,10 +151,7 @@ DilatedAttentionResult dilated_attention_decode_step(const Tensor& q, const Dila
   Tensor acc_out = merged ? zeros(q.shape(), acc_options) : Tensor();
   Tensor part = merged ? empty_like(out) : out, part_lse = merged ? empty_like(lse) : lse;
   for (int pair = 0; pair < static_cast<int>(options.segment_lengths.size()); ++pair) {
-    if (merged) {
-      part.zero_();
-      part_lse.fill_(kEmptyLse);
-    }
+    if (merged) part_lse.fill_(kEmptyLse);  // the merge skips rows left at -inf, unread
     for (const PairHeads& ph : fixed_pair_heads(options, heads, pair)) {
       const Selection keys = step_keys(options, pair, ph.offset, position);
       if (keys.empty()) continue;

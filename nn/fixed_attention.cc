@@ -169,10 +169,10 @@ void local_forward(AttentionRunner& runner, const RankPlan& plan, const Tensor& 
     return;
   }
   // All heads: each pair's partial in q's dtype (what every kernel, cuDNN included, writes;
-  // rounded once), merged through the LSE into the float32 accumulator.
+  // rounded once), merged through the LSE into the float32 accumulator. The merge reads a
+  // partial only in rows its calls wrote (finite lse), so only the lse is reset per pair.
   Tensor part = empty_like(state.out), part_lse = empty_like(state.lse);
   for (int pair = 0; pair < plan.num_pairs; ++pair) {
-    part.zero_();
     part_lse.fill_(kEmptyLse);
     run_calls([pair](const LocalCall& call) { return call.pair == pair; }, part, part_lse);
     attention_merge_(state.acc_out, state.lse, part, part_lse);
@@ -239,8 +239,7 @@ void remote_forward(AttentionRunner& runner, const RankPlan& plan, int src, cons
       const PieceGroups piece_calls = group_piece_calls(
           unit_view.rebased, [piece](const LocalCall& c) { return c.key_piece == piece; });
       if (piece_calls.singles.empty() && piece_calls.groups.empty()) continue;
-      acc.part_out.zero_();
-      acc.part_lse.fill_(kEmptyLse);
+      acc.part_lse.fill_(kEmptyLse);  // the merge skips rows left at -inf, unread
       for (const LocalCall* call : piece_calls.singles) run_one(*unit_view.original(call));
       for (const std::vector<const LocalCall*>& pieces : piece_calls.groups) {
         if (forward_piece_group(runner, pieces, unit_q, unit_k, unit_v, acc.part_out,

@@ -43,8 +43,9 @@ struct MergeCase {
   test::RefArray acc_lse, part_lse;  // [B, H, N]
 };
 
-// Rows with acc_lse = -inf hold 0 in acc_out, as the kernels leave them. A few rows are
-// forced to -inf on both sides.
+// Rows with acc_lse = -inf hold 0 in acc_out, as the kernels leave them; rows with part_lse
+// = -inf hold NaN in part_out (not initialized, never read). A few rows are forced to -inf on
+// both sides.
 MergeCase random_case(uint64_t seed) {
   std::mt19937_64 rng(seed);
   MergeCase c;
@@ -62,13 +63,21 @@ MergeCase random_case(uint64_t seed) {
         if (c.acc_lse.data[row] == -kInf) {
           for (int64_t d = 0; d < kD; ++d) c.acc_out.data[((b * kN + n) * kH + h) * kD + d] = 0;
         }
+        // A partial's rows without keys are never read: callers leave them uninitialized.
+        if (c.part_lse.data[row] == -kInf) {
+          for (int64_t d = 0; d < kD; ++d) {
+            c.part_out.data[((b * kN + n) * kH + h) * kD + d] =
+                std::numeric_limits<double>::quiet_NaN();
+          }
+        }
       }
     }
   }
   return c;
 }
 
-// The definition, in float64: m = log(e^a + e^p); out = e^(a-m) acc + e^(p-m) part.
+// The definition, in float64: m = log(e^a + e^p); out = e^(a-m) acc + e^(p-m) part, where a
+// side with no key (lse -inf) adds nothing and is not read.
 MergeCase reference(const MergeCase& in) {
   MergeCase out = in;
   for (int64_t b = 0; b < kB; ++b) {
@@ -82,8 +91,9 @@ MergeCase reference(const MergeCase& in) {
         for (int64_t d = 0; d < kD; ++d) {
           const int64_t i = ((b * kN + n) * kH + h) * kD + d;
           const double wa = m == -kInf ? 0 : std::exp(a - m), wp = m == -kInf ? 0 : std::exp(p - m);
-          out.acc_out.data[i] = (m == -kInf ? in.acc_out.data[i]
-                                            : wa * in.acc_out.data[i] + wp * in.part_out.data[i]);
+          const double from_part = p == -kInf ? 0 : wp * in.part_out.data[i];
+          out.acc_out.data[i] =
+              m == -kInf ? in.acc_out.data[i] : wa * in.acc_out.data[i] + from_part;
         }
       }
     }

@@ -1,5 +1,6 @@
 // The CPU's fused, in-place merge of attention partials (KernelBackend::attention_merge):
-// one pass over the outputs that reads both LSEs, then one pass over the LSEs.
+// one pass over the outputs that reads both LSEs, then one pass over the LSEs, each skipping
+// the partial's rows without keys.
 #include <array>
 
 #include "ringdilated/kernels/attention_merge.h"
@@ -22,10 +23,11 @@ void merge(const StridedView& acc_out, const StridedView& acc_lse, const Strided
                   [](const StridedIter<4>::Ptrs& p, int64_t n, const StridedIter<4>::Strides& s,
                      int64_t) {
                     for (int64_t k = 0; k < n; ++k) {
+                      const T lp = *reinterpret_cast<const T*>(p[3] + k * s[3]);
+                      if (!merges_into_acc(lp)) continue;
                       T& acc = *reinterpret_cast<T*>(p[0] + k * s[0]);
                       const T part = convert<T>(*reinterpret_cast<const Part*>(p[1] + k * s[1]));
                       const T la = *reinterpret_cast<const T*>(p[2] + k * s[2]);
-                      const T lp = *reinterpret_cast<const T*>(p[3] + k * s[3]);
                       acc = merged_value(acc, part, la, lp);
                     }
                   });
@@ -33,8 +35,9 @@ void merge(const StridedView& acc_out, const StridedView& acc_lse, const Strided
                   [](const StridedIter<2>::Ptrs& p, int64_t n, const StridedIter<2>::Strides& s,
                      int64_t) {
                     for (int64_t k = 0; k < n; ++k) {
+                      const T lp = *reinterpret_cast<const T*>(p[1] + k * s[1]);
                       T& acc = *reinterpret_cast<T*>(p[0] + k * s[0]);
-                      acc = merged_lse(acc, *reinterpret_cast<const T*>(p[1] + k * s[1]));
+                      if (merges_into_acc(lp)) acc = merged_lse(acc, lp);
                     }
                   });
 }

@@ -1,6 +1,7 @@
 // The CUDA fused, in-place merge of attention partials (KernelBackend::attention_merge): one
-// grid-stride pass over the outputs that reads both LSEs, then one over the LSEs. The value
-// rule is kernels/attention_merge.h's, shared with the CPU.
+// grid-stride pass over the outputs that reads both LSEs, then one over the LSEs, each
+// skipping the partial's rows without keys. The value rule is kernels/attention_merge.h's,
+// shared with the CPU.
 #include <cuda_runtime.h>
 
 #include "ringdilated/kernels/attention_merge.h"
@@ -22,8 +23,9 @@ struct MergeOutBody {
   OffsetCalculator<4> calc;
   RD_HOST_DEVICE void operator()(int64_t i) const {
     const Offsets<4> o = calc.get(i);
-    acc[o.v[0]] = merged_value(acc[o.v[0]], convert<T>(part[o.v[1]]), acc_lse[o.v[2]],
-                               part_lse[o.v[3]]);
+    const T lp = part_lse[o.v[3]];
+    if (!merges_into_acc(lp)) return;
+    acc[o.v[0]] = merged_value(acc[o.v[0]], convert<T>(part[o.v[1]]), acc_lse[o.v[2]], lp);
   }
 };
 
@@ -34,7 +36,8 @@ struct MergeLseBody {
   OffsetCalculator<2> calc;
   RD_HOST_DEVICE void operator()(int64_t i) const {
     const Offsets<2> o = calc.get(i);
-    acc_lse[o.v[0]] = merged_lse(acc_lse[o.v[0]], part_lse[o.v[1]]);
+    const T lp = part_lse[o.v[1]];
+    if (merges_into_acc(lp)) acc_lse[o.v[0]] = merged_lse(acc_lse[o.v[0]], lp);
   }
 };
 
