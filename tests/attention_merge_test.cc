@@ -23,7 +23,9 @@ namespace rd {
 namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
-constexpr int64_t kB = 2, kN = 37, kH = 3, kD = 5;
+constexpr int64_t kB = 2, kN = 37, kH = 3;
+// Head dims: 5 takes the CUDA merge's per-element loop, 8 its loop over 16-byte vectors.
+constexpr int64_t kOddHeadDim = 5, kVectorHeadDim = 8;
 
 // What a row's LSE is drawn as: an ordinary value, a huge or tiny one (exp under/overflows
 // in float32 if computed naively), or -inf (no key seen).
@@ -39,6 +41,7 @@ double draw_lse(std::mt19937_64& rng) {
 }
 
 struct MergeCase {
+  int64_t head_dim = kOddHeadDim;    // D
   test::RefArray acc_out, part_out;  // [B, N, H, D]
   test::RefArray acc_lse, part_lse;  // [B, H, N]
 };
@@ -46,9 +49,11 @@ struct MergeCase {
 // Rows with acc_lse = -inf hold 0 in acc_out, as the kernels leave them; rows with part_lse
 // = -inf hold NaN in part_out (not initialized, never read). A few rows are forced to -inf on
 // both sides.
-MergeCase random_case(uint64_t seed) {
+MergeCase random_case(uint64_t seed, int64_t head_dim) {
   std::mt19937_64 rng(seed);
   MergeCase c;
+  c.head_dim = head_dim;
+  const int64_t kD = head_dim;
   c.acc_out = test::random_values({kB, kN, kH, kD}, test::Domain::kAny, DType::kFloat64, rng);
   c.part_out = test::random_values({kB, kN, kH, kD}, test::Domain::kAny, DType::kFloat64, rng);
   c.acc_lse = test::RefArray::filled({kB, kH, kN}, 0);
@@ -80,6 +85,7 @@ MergeCase random_case(uint64_t seed) {
 // side with no key (lse -inf) adds nothing and is not read.
 MergeCase reference(const MergeCase& in) {
   MergeCase out = in;
+  const int64_t kD = in.head_dim;
   for (int64_t b = 0; b < kB; ++b) {
     for (int64_t h = 0; h < kH; ++h) {
       for (int64_t n = 0; n < kN; ++n) {
@@ -104,8 +110,9 @@ MergeCase reference(const MergeCase& in) {
 // dtype: the accumulator's; part_dtype: the partial output's (dtype, or a 16-bit float with
 // float32). The reference merges the partial's stored (rounded) values.
 void expect_merge_matches(DType dtype, Device device, uint64_t seed,
-                          std::optional<DType> part_dtype = {}) {
-  MergeCase in = random_case(seed);
+                          std::optional<DType> part_dtype = {}, int64_t head_dim = kOddHeadDim) {
+  MergeCase in = random_case(seed, head_dim);
+  const int64_t kD = head_dim;
   const Tensor part_out = test::from_ref(in.part_out, part_dtype.value_or(dtype), device);
   in.part_out = test::to_ref(part_out);
   const MergeCase want = reference(in);
@@ -148,6 +155,7 @@ TEST(AttentionMerge, MatchesFloat64ReferenceOnCpu) {
   expect_merge_matches(DType::kFloat64, Device::cpu(), 2);
   expect_merge_matches(DType::kFloat32, Device::cpu(), 3, DType::kBFloat16);
   expect_merge_matches(DType::kFloat32, Device::cpu(), 4, DType::kFloat16);
+  expect_merge_matches(DType::kFloat32, Device::cpu(), 8, DType::kBFloat16, kVectorHeadDim);
 }
 
 TEST(AttentionMerge, MaskedRowsGiveZeroAndMinusInfinityNeverNan) {
@@ -190,6 +198,9 @@ TEST(AttentionMergeCuda, MatchesFloat64ReferenceAndTheCpu) {
   expect_merge_matches(DType::kFloat64, Device::cuda(), 5);
   expect_merge_matches(DType::kFloat32, Device::cuda(), 6, DType::kBFloat16);
   expect_merge_matches(DType::kFloat32, Device::cuda(), 7, DType::kFloat16);
+  expect_merge_matches(DType::kFloat32, Device::cuda(), 8, DType::kBFloat16, kVectorHeadDim);
+  expect_merge_matches(DType::kFloat64, Device::cuda(), 9, std::nullopt, kVectorHeadDim);
+  expect_merge_matches(DType::kFloat32, Device::cuda(), 10, std::nullopt, kVectorHeadDim);
 }
 
 }  // namespace

@@ -197,27 +197,6 @@ void run_elementwise(const Op& op, const StridedView& out,
                      Body{op, operands_of<Out, In...>(out, ins), scalar_mask, n}, stream);
 }
 
-// Whether `v` holds its innermost dim in whole aligned vectors of `lanes` elements: stride 1
-// there, a multiple of `lanes` long, and every other dim's stride a multiple of `lanes` from
-// an aligned start (the rows of a dilated selection: [..., n, D] with D contiguous).
-bool rows_of_vectors(const StridedView& v, int64_t lanes) {
-  if (v.ndim == 0) return false;
-  const int last = v.ndim - 1;
-  if (v.strides[last] != 1 || v.shape[last] % lanes != 0) return false;
-  if (!is_aligned(v.data, dtype_size(v.dtype) * static_cast<size_t>(lanes))) return false;
-  for (int d = 0; d < last; ++d) {
-    if (v.shape[d] > 1 && v.strides[d] % lanes != 0) return false;
-  }
-  return true;
-}
-
-// `v` with its innermost dim counted in vectors of `lanes` elements (offsets stay in elements).
-StridedView in_vectors(StridedView v, int64_t lanes) {
-  v.shape[v.ndim - 1] /= lanes;
-  v.strides[v.ndim - 1] = lanes;
-  return v;
-}
-
 // One item = one vector of kLanes consecutive elements of a row that every operand holds
 // contiguously (rows_of_vectors): the strided loop with its offsets computed once per vector
 // and 16-byte loads and stores, where per element it moved 2 or 4 bytes a thread.

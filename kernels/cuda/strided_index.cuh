@@ -171,6 +171,27 @@ struct alignas(sizeof(T) * kLanes) AlignedVec {
   T v[kLanes];
 };
 
+// Whether `v` holds its innermost dim in whole aligned vectors of `lanes` elements: stride 1
+// there, a multiple of `lanes` long, and every other dim's stride a multiple of `lanes` from
+// an aligned start (the rows of a dilated selection: [..., n, D] with D contiguous).
+inline bool rows_of_vectors(const StridedView& v, int64_t lanes) {
+  if (v.ndim == 0) return false;
+  const int last = v.ndim - 1;
+  if (v.strides[last] != 1 || v.shape[last] % lanes != 0) return false;
+  if (!is_aligned(v.data, dtype_size(v.dtype) * static_cast<size_t>(lanes))) return false;
+  for (int d = 0; d < last; ++d) {
+    if (v.shape[d] > 1 && v.strides[d] % lanes != 0) return false;
+  }
+  return true;
+}
+
+// `v` with its innermost dim counted in vectors of `lanes` elements (offsets stay in elements).
+inline StridedView in_vectors(StridedView v, int64_t lanes) {
+  v.shape[v.ndim - 1] /= lanes;
+  v.strides[v.ndim - 1] = lanes;
+  return v;
+}
+
 // --- launching ---
 
 inline constexpr int kThreadsPerBlock = 256;

@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# A change's effect on one device machine, old binaries against new in the same call: the
+# pack's (new) cuda_dilated_attention_bench and rd_train against .carry/bench_old.xz and
+# .carry/rd_train_old.xz (xz-compressed binaries of the baseline build, carried beside the
+# pack). From the repository root, with .carry/gpu.tar.xz:
+#   tools/gpu_before_after.sh bench FILTER [RUNS]  bench rows, old then new, RUNS times (A B A B)
+#   tools/gpu_before_after.sh train                tools/gpu_issue19.sh docs_train, old then new
+#   tools/gpu_before_after.sh trace GPUS ARGS...   the new rd_train under the CUPTI tracer
+# Logs and JSON go to $OUT (or build/before_after).
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+export NCCL_NVLS_ENABLE=0 CUDA_MODULE_LOADING=LAZY
+[[ -d .carry/gpu/bin ]] || tar -C .carry -xJf .carry/gpu.tar.xz
+export LD_LIBRARY_PATH="$PWD/.carry/gpu/lib:${LD_LIBRARY_PATH:-}"
+BIN="$PWD/.carry/gpu/bin" LOGS="${OUT:-build/before_after}"
+mkdir -p "$LOGS" .carry/old
+for name in bench rd_train; do
+  [[ -f .carry/${name}_old.xz && ! -x .carry/old/$name ]] &&
+    xz -dc ".carry/${name}_old.xz" >".carry/old/$name" && chmod +x ".carry/old/$name"
+done
+
+part_bench() {
+  local filter="$1" runs="${2:-2}"
+  for run in $(seq 1 "$runs"); do
+    for side in old new; do
+      local bin="$BIN/cuda_dilated_attention_bench"
+      [[ $side == old ]] && bin=.carry/old/bench
+      timeout 400 "$bin" --benchmark_filter="$filter" --benchmark_out="$LOGS/$side.$run.json" \
+        --benchmark_out_format=json >"$LOGS/$side.$run.txt" 2>&1 || echo "bench $side $run: exit $?"
+    done
+  done
+  python3 - "$LOGS" <<'PY'
+import glob, json, statistics, sys
+rows = {}
+for path in sorted(glob.glob(sys.argv[1] + "/*.*.json")):
+    side = path.split("/")[-1].split(".")[0]
+    for b in json.load(open(path))["benchmarks"]:
+        rows.setdefault(b["name"].split("/iterations")[0], {}).setdefault(side, []).append(
+            (b["real_time"], b.get("ratio")))
+for name, sides in rows.items():
+    cells = []
+    for side in ("old", "new"):
+        values = sides.get(side, [])
+        if values:
+            ms = statistics.median(v[0] for v in values)
+            ratio = [v[1] for v in values if v[1] is not None]
+            cells.append(f"{side} {ms:.2f} ms" + (f" (ratio {statistics.median(ratio):.3f})" if ratio else ""))
+    print(f"{name}: " + ", ".join(cells))
+PY
+}
+
+# The runs write checkpoints: they go to a scratch folder, and only their logs and metrics
+# come back under $LOGS/train.
+part_train() {
+  local scratch=/tmp/before_after_train
+  mkdir -p "$LOGS/train"
+  OUT=$scratch STEPS="${STEPS:-20}" RD_TRAIN="$PWD/.carry/old/rd_train" TAG=old- \
+    bash tools/gpu_issue19.sh docs_train
+  OUT=$scratch STEPS="${STEPS:-20}" TAG=new- bash tools/gpu_issue19.sh docs_train
+  for log in "$scratch"/train-*.txt; do
+    local name
+    name=$(basename "$log" .txt)
+    cp "$log" "$LOGS/train/"
+    cp "$scratch/run-${name#train-}/metrics.jsonl" "$LOGS/train/${name#train-}.metrics.jsonl" 2>/dev/null
+    grep -q 'step [0-9]*/' "$log" || { echo "== $name: no step line; its end:"; tail -n 5 "$log"; }
+  done
+}
+
+part_trace() {
+  local gpus="$1"
+  shift
+  local cmd=("$BIN/rd_train" "$@")
+  ((gpus > 1)) && cmd=("$BIN/rd_launch" -n "$gpus" -- "${cmd[@]}")
+  CUDA_INJECTION64_PATH="$BIN/librd_cupti_trace.so" RD_CUPTI_TRACE="$LOGS/trace.csv" \
+    timeout 300 "${cmd[@]}" >"$LOGS/trace-train.txt" 2>&1 || echo "trace: exit $?"
+  python3 tools/kernel_profile.py "$LOGS/trace.csv.rank0" --steps 3 >"$LOGS/trace-rank0.md" 2>&1 ||
+    python3 tools/kernel_profile.py "$LOGS/trace.csv" --steps 3 >"$LOGS/trace-rank0.md" 2>&1
+  head -45 "$LOGS/trace-rank0.md"
+  rm -f "$LOGS"/trace.csv*
+}
+
+case "${1:-}" in
+  bench) shift; part_bench "$@" ;;
+  train) part_train ;;
+  trace) shift; part_trace "$@" ;;
+  *) echo "usage: tools/gpu_before_after.sh bench FILTER [RUNS] | train | trace GPUS ARGS..." >&2; exit 2 ;;
+esac
