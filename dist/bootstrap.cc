@@ -3,12 +3,12 @@
 
 #include <unistd.h>
 
-#include <cerrno>
 #include <cstdlib>
 
 #include "ringdilated/dist/gloo.h"
 #include "ringdilated/dist/nccl.h"
 #include "ringdilated/kernels/error.h"
+#include "ringdilated/kernels/number_text.h"
 
 namespace rd::dist {
 namespace {
@@ -28,13 +28,11 @@ std::string string_var(const GetEnv& getenv, const char* name, const char* why) 
 
 int int_var(const GetEnv& getenv, const char* name, int min, int max, const char* why) {
   const std::string text = string_var(getenv, name, why);
-  char* end = nullptr;
-  errno = 0;
-  const long value = std::strtol(text.c_str(), &end, 10);
-  RD_CHECK(errno == 0 && end != text.c_str() && *end == '\0' && value >= min && value <= max,
-           kInvalidArgument, kOp, ": environment variable ", name, " must be an integer in [", min,
-           ", ", max, "], got '", text, "'");
-  return static_cast<int>(value);
+  const std::optional<int> value = number_from_text<int>(text);
+  RD_CHECK(value && *value >= min && *value <= max, kInvalidArgument, kOp,
+           ": environment variable ", name, " must be an integer in [", min, ", ", max, "], got '",
+           text, "'");
+  return *value;
 }
 
 constexpr int kMaxWorld = 1 << 24;

@@ -273,6 +273,12 @@ TEST(LaunchEnv, MissingOrMalformedVariablesAreNamed) {
                            {ErrorCode::kInvalidArgument}, {"RANK", "'two'"}));
   EXPECT_TRUE(test::raises([&] { launch_env_from_environment(with("MASTER_PORT", "70000")); },
                            {ErrorCode::kInvalidArgument}, {"MASTER_PORT", "'70000'"}));
+  // Past int's range, or with trailing text: refused, not clamped or cut.
+  for (const char* value : {"99999999999999999999", "4 ", "+4", ""}) {
+    EXPECT_TRUE(test::raises([&] { launch_env_from_environment(with("WORLD_SIZE", value)); },
+                             {ErrorCode::kInvalidArgument}, {"WORLD_SIZE"}))
+        << "'" << value << "'";
+  }
   EXPECT_TRUE(test::raises([&] { launch_env_from_environment(with("RANK", "4")); },
                            {ErrorCode::kInvalidArgument}, {"rank 4", "world of 4"}));
   EXPECT_TRUE(test::raises(

@@ -277,7 +277,8 @@ TEST_F(TrainDocumentsTest, BadDocumentOptionsAreNamed) {
        {Case{"bogus", "expected auto, off"}, Case{"separator:", "is empty"},
         Case{"separator:a\\q", "unknown escape"}, Case{"separator:\\x4", "two hex digits"},
         Case{"separator:ab\\", "lone backslash"}, Case{"eos:-1", "whole number"},
-        Case{"eos:", "whole number"}, Case{"eos:3x", "whole number"}}) {
+        Case{"eos:", "whole number"}, Case{"eos:3x", "whole number"},
+        Case{"eos:4294967296", "whole number"}}) {
     EXPECT_TRUE(raises([&] { make_dataset(text, window_options(8, c.spec)); },
                        {ErrorCode::kInvalidArgument}, {"--documents=", c.spec, c.says}))
         << c.spec;

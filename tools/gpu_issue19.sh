@@ -81,7 +81,7 @@ train() {
   timeout "${TRAIN_TIMEOUT:-420}" "${cmd[@]}" >"$LOGS/train-$name.txt" 2>&1 ||
     echo "train $name: exit $?"
   echo "== $name ($gpus GPUs, N = $seq $*)"
-  tr '\r' '\n' <"$LOGS/train-$name.txt" | grep -E '^(\[0\] )?step [0-9]+/' | tail -n 6 | cut -c1-160
+  tr '\r' '\n' <"$LOGS/train-$name.txt" | grep -E '^(\[(rank )?0\] )?step [0-9]+/' | tail -n 6 | cut -c1-160
   tr '\r' '\n' <"$LOGS/train-$name.txt" | grep -iE 'error|out of memory' | head -n 3
 }
 

@@ -10,10 +10,10 @@
 #include <cstdlib>
 #include <filesystem>
 #include <iterator>
-#include <limits>
 #include <vector>
 
 #include "ringdilated/kernels/error.h"
+#include "ringdilated/kernels/number_text.h"
 #include "ringdilated/kernels/philox.h"
 
 namespace rd::train {
@@ -403,13 +403,10 @@ DocumentSplit parse_documents(std::string_view spec, bool tokens) {
     return split;
   }
   if (spec.starts_with(kEos)) {
-    const std::string id(spec.substr(kEos.size()));
-    char* end = nullptr;
-    const long long value = std::strtoll(id.c_str(), &end, 10);
-    RD_CHECK(
-        !id.empty() && *end == '\0' && value >= 0 && value <= std::numeric_limits<int32_t>::max(),
-        kInvalidArgument, "--documents=", spec, ": the token id must be a whole number >= 0");
-    split.separator = {static_cast<int32_t>(value)};
+    const std::optional<int32_t> id = number_from_text<int32_t>(spec.substr(kEos.size()));
+    RD_CHECK(id && *id >= 0, kInvalidArgument, "--documents=", spec,
+             ": the token id must be a whole number >= 0");
+    split.separator = {*id};
     return split;
   }
   RD_FAIL(kInvalidArgument, "--documents=", spec,

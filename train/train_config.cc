@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "ringdilated/kernels/error.h"
+#include "ringdilated/kernels/number_text.h"
 #include "ringdilated/tensor/device.h"
 
 namespace rd::train {
@@ -110,15 +111,6 @@ std::string expected_form() {
 }
 
 std::string quoted(std::string_view text) { return str_cat("'", text, "'"); }
-
-// The whole of `text` as a number of type T (from_chars: no locale, no leading spaces).
-template <class T>
-std::optional<T> number_from_text(std::string_view text) {
-  T value{};
-  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (error != std::errc() || end != text.data() + text.size() || text.empty()) return std::nullopt;
-  return value;
-}
 
 // "auto" resolves to the first GPU when there is one. Whether an index is visible is the
 // trainer's check (check_train_config), so that saved configurations load anywhere.

@@ -22,7 +22,6 @@
 #include <algorithm>
 #include <array>
 #include <bit>
-#include <cerrno>
 #include <cstdint>
 #include <cstdlib>
 #include <initializer_list>
@@ -44,6 +43,7 @@
 #include "ringdilated/kernels/cuda/kernels.h"
 #include "ringdilated/kernels/cuda/runtime.h"
 #include "ringdilated/kernels/error.h"
+#include "ringdilated/kernels/number_text.h"
 #include "ringdilated/kernels/shared_library.h"
 #include "ringdilated/kernels/view_checks.h"
 
@@ -859,12 +859,10 @@ class GraphCache {
   static size_t capacity_from_environment() {
     const char* text = std::getenv("RD_CUDNN_GRAPH_CACHE");
     if (text == nullptr || *text == '\0') return kDefaultGraphCacheCapacity;
-    char* end = nullptr;
-    errno = 0;  // strtoll reports overflow only through errno
-    const long long value = std::strtoll(text, &end, 10);
-    RD_CHECK(errno == 0 && *end == '\0' && value >= 1, kInvalidArgument,
+    const std::optional<size_t> value = number_from_text<size_t>(text);
+    RD_CHECK(value && *value >= 1, kInvalidArgument,
              "RD_CUDNN_GRAPH_CACHE must be a whole number >= 1, got '", text, "'");
-    return static_cast<size_t>(value);
+    return *value;
   }
   const size_t capacity_;
   struct Slot {
