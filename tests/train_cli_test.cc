@@ -168,6 +168,24 @@ TEST_F(TrainCliTest, AMissingGpuIsNamedBeforeTheDataIsRead) {
   EXPECT_FALSE(has(o.output, "corpus.txt")) << "the data was read first:\n" << o.output;
 }
 
+// A bad RD_CUDNN_GRAPH_CACHE is named before training, not after it (the cache reads the
+// variable when first used). The run is on the GPU, where cuDNN may be used.
+TEST_F(TrainCliTest, CudaABadGraphCacheSizeIsNamedBeforeTraining) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  std::vector<std::string> args = train("cache", {"--device=cuda"});
+  for (const char* value : {"0", "lots", "99999999999999999999999"}) {
+    args.insert(args.begin(), {"env", std::string("RD_CUDNN_GRAPH_CACHE=") + value});
+    const Outcome o = run(args);
+    args.erase(args.begin(), args.begin() + 2);
+    EXPECT_EQ(o.code, 1) << value << ":\n" << o.output;
+    EXPECT_TRUE(
+        has(o.output,
+            std::string("RD_CUDNN_GRAPH_CACHE must be a whole number >= 1, got '") + value + "'"))
+        << o.output;
+    EXPECT_FALSE(has(o.output, "step 1/")) << "it trained first:\n" << o.output;
+  }
+}
+
 TEST_F(TrainCliTest, SamplingNeedsOnlyTheWeights) {
   ASSERT_EQ(run(train("sample")).code, 0);
   const std::optional<std::string> ck = latest_checkpoint((dir_ / "sample" / "checkpoints").string());

@@ -303,6 +303,17 @@ void print_cudnn_graphs(const TrainConfig& c) {
 #endif
 }
 
+// A bad RD_CUDNN_GRAPH_CACHE stops the run at its start: the cache reads the variable when
+// it is first used, which would be the first cuDNN attention call or, in a run that makes
+// none, the closing statistics after training.
+void check_cudnn_graph_cache(const TrainConfig& c) {
+#if defined(RD_WITH_CUDNN)
+  if (c.device.is_cuda()) (void)rd::kernels::cuda::cudnn_graph_cache_stats();
+#else
+  (void)c;
+#endif
+}
+
 // The run's last lines: what the held-out evaluation measured (exact match for tasks with
 // answers; loss, perplexity and bits per byte for text), where the checkpoint and metrics are.
 void print_result(const rd::train::TrainResult& r, const TrainConfig& c) {
@@ -333,6 +344,7 @@ void print_result(const rd::train::TrainResult& r, const TrainConfig& c) {
 
 int train() {
   TrainConfig c = config_from_flags();
+  check_cudnn_graph_cache(c);
   if (const int threads = absl::GetFlag(FLAGS_threads); threads > 0) rd::set_num_threads(threads);
   std::shared_ptr<rd::dist::Communicator> world = world_from_launcher(c);
   const bool root = !world || world->rank() == 0;
