@@ -17,6 +17,7 @@
 #include "ringdilated/tensor/dispatch.h"
 #include "ringdilated/tensor/op_util.h"
 #include "ringdilated/tensor/ops.h"
+#include "ringdilated/tensor/shape_util.h"
 
 namespace rd::nn {
 namespace {
@@ -442,8 +443,10 @@ class FixedBackward {
   bool via_scratch(const std::vector<const LocalCall*>& group, UnitInputs in, const Tensor& store_q,
                    const Tensor& grad_q, const Tensor& grad_k, const Tensor& grad_v) {
     if (group.front()->q.head_repeat == 1) {
+      // Strides exactly those of the zeros below (is_contiguous() allows any stride on a
+      // size-1 dim, which would give k and its gradient different graph layouts).
       for (Tensor* t : {&in.k, &in.v}) {
-        if (!t->is_contiguous()) *t = t->contiguous();
+        if (t->strides() != contiguous_strides(t->shape())) *t = t->clone();
       }
     }
     const TensorOptions opts = options_like(q_);

@@ -1409,12 +1409,20 @@ void cudnn_attention_backward(const AttentionBackwardArgs& args, Allocator& scra
   // the shared dims cut to size 1, so that cuDNN's dK and dV land once per key/value head.
   const bool shared = attention_grads_shared(args);
   if (const int d = peeled_batch_dim(args.q, args.k, args.v, shared); d >= 0) {
+    // A gradient that repeats along d (stride 0) is one buffer for every entry: the first
+    // entry may keep the promise of zeros and store into it, the later ones must add.
+    const bool q_repeats = args.grad_q.strides[d] == 0;
+    const bool kv_repeat = q_repeats || args.grad_k.strides[d] == 0 || args.grad_v.strides[d] == 0;
     for (int64_t i = 0; i < args.q.shape[d]; ++i) {
       AttentionBackwardArgs entry = args;
       for (StridedView* view :
            {&entry.q, &entry.k, &entry.v, &entry.out, &entry.lse, &entry.grad_out, &entry.grad_lse,
             &entry.grad_q, &entry.grad_k, &entry.grad_v}) {
         *view = at_index(*view, d, i);
+      }
+      if (i > 0 && kv_repeat) {
+        entry.grad_q_starts_at_zero = grad_q_promised_zero(args) && !q_repeats;
+        entry.grads_start_at_zero = false;
       }
       cudnn_attention_backward(entry, scratch, stream);
     }
