@@ -5,6 +5,7 @@
 # pack). From the repository root, with .carry/gpu.tar.xz:
 #   tools/gpu_before_after.sh bench FILTER [RUNS]  bench rows, old then new, RUNS times (A B A B)
 #   tools/gpu_before_after.sh train                tools/gpu_issue19.sh docs_train, old then new
+#                                                  (CP2_ONLY=1: context parallel 2 only)
 #   tools/gpu_before_after.sh trace GPUS ARGS...   the new rd_train under the CUPTI tracer
 # Logs and JSON go to $OUT (or build/before_after).
 set -uo pipefail
@@ -50,18 +51,16 @@ PY
 }
 
 # The runs write checkpoints: they go to a scratch folder, and only their logs and metrics
-# come back under $LOGS/train.
+# come back, in $LOGS/train.tgz (one file: the device tool returns few).
 part_train() {
   local scratch=/tmp/before_after_train
-  mkdir -p "$LOGS/train"
   OUT=$scratch STEPS="${STEPS:-20}" RD_TRAIN="$PWD/.carry/old/rd_train" TAG=old- \
     bash tools/gpu_issue19.sh docs_train
   OUT=$scratch STEPS="${STEPS:-20}" TAG=new- bash tools/gpu_issue19.sh docs_train
+  tar -C "$scratch" -czf "$LOGS/train.tgz" --exclude=checkpoints . 2>/dev/null
   for log in "$scratch"/train-*.txt; do
     local name
     name=$(basename "$log" .txt)
-    cp "$log" "$LOGS/train/"
-    cp "$scratch/run-${name#train-}/metrics.jsonl" "$LOGS/train/${name#train-}.metrics.jsonl" 2>/dev/null
     grep -q 'step [0-9]*/' "$log" || { echo "== $name: no step line; its end:"; tail -n 5 "$log"; }
   done
 }

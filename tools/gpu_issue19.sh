@@ -11,7 +11,8 @@
 #   gqa_docs_loss  (issue 21) the same with document masks too (text, a document per paragraph)
 #   docs_train  (issue 21) document masks with every head on every pair (rd_train's default
 #          mixing) on 1 GPU and context parallel 2: loss and tokens/s. RD_TRAIN picks the
-#          binary (default the pack's), TAG prefixes the run names (before/after runs).
+#          binary (default the pack's), TAG prefixes the run names (before/after runs),
+#          CP2_ONLY=1 leaves out the one-GPU run.
 # Logs and JSON go to $OUT (or build/issue19); each part prints a short summary last.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -124,7 +125,7 @@ part_gqa_docs_loss() {
 part_docs_train() {
   local N=262144
   local data=(--data=text:docs --documents='separator:\n\n' --mixing=all_heads)
-  train "${TAG:-}docs-one" 1 "$N" --batch_size=2 "${data[@]}"
+  [[ -n "${CP2_ONLY:-}" ]] || train "${TAG:-}docs-one" 1 "$N" --batch_size=2 "${data[@]}"
   train "${TAG:-}docs-cp2" 2 "$N" --batch_size=2 --context_parallel=2 "${data[@]}"
 }
 
