@@ -131,6 +131,39 @@ TEST_F(CudnnAttentionTest, ConcurrentCallersGetCorrectResults) {
   for (std::thread& th : threads) th.join();
 }
 
+// Gradients that repeat where k and v do not are the caller's error on cuDNN as on every
+// kernel (check_attention_backward_args): here along a batch dim that cuDNN runs an entry at
+// a time, where one entry's dK would store over another's.
+TEST_F(CudnnAttentionTest, GradientsRepeatingWhereKeysDoNotAreRefused) {
+  constexpr int64_t kL = 64, kD = 64;
+  // [2, 3, 2, L, D] of a [2, 4, 3, L, D] buffer: neither dims 0-1 nor 1-2 fold.
+  const std::vector<int64_t> shape = {2, 3, 2, kL, kD};
+  const std::vector<int64_t> strides = {12 * kL * kD, 3 * kL * kD, kL * kD, kD, 1};
+  const int64_t count = 24 * kL * kD;
+  AttentionForwardArgs f;
+  f.q = f.k = f.v = device_view(DType::kBFloat16, count, shape, strides);
+  f.out = device_view(DType::kBFloat16, count, shape, strides);
+  f.lse = device_view(DType::kFloat32, 24 * kL, {2, 3, 2, kL}, {12 * kL, 3 * kL, kL, 1});
+  f.params.scale = 0.125;
+  backend().attention_forward(AttentionKernel::kCudnn, f);
+  AttentionBackwardArgs b = nn::backward_of(f);
+  b.grad_out = f.q;
+  b.grad_q = device_view(DType::kBFloat16, count, shape, strides);
+  // dK and dV: one [3, 2, L, D] buffer for both entries of dim 0.
+  b.grad_k = b.grad_v =
+      device_view(DType::kBFloat16, 6 * kL * kD, shape, {0, 2 * kL * kD, kL * kD, kD, 1});
+  b.grads_start_at_zero = true;
+  try {
+    backend().attention_backward(AttentionKernel::kCudnn, b);
+    ADD_FAILURE() << "no error for a grad_k that repeats along dim 0";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
+    EXPECT_NE(std::string(e.what()).find("'grad_k' overlaps itself"), std::string::npos)
+        << e.what();
+  }
+  synchronize(Device::cuda(0));
+}
+
 // ---------------------------------------------------------------------------------------
 // Refusals: each names its reason, and the call throws kUnimplemented with it.
 
@@ -182,7 +215,8 @@ TEST_F(CudnnAttentionRefusalTest, ValidCallIsSupported) {
 
 TEST_F(CudnnAttentionRefusalTest, DTypes) {
   AttentionForwardArgs f = valid();
-  f.q = f.k = f.v = of(f32_, {1, 2, 16, 64});
+  // All float32: a valid call (the out of a float32 q is float32) that cuDNN does not take.
+  f.q = f.k = f.v = f.out = of(f32_, {1, 2, 16, 64});
   expect_refused(f, "bfloat16 or float16");
   f = valid();
   f.out = of(f32_, {1, 2, 16, 64});

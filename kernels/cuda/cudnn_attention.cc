@@ -1338,6 +1338,7 @@ void run_pieces(const char* op, Direction direction, const AttentionPieces& piec
 void cudnn_attention_forward(const AttentionForwardArgs& args, Allocator& scratch,
                              cudaStream_t stream) {
   constexpr const char* kOp = "cudnn_attention_forward";
+  check_attention_forward_args(args);  // the contract every kernel holds its callers to
   const std::string contract = shape_problem(args.q, args.k, args.v, &args.out, &args.lse);
   if (!contract.empty()) throw_unsupported(kOp, contract, true);
   const std::string problem = forward_problem(args);
@@ -1388,6 +1389,7 @@ void cudnn_attention_forward(const AttentionForwardArgs& args, Allocator& scratc
 void cudnn_attention_backward(const AttentionBackwardArgs& args, Allocator& scratch,
                               cudaStream_t stream) {
   constexpr const char* kOp = "cudnn_attention_backward";
+  check_attention_backward_args(args);  // e.g. gradients repeat only where k and v do
   std::string contract = shape_problem(args.q, args.k, args.v, &args.out, &args.lse);
   if (contract.empty() &&
       (shape_of(args.grad_out) != shape_of(args.q) || shape_of(args.grad_q) != shape_of(args.q) ||
@@ -1409,20 +1411,15 @@ void cudnn_attention_backward(const AttentionBackwardArgs& args, Allocator& scra
   // the shared dims cut to size 1, so that cuDNN's dK and dV land once per key/value head.
   const bool shared = attention_grads_shared(args);
   if (const int d = peeled_batch_dim(args.q, args.k, args.v, shared); d >= 0) {
-    // A gradient that repeats along d (stride 0) is one buffer for every entry: the first
-    // entry may keep the promise of zeros and store into it, the later ones must add.
-    const bool q_repeats = args.grad_q.strides[d] == 0;
-    const bool kv_repeat = q_repeats || args.grad_k.strides[d] == 0 || args.grad_v.strides[d] == 0;
+    // Each entry's gradients are its own, so an entry may keep the promise of zeros and
+    // store: gradients repeat only along k's broadcast dims (check_attention_backward_args)
+    // and peeled_batch_dim refuses a d along which k or v repeat.
     for (int64_t i = 0; i < args.q.shape[d]; ++i) {
       AttentionBackwardArgs entry = args;
       for (StridedView* view :
            {&entry.q, &entry.k, &entry.v, &entry.out, &entry.lse, &entry.grad_out, &entry.grad_lse,
             &entry.grad_q, &entry.grad_k, &entry.grad_v}) {
         *view = at_index(*view, d, i);
-      }
-      if (i > 0 && kv_repeat) {
-        entry.grad_q_starts_at_zero = grad_q_promised_zero(args) && !q_repeats;
-        entry.grads_start_at_zero = false;
       }
       cudnn_attention_backward(entry, scratch, stream);
     }
