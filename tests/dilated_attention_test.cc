@@ -5,6 +5,8 @@
 // and lse; option errors; dropout; Hilbert order; and each CUDA path against the CPU.
 // Tolerances: tolerance_for(dtype, D + keys), i.e. a few units of the storage dtype plus the
 // float32 (float64) accumulation over the head dim and the keys one row sees.
+#include "ringdilated/nn/dilated_attention.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -20,7 +22,6 @@
 #include <vector>
 
 #include "ringdilated/kernels/error.h"
-#include "ringdilated/nn/dilated_attention.h"
 #include "ringdilated/nn/hilbert.h"
 #include "ringdilated/nn/pattern_cache.h"
 #include "ringdilated/tensor/autograd.h"
@@ -30,6 +31,7 @@
 #include "ringdilated/tensor/tensor.h"
 #include "testing/dilated_reference.h"
 #include "testing/gradcheck.h"
+#include "testing/poisoned_pool.h"
 #include "testing/tensor_util.h"
 
 namespace rd::test {
@@ -321,6 +323,19 @@ INSTANTIATE_TEST_SUITE_P(AllCases, DilatedAttentionVsReference,
                          ::testing::Combine(::testing::ValuesIn(cases()),
                                             ::testing::ValuesIn(kAllFloatTypes)),
                          case_dtype_name);
+
+// All-heads calls merge each pair's partial without zeroing it first (the merge reads only
+// the rows a call wrote): in a poisoned pool a row read unwritten would turn the output NaN.
+TEST(DilatedAttention, AllHeadsPartialsAreReadOnlyWhereWritten) {
+  for (const Case& c : cases()) {
+    if (c.mixing != HeadMixing::kAllHeads) continue;
+    for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+      const Qkv in = make_qkv(c.shape, dtype, QkvLayout::kContiguous, 0xbad);
+      const test::PoisonedPool poisoned(Device::cpu());
+      EXPECT_TRUE(matches_reference(in, c.options())) << c.name << " " << dtype_name(dtype);
+    }
+  }
+}
 
 // Non-contiguous inputs: each layout on a few representative cases, float64 and bfloat16.
 using CaseLayoutDType = std::tuple<int, QkvLayout, DType>;
