@@ -242,13 +242,13 @@ void record(const Tensor& output, std::string name, const std::vector<Tensor>& i
          });
 }
 
-void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads,
-              bool retain_graph) {
+namespace {
+
+// One seed gradient per root: the given one, or ones for a single-element root.
+std::vector<std::pair<Edge, Tensor>> seed_gradients(const std::vector<Tensor>& roots,
+                                                    const std::vector<Tensor>& grads) {
   RD_CHECK(grads.empty() || grads.size() == roots.size(), kInvalidArgument, "backward: got ",
            grads.size(), " gradients for ", roots.size(), " tensors");
-  NoGradGuard no_grad;
-
-  // Seed gradients, one per root edge.
   std::vector<std::pair<Edge, Tensor>> seeds;
   for (size_t i = 0; i < roots.size(); ++i) {
     const Tensor& root = roots[i];
@@ -266,32 +266,45 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
              shape_str(grad.shape()), " differs from the output shape ", shape_str(root.shape()));
     seeds.emplace_back(edge_to(root), grad);
   }
+  return seeds;
+}
 
-  // Count, for each reachable node, how many edges point at it.
+// The nodes reachable from the seeds, and for each how many edges point at it: a node runs
+// once all of them have delivered their gradient.
+struct ReachableGraph {
+  std::vector<std::shared_ptr<Node>> nodes;
   std::unordered_map<Node*, int> dependencies;
-  std::vector<std::shared_ptr<Node>> reachable;
-  {
-    std::unordered_set<Node*> seen;
-    std::vector<Node*> stack;
-    for (auto& [edge, grad] : seeds) {
-      if (seen.insert(edge.node.get()).second) {
-        stack.push_back(edge.node.get());
-        reachable.push_back(edge.node);
-      }
-    }
-    while (!stack.empty()) {
-      Node* node = stack.back();
-      stack.pop_back();
-      for (const Edge& next : node->next_edges()) {
-        if (next.node == nullptr) continue;
-        ++dependencies[next.node.get()];
-        if (seen.insert(next.node.get()).second) {
-          stack.push_back(next.node.get());
-          reachable.push_back(next.node);
-        }
-      }
+};
+
+ReachableGraph reachable_from(const std::vector<std::pair<Edge, Tensor>>& seeds) {
+  ReachableGraph graph;
+  std::unordered_set<Node*> seen;
+  std::vector<Node*> stack;
+  auto visit = [&](const std::shared_ptr<Node>& node) {
+    if (!seen.insert(node.get()).second) return;
+    stack.push_back(node.get());
+    graph.nodes.push_back(node);
+  };
+  for (const auto& [edge, grad] : seeds) visit(edge.node);
+  while (!stack.empty()) {
+    Node* node = stack.back();
+    stack.pop_back();
+    for (const Edge& next : node->next_edges()) {
+      if (next.node == nullptr) continue;
+      ++graph.dependencies[next.node.get()];
+      visit(next.node);
     }
   }
+  return graph;
+}
+
+}  // namespace
+
+void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads,
+              bool retain_graph) {
+  NoGradGuard no_grad;
+  const std::vector<std::pair<Edge, Tensor>> seeds = seed_gradients(roots, grads);
+  ReachableGraph graph = reachable_from(seeds);
 
   // Gradient buffers, one slot per node output.
   std::unordered_map<Node*, std::vector<Tensor>> buffers;
@@ -300,11 +313,11 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
     if (slots.empty()) slots.resize(edge.node->num_outputs());
     slots[edge.output_nr] = sum_gradients(slots[edge.output_nr], grad);
   };
-  for (auto& [edge, grad] : seeds) add_to_buffer(edge, grad);
+  for (const auto& [edge, grad] : seeds) add_to_buffer(edge, grad);
 
   std::deque<std::shared_ptr<Node>> ready;
-  for (const auto& node : reachable) {
-    if (dependencies[node.get()] == 0) ready.push_back(node);
+  for (const auto& node : graph.nodes) {
+    if (graph.dependencies[node.get()] == 0) ready.push_back(node);
   }
   while (!ready.empty()) {
     std::shared_ptr<Node> node = ready.front();
@@ -323,10 +336,9 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
     for (size_t i = 0; i < next.size(); ++i) {
       if (next[i].node == nullptr) continue;
       if (input_grads[i].defined()) add_to_buffer(next[i], input_grads[i]);
-      if (--dependencies[next[i].node.get()] == 0) ready.push_back(next[i].node);
+      if (--graph.dependencies[next[i].node.get()] == 0) ready.push_back(next[i].node);
     }
   }
-
 }
 
 }  // namespace rd::autograd
