@@ -242,5 +242,16 @@ TEST_F(TrainCliTest, ResumingWithChangedFlagsNeedsAllowConfigChange) {
   EXPECT_TRUE(has(allowed.output, "done: 2 steps")) << allowed.output;
 }
 
+TEST_F(TrainCliTest, AResumeNamesTheCheckpointItResumesFrom) {
+  ASSERT_EQ(run(train("first", {"--steps=2", "--checkpoint_every=1"})).code, 0);
+  const fs::path step_1 = dir_ / "first" / "checkpoints" / "step_000000001";
+  ASSERT_TRUE(fs::is_directory(step_1));
+  // Another run folder resumes from the first run's step 1: the line names that folder.
+  const Outcome o = run(train("second", {"--steps=2", "--resume=" + step_1.string()}));
+  EXPECT_EQ(o.code, 0) << o.output;
+  EXPECT_TRUE(has(o.output, "resuming at step 1 from " + step_1.string())) << o.output;
+  EXPECT_TRUE(has(o.output, "done: 2 steps")) << o.output;
+}
+
 }  // namespace
 }  // namespace rd::train

@@ -353,7 +353,7 @@ int train() {
   rd::train::Trainer trainer(c, world);
   if (root && trainer.step() > 0) {
     std::printf("resuming at step %lld from %s\n", static_cast<long long>(trainer.step()),
-                c.out_dir.c_str());
+                trainer.last_checkpoint().c_str());
   }
   const rd::train::TrainResult r = trainer.run(&g_stop_requested);
   if (root) print_result(r, c);

@@ -385,6 +385,7 @@ int64_t Trainer::step() const { return s_->step(); }
 LanguageModel& Trainer::model() { return *s_->model; }
 const TrainConfig& Trainer::config() const { return s_->config; }
 const std::vector<std::string>& Trainer::notes() const { return s_->notes; }
+const std::string& Trainer::last_checkpoint() const { return s_->last_checkpoint; }
 
 std::string Trainer::save() {
   State& s = *s_;

@@ -76,6 +76,8 @@ class Trainer {
   int64_t step() const;
   LanguageModel& model();
   const TrainConfig& config() const;
+  // The checkpoint folder this run resumed from or last wrote; empty before either.
+  const std::string& last_checkpoint() const;
   // What the constructor noticed and went on with (printed to stderr unless quiet): a lock
   // taken over from a killed run, leftovers of interrupted saves removed, step folders
   // skipped for lack of a manifest, configuration changes allowed on resume.
