@@ -416,109 +416,194 @@ struct PieceReference {
   }
 };
 
-class CudnnGroupedPieces : public CudnnAttentionTest,
-                           public ::testing::WithParamInterface<PieceShape> {};
+// The sizes a case derives from its PieceShape: q [B, len, q_total, D], k and v
+// [B, len, kv_total, D]; the call's heads are kv_heads groups of `group` query heads.
+struct PieceDims {
+  static constexpr int64_t kBatch = 2, kRows = 150;  // selected rows per batch row
+  int64_t dim, kv_heads, group, heads, rate, offset, len, q_total, kv_total;
 
-TEST_P(CudnnGroupedPieces, MatchFloat64PerPiece) {
-  const PieceShape shape = GetParam();
-  constexpr int64_t kBatch = 2, kRows = 150;  // selected rows per batch row
-  const int64_t dim = shape.head_dim, hc = shape.kv_heads, g = shape.group, heads = hc * g;
-  const int64_t rate = shape.rate, offset = rate - 1, kLen = offset + rate * kRows;
-  const int64_t q_total = std::max(heads, shape.q_total), kv_total = std::max(hc, shape.kv_total);
-  Generator gen(static_cast<uint64_t>(dim * 100 + g * 10 + hc));
+  explicit PieceDims(const PieceShape& s)
+      : dim(s.head_dim),
+        kv_heads(s.kv_heads),
+        group(s.group),
+        heads(s.kv_heads * s.group),
+        rate(s.rate),
+        offset(s.rate - 1),
+        len(offset + rate * kRows),
+        q_total(std::max(heads, s.q_total)),
+        kv_total(std::max(kv_heads, s.kv_total)) {}
+};
+
+// One case's GPU tensors: random bf16 inputs (views of one packed tensor, or each its own),
+// out and lse poisoned (7), gradients zero (views of grad_qkv where packed).
+struct PieceTensors {
+  Tensor qkv, q, k, v, grad_out, out, lse, grad_qkv, grad_q, grad_k, grad_v;
+};
+
+PieceTensors piece_tensors(const PieceShape& shape, const PieceDims& d, Generator& gen) {
   const TensorOptions on_gpu = TensorOptions(DType::kBFloat16).with_device(Device::cuda(0));
   auto draw = [&](const Shape& s) {
     return randn(s, gen, TensorOptions(DType::kFloat64)).to(DType::kBFloat16).to(Device::cuda(0));
   };
-  // q, k, v (and gradients) of one packed tensor, or each its own.
-  const int64_t width = q_total + 2 * kv_total;
-  const Tensor qkv = draw({kBatch, kLen, width, dim});
-  const Tensor q = shape.packed ? qkv.narrow(2, 0, q_total) : draw({kBatch, kLen, q_total, dim});
-  const Tensor k =
-      shape.packed ? qkv.narrow(2, q_total, kv_total) : draw({kBatch, kLen, kv_total, dim});
-  const Tensor v = shape.packed ? qkv.narrow(2, q_total + kv_total, kv_total)
-                                : draw({kBatch, kLen, kv_total, dim});
-  const Tensor grad_out = shape.own_q_grads
-                              ? draw({kBatch, kLen, q_total + 1, dim}).narrow(2, 1, q_total)
-                              : draw({kBatch, kLen, q_total, dim});
+  const int64_t b = PieceDims::kBatch;
+  PieceTensors t;
+  t.qkv = draw({b, d.len, d.q_total + 2 * d.kv_total, d.dim});
+  auto packed_or_own = [&](int64_t first, int64_t count) {
+    return shape.packed ? t.qkv.narrow(2, first, count) : draw({b, d.len, count, d.dim});
+  };
+  t.q = packed_or_own(0, d.q_total);
+  t.k = packed_or_own(d.q_total, d.kv_total);
+  t.v = packed_or_own(d.q_total + d.kv_total, d.kv_total);
+  t.grad_out = shape.own_q_grads
+                   ? draw({b, d.len, d.q_total + 1, d.dim}).narrow(2, 1, d.q_total)
+                   : draw({b, d.len, d.q_total, d.dim});
   // Poisoned outputs: every selected row belongs to a piece, so each must be written; the
   // rows between (rate > 1) must keep the poison.
-  const Tensor out = full({kBatch, kLen, q_total, dim}, 7.0, on_gpu);
-  const Tensor lse = full({kBatch, q_total, kLen}, 7.0,
-                          TensorOptions(DType::kFloat32).with_device(Device::cuda(0)));
-  const Tensor grad_qkv = zeros_like(qkv);
-  const Tensor grad_q = shape.packed && !shape.own_q_grads
-                            ? grad_qkv.narrow(2, 0, q_total)
-                            : zeros({kBatch, kLen, q_total, dim}, on_gpu);
-  const Tensor grad_k = shape.packed ? grad_qkv.narrow(2, q_total, kv_total) : zeros_like(k);
-  const Tensor grad_v =
-      shape.packed ? grad_qkv.narrow(2, q_total + kv_total, kv_total) : zeros_like(v);
+  t.out = full({b, d.len, d.q_total, d.dim}, 7.0, on_gpu);
+  t.lse = full({b, d.q_total, d.len}, 7.0,
+               TensorOptions(DType::kFloat32).with_device(Device::cuda(0)));
+  t.grad_qkv = zeros_like(t.qkv);
+  t.grad_q = shape.packed && !shape.own_q_grads ? t.grad_qkv.narrow(2, 0, d.q_total)
+                                                : zeros({b, d.len, d.q_total, d.dim}, on_gpu);
+  t.grad_k = shape.packed ? t.grad_qkv.narrow(2, d.q_total, d.kv_total) : zeros_like(t.k);
+  t.grad_v =
+      shape.packed ? t.grad_qkv.narrow(2, d.q_total + d.kv_total, d.kv_total) : zeros_like(t.v);
+  return t;
+}
 
-  // Pieces of random lengths (1 to 70 rows) over each batch row, some a row apart (rows no
-  // piece reads: every buffer must keep its poison there).
-  std::mt19937_64 lengths(static_cast<uint64_t>(dim + g + hc));
+// Pieces of random lengths (1 to 70 rows) over each batch row, some a row apart (rows no
+// piece reads: every buffer must keep its poison there).
+kernels::AttentionPieces random_pieces(const PieceDims& d, uint64_t seed) {
+  std::mt19937_64 lengths(seed);
   kernels::AttentionPieces pieces;
-  for (int64_t b = 0; b < kBatch; ++b) {
-    for (int64_t at = 0; at < kRows;) {
-      const int64_t rows = std::min<int64_t>(kRows - at, 1 + static_cast<int64_t>(lengths() % 70));
+  for (int64_t b = 0; b < PieceDims::kBatch; ++b) {
+    for (int64_t at = 0; at < PieceDims::kRows;) {
+      const int64_t rows =
+          std::min<int64_t>(PieceDims::kRows - at, 1 + static_cast<int64_t>(lengths() % 70));
       pieces.batch_row.push_back(b);
-      pieces.q_position.push_back(offset + rate * at);
-      pieces.k_position.push_back(offset + rate * at);
+      pieces.q_position.push_back(d.offset + d.rate * at);
+      pieces.k_position.push_back(d.offset + d.rate * at);
       pieces.q_rows.push_back(rows);
       pieces.k_rows.push_back(rows);
       at += rows + (lengths() % 4 == 0 ? 1 : 0);
     }
   }
-  // Gradient buffers poisoned (7) but for the pieces' rows of the call's heads, which the
-  // call may store into: a kernel writing elsewhere (over another call's gradients) shows.
-  auto clear_piece_rows = [&](Tensor t, int64_t first_head, int64_t count) {
-    t.fill_(7.0);
-    const Shape& st = t.strides();
-    for (int64_t p = 0; p < pieces.count(); ++p) {
-      const auto i = static_cast<size_t>(p);
-      t.as_strided({pieces.q_rows[i], count, dim}, {rate * st[1], st[2], 1},
-                   t.offset() + pieces.batch_row[i] * st[0] + pieces.q_position[i] * st[1] +
-                       first_head * st[2])
-          .zero_();
+  pieces.step = d.rate;
+  return pieces;
+}
+
+// Poisons a gradient buffer (7) but for the pieces' rows of heads [first_head, +count),
+// which the call may store into: a kernel writing elsewhere (over another call's
+// gradients) shows.
+void clear_piece_rows(Tensor t, const kernels::AttentionPieces& pieces, const PieceDims& d,
+                      int64_t first_head, int64_t count) {
+  t.fill_(7.0);
+  const Shape& st = t.strides();
+  for (int64_t p = 0; p < pieces.count(); ++p) {
+    const auto i = static_cast<size_t>(p);
+    t.as_strided({pieces.q_rows[i], count, d.dim}, {d.rate * st[1], st[2], 1},
+                 t.offset() + pieces.batch_row[i] * st[0] + pieces.q_position[i] * st[1] +
+                     first_head * st[2])
+        .zero_();
+  }
+}
+
+// The call's [B, hc, g, 1, D] views at position 0: the query side's heads from first_head;
+// the key side's from first_head, each repeated g times through stride 0.
+kernels::StridedView q_side(const Tensor& t, const PieceDims& d, int64_t first_head) {
+  const Shape& st = t.strides();
+  return make_view(kernel_view(t).data, t.dtype(), {PieceDims::kBatch, d.kv_heads, d.group, 1, d.dim},
+                   {st[0], d.group * st[2], st[2], d.rate * st[1], 1}, first_head * st[2]);
+}
+kernels::StridedView k_side(const Tensor& t, const PieceDims& d, int64_t first_head) {
+  const Shape& st = t.strides();
+  return make_view(kernel_view(t).data, t.dtype(), {PieceDims::kBatch, d.kv_heads, d.group, 1, d.dim},
+                   {st[0], st[2], 0, d.rate * st[1], 1}, first_head * st[2]);
+}
+
+// The float64 reference of every piece, starting from the gradients' values before the
+// call (poison and cleared rows) and poisoned out and lse.
+PieceReference reference_of(const PieceShape& shape, const PieceDims& d, const PieceTensors& t,
+                            const kernels::AttentionPieces& pieces, const HostTensor& start_q,
+                            const HostTensor& start_k, const HostTensor& start_v) {
+  PieceReference ref;
+  ref.q = host_of(t.q);
+  ref.k = host_of(t.k);
+  ref.v = host_of(t.v);
+  ref.grad_out = host_of(t.grad_out);
+  ref.out = HostTensor{std::vector<double>(ref.q.values.size(), 7.0), t.q.shape()};
+  ref.grad_q = start_q;
+  ref.grad_k = start_k;
+  ref.grad_v = start_v;
+  ref.lse = HostTensor{
+      std::vector<double>(static_cast<size_t>(PieceDims::kBatch * d.q_total * d.len), 7.0),
+      {PieceDims::kBatch, d.q_total, d.len, 1}};
+  ref.group = d.group;
+  ref.q_first = shape.q_first;
+  ref.q_count = d.heads;
+  ref.kv_first = shape.kv_first;
+  ref.rate = d.rate;
+  ref.offset = d.offset;
+  ref.causal = shape.causal;
+  for (int64_t p = 0; p < pieces.count(); ++p) {
+    const auto i = static_cast<size_t>(p);
+    ref.piece(pieces.batch_row[i], (pieces.q_position[i] - d.offset) / d.rate, pieces.q_rows[i]);
+  }
+  return ref;
+}
+
+// Every element of `got` within tol * (1 + |want|) of `want`; the first miss named.
+void expect_all_near(const char* name, const Tensor& got, const HostTensor& want, double tol) {
+  const std::vector<double> values = host_of(got).values;
+  int64_t off = 0;
+  size_t first = 0;
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (!(std::abs(values[i] - want.values[i]) <= tol * (1 + std::abs(want.values[i])))) {
+      if (off++ == 0) first = i;
     }
-  };
-  clear_piece_rows(grad_q, shape.q_first, heads);
-  clear_piece_rows(grad_k, shape.kv_first, hc);
-  clear_piece_rows(grad_v, shape.kv_first, hc);
-  // The [B, hc, g, 1, D] views at position 0 (lse [B, hc, g, 1]); k's repeat through stride 0.
-  auto q_side = [&](const Tensor& t) {
-    const Shape& st = t.strides();
-    return make_view(kernel_view(t).data, t.dtype(), {kBatch, hc, g, 1, dim},
-                     {st[0], g * st[2], st[2], rate * st[1], 1}, shape.q_first * st[2]);
-  };
-  auto k_side = [&](const Tensor& t, int64_t first_head) {
-    const Shape& st = t.strides();
-    return make_view(kernel_view(t).data, t.dtype(), {kBatch, hc, g, 1, dim},
-                     {st[0], st[2], 0, rate * st[1], 1}, first_head * st[2]);
-  };
+  }
+  EXPECT_EQ(off, 0) << name << ": " << off << " of " << values.size() << " off; first at "
+                    << first << ": got " << values[first] << ", want " << want.values[first];
+}
+
+class CudnnGroupedPieces : public CudnnAttentionTest,
+                           public ::testing::WithParamInterface<PieceShape> {};
+
+TEST_P(CudnnGroupedPieces, MatchFloat64PerPiece) {
+  const PieceShape shape = GetParam();
+  const PieceDims d(shape);
+  const int64_t dim = d.dim, hc = d.kv_heads, g = d.group;
+  Generator gen(static_cast<uint64_t>(dim * 100 + g * 10 + hc));
+  const PieceTensors t = piece_tensors(shape, d, gen);
+  kernels::AttentionPieces pieces = random_pieces(d, static_cast<uint64_t>(dim + g + hc));
+  clear_piece_rows(t.grad_q, pieces, d, shape.q_first, d.heads);
+  clear_piece_rows(t.grad_k, pieces, d, shape.kv_first, hc);
+  clear_piece_rows(t.grad_v, pieces, d, shape.kv_first, hc);
+
   AttentionForwardArgs fwd;
-  fwd.q = q_side(q);
-  fwd.k = k_side(k, shape.kv_first);
-  fwd.v = k_side(v, shape.kv_first);
-  fwd.out = q_side(out);
-  fwd.lse = make_view(kernel_view(lse).data, DType::kFloat32, {kBatch, hc, g, 1},
-                      {q_total * kLen, g * kLen, kLen, rate}, shape.q_first * kLen);
+  fwd.q = q_side(t.q, d, shape.q_first);
+  fwd.k = k_side(t.k, d, shape.kv_first);
+  fwd.v = k_side(t.v, d, shape.kv_first);
+  fwd.out = q_side(t.out, d, shape.q_first);
+  fwd.lse = make_view(kernel_view(t.lse).data, DType::kFloat32, {PieceDims::kBatch, hc, g, 1},
+                      {d.q_total * d.len, g * d.len, d.len, d.rate}, shape.q_first * d.len);
   fwd.params.scale = 1.0 / std::sqrt(static_cast<double>(dim));
   fwd.params.causal = shape.causal;
-  pieces.step = rate;
   fwd.pieces = &pieces;
   std::string why;
   ASSERT_TRUE(backend().attention_supports(AttentionKernel::kCudnn, fwd, nullptr, &why)) << why;
   backend().attention_forward(AttentionKernel::kCudnn, fwd);
   AttentionBackwardArgs bwd = nn::backward_of(fwd);  // q, k, v, out, lse, params, pieces
-  bwd.grad_out = q_side(grad_out);
-  bwd.grad_q = q_side(grad_q);
+  bwd.grad_out = q_side(t.grad_out, d, shape.q_first);
+  bwd.grad_q = q_side(t.grad_q, d, shape.q_first);
   // Own key gradients: [B, N, hc, D] tensors.
-  const Tensor own_k = empty({kBatch, kLen, hc, dim}, on_gpu), own_v = empty_like(own_k);
-  clear_piece_rows(own_k, 0, hc);
-  clear_piece_rows(own_v, 0, hc);
-  bwd.grad_k = shape.own_key_grads ? k_side(own_k, 0) : k_side(grad_k, shape.kv_first);
-  bwd.grad_v = shape.own_key_grads ? k_side(own_v, 0) : k_side(grad_v, shape.kv_first);
+  const Tensor own_k = empty({PieceDims::kBatch, d.len, hc, dim},
+                             TensorOptions(DType::kBFloat16).with_device(Device::cuda(0)));
+  const Tensor own_v = empty_like(own_k);
+  clear_piece_rows(own_k, pieces, d, 0, hc);
+  clear_piece_rows(own_v, pieces, d, 0, hc);
+  bwd.grad_k = shape.own_key_grads ? k_side(own_k, d, 0) : k_side(t.grad_k, d, shape.kv_first);
+  bwd.grad_v = shape.own_key_grads ? k_side(own_v, d, 0) : k_side(t.grad_v, d, shape.kv_first);
   bwd.grads_start_at_zero = true;
   if (shape.own_key_grads && g == 1) {
     EXPECT_FALSE(backend().attention_supports(AttentionKernel::kCudnn, fwd, &bwd, &why));
@@ -527,51 +612,22 @@ TEST_P(CudnnGroupedPieces, MatchFloat64PerPiece) {
   }
   ASSERT_TRUE(backend().attention_supports(AttentionKernel::kCudnn, fwd, &bwd, &why)) << why;
   // The gradients' starting values (poison, cleared rows), for the reference to add to.
-  const HostTensor start_q = host_of(grad_q), start_k = host_of(grad_k), start_v = host_of(grad_v);
+  const HostTensor start_q = host_of(t.grad_q), start_k = host_of(t.grad_k),
+                   start_v = host_of(t.grad_v);
   backend().attention_backward(AttentionKernel::kCudnn, bwd);
   if (shape.own_key_grads) {
-    grad_k.narrow(2, shape.kv_first, hc).copy_(own_k);
-    grad_v.narrow(2, shape.kv_first, hc).copy_(own_v);
+    t.grad_k.narrow(2, shape.kv_first, hc).copy_(own_k);
+    t.grad_v.narrow(2, shape.kv_first, hc).copy_(own_v);
   }
   synchronize(Device::cuda(0));
 
-  PieceReference ref{host_of(q), host_of(k), host_of(v), host_of(grad_out)};
-  ref.out = HostTensor{std::vector<double>(ref.q.values.size(), 7.0), q.shape()};
-  ref.grad_q = start_q;
-  ref.grad_k = start_k;
-  ref.grad_v = start_v;
-  ref.lse = HostTensor{std::vector<double>(static_cast<size_t>(kBatch * q_total * kLen), 7.0),
-                       {kBatch, q_total, kLen, 1}};
-  ref.group = g;
-  ref.q_first = shape.q_first;
-  ref.q_count = heads;
-  ref.kv_first = shape.kv_first;
-  ref.rate = rate;
-  ref.offset = offset;
-  ref.causal = shape.causal;
-  for (int64_t p = 0; p < pieces.count(); ++p) {
-    ref.piece(pieces.batch_row[static_cast<size_t>(p)],
-              (pieces.q_position[static_cast<size_t>(p)] - offset) / rate,
-              pieces.q_rows[static_cast<size_t>(p)]);
-  }
+  const PieceReference ref = reference_of(shape, d, t, pieces, start_q, start_k, start_v);
   const double unit = std::ldexp(1.0, -8);  // bfloat16's rounding
-  auto expect_near = [&](const char* name, const Tensor& got, const HostTensor& want, double tol) {
-    const std::vector<double> values = host_of(got).values;
-    int64_t off = 0;
-    size_t first = 0;
-    for (size_t i = 0; i < values.size(); ++i) {
-      if (!(std::abs(values[i] - want.values[i]) <= tol * (1 + std::abs(want.values[i])))) {
-        if (off++ == 0) first = i;
-      }
-    }
-    EXPECT_EQ(off, 0) << name << ": " << off << " of " << values.size() << " off; first at "
-                      << first << ": got " << values[first] << ", want " << want.values[first];
-  };
-  expect_near("out", out, ref.out, 8 * unit);
-  expect_near("lse", lse, ref.lse, 8 * unit);
-  expect_near("grad_q", grad_q, ref.grad_q, 16 * unit);
-  expect_near("grad_k", grad_k, ref.grad_k, 16 * unit * static_cast<double>(g));
-  expect_near("grad_v", grad_v, ref.grad_v, 16 * unit * static_cast<double>(g));
+  expect_all_near("out", t.out, ref.out, 8 * unit);
+  expect_all_near("lse", t.lse, ref.lse, 8 * unit);
+  expect_all_near("grad_q", t.grad_q, ref.grad_q, 16 * unit);
+  expect_all_near("grad_k", t.grad_k, ref.grad_k, 16 * unit * static_cast<double>(g));
+  expect_all_near("grad_v", t.grad_v, ref.grad_v, 16 * unit * static_cast<double>(g));
 }
 
 INSTANTIATE_TEST_SUITE_P(
