@@ -454,14 +454,13 @@ PieceTensors piece_tensors(const PieceShape& shape, const PieceDims& d, Generato
   t.q = packed_or_own(0, d.q_total);
   t.k = packed_or_own(d.q_total, d.kv_total);
   t.v = packed_or_own(d.q_total + d.kv_total, d.kv_total);
-  t.grad_out = shape.own_q_grads
-                   ? draw({b, d.len, d.q_total + 1, d.dim}).narrow(2, 1, d.q_total)
-                   : draw({b, d.len, d.q_total, d.dim});
+  t.grad_out = shape.own_q_grads ? draw({b, d.len, d.q_total + 1, d.dim}).narrow(2, 1, d.q_total)
+                                 : draw({b, d.len, d.q_total, d.dim});
   // Poisoned outputs: every selected row belongs to a piece, so each must be written; the
   // rows between (rate > 1) must keep the poison.
   t.out = full({b, d.len, d.q_total, d.dim}, 7.0, on_gpu);
-  t.lse = full({b, d.q_total, d.len}, 7.0,
-               TensorOptions(DType::kFloat32).with_device(Device::cuda(0)));
+  t.lse =
+      full({b, d.q_total, d.len}, 7.0, TensorOptions(DType::kFloat32).with_device(Device::cuda(0)));
   t.grad_qkv = zeros_like(t.qkv);
   t.grad_q = shape.packed && !shape.own_q_grads ? t.grad_qkv.narrow(2, 0, d.q_total)
                                                 : zeros({b, d.len, d.q_total, d.dim}, on_gpu);
@@ -512,12 +511,14 @@ void clear_piece_rows(Tensor t, const kernels::AttentionPieces& pieces, const Pi
 // the key side's from first_head, each repeated g times through stride 0.
 kernels::StridedView q_side(const Tensor& t, const PieceDims& d, int64_t first_head) {
   const Shape& st = t.strides();
-  return make_view(kernel_view(t).data, t.dtype(), {PieceDims::kBatch, d.kv_heads, d.group, 1, d.dim},
+  return make_view(kernel_view(t).data, t.dtype(),
+                   {PieceDims::kBatch, d.kv_heads, d.group, 1, d.dim},
                    {st[0], d.group * st[2], st[2], d.rate * st[1], 1}, first_head * st[2]);
 }
 kernels::StridedView k_side(const Tensor& t, const PieceDims& d, int64_t first_head) {
   const Shape& st = t.strides();
-  return make_view(kernel_view(t).data, t.dtype(), {PieceDims::kBatch, d.kv_heads, d.group, 1, d.dim},
+  return make_view(kernel_view(t).data, t.dtype(),
+                   {PieceDims::kBatch, d.kv_heads, d.group, 1, d.dim},
                    {st[0], st[2], 0, d.rate * st[1], 1}, first_head * st[2]);
 }
 
@@ -562,8 +563,8 @@ void expect_all_near(const char* name, const Tensor& got, const HostTensor& want
       if (off++ == 0) first = i;
     }
   }
-  EXPECT_EQ(off, 0) << name << ": " << off << " of " << values.size() << " off; first at "
-                    << first << ": got " << values[first] << ", want " << want.values[first];
+  EXPECT_EQ(off, 0) << name << ": " << off << " of " << values.size() << " off; first at " << first
+                    << ": got " << values[first] << ", want " << want.values[first];
 }
 
 class CudnnGroupedPieces : public CudnnAttentionTest,
