@@ -275,6 +275,24 @@ int lane_dim_for(const StridedView& in, const ReduceLayout& layout) {
   return layout.reduced > 1 ? lane_dim : -1;
 }
 
+// Adds each span task's `chunks` partials (`per_task` values each, chunk-major within the
+// task) in chunk order and hands the sums to store(span_task, values).
+template <class A, class Store>
+void merge_chunk_partials(const std::vector<A>& partial, int64_t span_tasks, int64_t chunks,
+                          int64_t per_task, const Store& store) {
+  parallel_items(span_tasks, chunks * per_task, [&](int64_t span_task) {
+    std::vector<A> values(static_cast<size_t>(per_task));
+    for (int64_t i = 0; i < per_task; ++i) {
+      Summer<A> sum;
+      for (int64_t c = 0; c < chunks; ++c) {
+        sum.add(partial[static_cast<size_t>((span_task * chunks + c) * per_task + i)]);
+      }
+      values[static_cast<size_t>(i)] = sum.value();
+    }
+    store(span_task, values.data());
+  });
+}
+
 // Sum/mean with a contiguous kept dim. Each task sums up to kLaneTilesPerTask * kLanes
 // neighbouring outputs over one chunk of reduced positions, row by row; chunk partials are
 // then merged in order.
@@ -354,17 +372,10 @@ void lane_sum(const SumReducer<T, kMean>& red, const StridedView& out, const Str
     const int64_t span_task = task / chunks;
     fold(span_task / spans, span_task % spans, task % chunks, partial.data() + task * kPerTask);
   });
-  parallel_items(groups * spans, chunks * kPerTask, [&](int64_t span_task) {
-    std::vector<A> values(kPerTask);
-    for (int64_t i = 0; i < kPerTask; ++i) {
-      Summer<A> sum;
-      for (int64_t c = 0; c < chunks; ++c) {
-        sum.add(partial[(span_task * chunks + c) * kPerTask + i]);
-      }
-      values[i] = sum.value();
-    }
-    store(span_task / spans, span_task % spans, values.data());
-  });
+  merge_chunk_partials<A>(partial, groups * spans, chunks, kPerTask,
+                          [&](int64_t span_task, const A* values) {
+                            store(span_task / spans, span_task % spans, values);
+                          });
 }
 
 template <class T, bool kMean>
