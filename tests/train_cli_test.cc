@@ -149,7 +149,8 @@ TEST_F(TrainCliTest, FlagErrorsNameTheFlagAndValue) {
       {"--device=cuda:x", "--device must be auto, cpu or cuda[:N], got 'cuda:x'"},
       {"--lr=0", "--lr must be > 0, got 0"},
       {"--loss_on=some", "--loss_on must be one of answers, all, got 'some'"},
-      {"--stop_at_exact_match=1.5", "--stop_at_exact_match must be >= 0 and <= 1, got 1.5"}};
+      {"--stop_at_exact_match=1.5", "--stop_at_exact_match must be >= 0 and <= 1, got 1.5"},
+      {"--dtype=int8", "--dtype must be float32, bfloat16, float16, float64 or empty"}};
   for (const auto& [flag, message] : cases) {
     const Outcome o = run(train("bad", {flag}));
     EXPECT_EQ(o.code, 1) << flag << ":\n" << o.output;
@@ -203,6 +204,29 @@ TEST_F(TrainCliTest, SamplingNeedsOnlyTheWeights) {
   const Outcome resume = run(train("sample"));
   EXPECT_EQ(resume.code, 1) << resume.output;
   EXPECT_TRUE(has(resume.output, "optimizer.safetensors")) << resume.output;
+}
+
+TEST_F(TrainCliTest, SamplingSaysItsRateAndRunsInTheDeviceDtypeOrDtype) {
+  ASSERT_EQ(run(train("rate")).code, 0);
+  const std::vector<std::string> sample = {trainer_, "sample", "--device=cpu",
+                                           "--checkpoint=" + (dir_ / "rate").string(),
+                                           "--prompt=ab", "--max_new_tokens=4"};
+  const Outcome plain = run(sample);
+  EXPECT_EQ(plain.code, 0) << plain.output;
+  // The CPU's recommendation is float32.
+  EXPECT_TRUE(has(plain.output, "sample: 4 tokens after a 2-token prompt in ")) << plain.output;
+  EXPECT_TRUE(has(plain.output, " tokens/s), float32 on cpu")) << plain.output;
+  std::vector<std::string> bf16 = sample;
+  bf16.push_back("--dtype=bfloat16");
+  const Outcome low = run(bf16);
+  EXPECT_EQ(low.code, 0) << low.output;
+  EXPECT_TRUE(has(low.output, " tokens/s), bfloat16 on cpu")) << low.output;
+  std::vector<std::string> quiet = sample;
+  quiet.push_back("--quiet");
+  const Outcome silent = run(quiet);
+  EXPECT_EQ(silent.code, 0) << silent.output;
+  EXPECT_FALSE(has(silent.output, "sample: ")) << silent.output;
+  EXPECT_TRUE(has(silent.output, "ab")) << silent.output;
 }
 
 TEST_F(TrainCliTest, ATextRunEndsWithItsLossPerByte) {

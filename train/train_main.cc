@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
@@ -228,6 +229,12 @@ void check_flag_ranges() {
              " must be ", f.low_open ? "> " : ">= ", f.low,
              std::isfinite(f.high) ? rd::str_cat(" and <= ", f.high) : std::string(), ", got ", f.value);
   }
+  const std::string dtype = absl::GetFlag(FLAGS_dtype);
+  bool known = dtype.empty();
+  for (const char* name : {"float32", "bfloat16", "float16", "float64"}) known |= dtype == name;
+  RD_CHECK(known, kInvalidArgument,
+           "--dtype must be float32, bfloat16, float16, float64 or empty (the device's recommendation), got '",
+           dtype, "'");
 }
 
 // A GPU asked for by --device must be visible (checked here, before any data is read or
@@ -377,16 +384,31 @@ int sample() {
   const rd::train::CheckpointContents ck =
       rd::train::load_checkpoint(path, rd::train::CheckpointParts::kWeights);
   TrainConfig c = rd::train::config_from_checkpoint(ck.trainer_state);
+  // The sampling device's compute dtype (--dtype, else its recommendation: bf16 on a GPU),
+  // not the float32 of the saved weights.
+  TrainConfig sampling;
+  sampling.device = device;
+  sampling.dtype = absl::GetFlag(FLAGS_dtype);
+  const rd::DType dtype = rd::train::compute_dtype(sampling);
   rd::Generator gen(c.seed);
   rd::train::LanguageModel model(c.model, gen, rd::TensorOptions(rd::DType::kFloat32).with_device(device));
   model.load_state_dict(ck.model);
+  model.to(dtype);
   const rd::train::ByteTokenizer tokenizer;
-  const std::vector<int32_t> prompt = tokenizer.encode(absl::GetFlag(FLAGS_prompt));
+  std::vector<int32_t> prompt = tokenizer.encode(absl::GetFlag(FLAGS_prompt));
+  if (prompt.empty()) prompt = {rd::train::ByteTokenizer::kBos};
+  const auto start = std::chrono::steady_clock::now();
   const std::vector<int32_t> out =
-      rd::train::generate(model, prompt.empty() ? std::vector<int32_t>{rd::train::ByteTokenizer::kBos} : prompt,
-                          absl::GetFlag(FLAGS_max_new_tokens), absl::GetFlag(FLAGS_temperature),
+      rd::train::generate(model, prompt, absl::GetFlag(FLAGS_max_new_tokens), absl::GetFlag(FLAGS_temperature),
                           absl::GetFlag(FLAGS_top_k), absl::GetFlag(FLAGS_seed));
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::printf("%s\n", tokenizer.decode(out).c_str());
+  if (!absl::GetFlag(FLAGS_quiet)) {
+    const auto generated = static_cast<long long>(out.size() - prompt.size());
+    std::fprintf(stderr, "sample: %lld tokens after a %zu-token prompt in %.2f s (%.1f tokens/s), %s on %s\n",
+                 generated, prompt.size(), seconds, seconds > 0 ? static_cast<double>(generated) / seconds : 0.0,
+                 std::string(rd::dtype_name(dtype)).c_str(), device.str().c_str());
+  }
   return 0;
 }
 

@@ -36,15 +36,6 @@ using Clock = std::chrono::steady_clock;
 
 constexpr const char* kOp = "Trainer";
 
-DType compute_dtype(const TrainConfig& c) {
-  if (c.dtype.empty()) return nn::recommended_dtype(c.device);
-  for (DType d : {DType::kFloat32, DType::kBFloat16, DType::kFloat16, DType::kFloat64}) {
-    if (c.dtype == dtype_name(d)) return d;
-  }
-  RD_FAIL(kInvalidArgument, kOp, ": unknown dtype '", c.dtype,
-          "' (float32, bfloat16, float16 or float64)");
-}
-
 // Dense bf16/fp16 tensor-core peak of the device, for MFU; 0 where unknown (the CPU).
 double peak_flops(Device device) {
   const int cc = cuda_compute_capability(device);
@@ -87,6 +78,15 @@ int64_t scored_tokens(const Batch& b) {
 }
 
 }  // namespace
+
+DType compute_dtype(const TrainConfig& c) {
+  if (c.dtype.empty()) return nn::recommended_dtype(c.device);
+  for (DType d : {DType::kFloat32, DType::kBFloat16, DType::kFloat16, DType::kFloat64}) {
+    if (c.dtype == dtype_name(d)) return d;
+  }
+  RD_FAIL(kInvalidArgument, "dtype (--dtype): unknown dtype '", c.dtype,
+          "' (float32, bfloat16, float16 or float64; empty: the device's recommendation)");
+}
 
 // ---------------------------------------------------------------------------------------
 // Configuration.

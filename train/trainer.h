@@ -89,6 +89,10 @@ class Trainer {
   std::unique_ptr<State> s_;
 };
 
+// The dtype `config` computes in: its dtype, or nn::recommended_dtype(config.device) where
+// that is empty. Throws rd::Error (kInvalidArgument) for an unknown name.
+DType compute_dtype(const TrainConfig& config);
+
 // Greedy or sampled continuation of `prompt` tokens (batch of one) by `model`, on the
 // model's device: temperature 0 is greedy; top_k 0 keeps every token.
 std::vector<int32_t> generate(LanguageModel& model, const std::vector<int32_t>& prompt,
