@@ -208,9 +208,10 @@ TEST_F(TrainCliTest, SamplingNeedsOnlyTheWeights) {
 
 TEST_F(TrainCliTest, SamplingSaysItsRateAndRunsInTheDeviceDtypeOrDtype) {
   ASSERT_EQ(run(train("rate")).code, 0);
-  const std::vector<std::string> sample = {trainer_, "sample", "--device=cpu",
-                                           "--checkpoint=" + (dir_ / "rate").string(),
-                                           "--prompt=ab", "--max_new_tokens=4"};
+  const std::vector<std::string> sample = {
+      trainer_,       "sample",
+      "--device=cpu", "--checkpoint=" + (dir_ / "rate").string(),
+      "--prompt=ab",  "--max_new_tokens=4"};
   const Outcome plain = run(sample);
   EXPECT_EQ(plain.code, 0) << plain.output;
   // The CPU's recommendation is float32.

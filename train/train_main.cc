@@ -233,7 +233,8 @@ void check_flag_ranges() {
   bool known = dtype.empty();
   for (const char* name : {"float32", "bfloat16", "float16", "float64"}) known |= dtype == name;
   RD_CHECK(known, kInvalidArgument,
-           "--dtype must be float32, bfloat16, float16, float64 or empty (the device's recommendation), got '",
+           "--dtype must be float32, bfloat16, float16, float64 or empty (the device's "
+           "recommendation), got '",
            dtype, "'");
 }
 
@@ -398,16 +399,20 @@ int sample() {
   std::vector<int32_t> prompt = tokenizer.encode(absl::GetFlag(FLAGS_prompt));
   if (prompt.empty()) prompt = {rd::train::ByteTokenizer::kBos};
   const auto start = std::chrono::steady_clock::now();
-  const std::vector<int32_t> out =
-      rd::train::generate(model, prompt, absl::GetFlag(FLAGS_max_new_tokens), absl::GetFlag(FLAGS_temperature),
-                          absl::GetFlag(FLAGS_top_k), absl::GetFlag(FLAGS_seed));
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const std::vector<int32_t> out = rd::train::generate(
+      model, prompt, absl::GetFlag(FLAGS_max_new_tokens), absl::GetFlag(FLAGS_temperature),
+      absl::GetFlag(FLAGS_top_k), absl::GetFlag(FLAGS_seed));
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::printf("%s\n", tokenizer.decode(out).c_str());
   if (!absl::GetFlag(FLAGS_quiet)) {
     const auto generated = static_cast<long long>(out.size() - prompt.size());
-    std::fprintf(stderr, "sample: %lld tokens after a %zu-token prompt in %.2f s (%.1f tokens/s), %s on %s\n",
-                 generated, prompt.size(), seconds, seconds > 0 ? static_cast<double>(generated) / seconds : 0.0,
-                 std::string(rd::dtype_name(dtype)).c_str(), device.str().c_str());
+    std::fprintf(
+        stderr,
+        "sample: %lld tokens after a %zu-token prompt in %.2f s (%.1f tokens/s), %s on %s\n",
+        generated, prompt.size(), seconds,
+        seconds > 0 ? static_cast<double>(generated) / seconds : 0.0,
+        std::string(rd::dtype_name(dtype)).c_str(), device.str().c_str());
   }
   return 0;
 }
