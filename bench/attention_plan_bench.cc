@@ -4,14 +4,19 @@
 // contiguous or zigzag, and non-causal; head groups, the last rank (the busiest under a
 // causal contiguous split). The counter attention_calls is that rank's forward calls (the
 // backward reruns each): each pays a kernel launch and its host set-up. Compare both with
-// the call's GPU time (docs/benchmarks.md).
+// the call's GPU time (docs/benchmarks.md). With packed documents (BM_RankPlanDocuments) a
+// plan has a call per piece and costs milliseconds; BM_RankPlanCacheHit is what a model's
+// other blocks pay for the same plan (nn/rank_plan_cache.h).
 //   build/release/bench/attention_plan_bench
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <random>
+#include <vector>
 
 #include "ringdilated/nn/rank_plan.h"
+#include "ringdilated/nn/rank_plan_cache.h"
 
 namespace {
 
@@ -56,6 +61,77 @@ BENCHMARK(BM_RankPlan)
     ->Args({22, 4, 1})
     ->Args({22, 4, 2})
     ->Args({23, 8, 2})
+    ->Unit(benchmark::kMillisecond);
+
+// The same plan with packed documents: rd_train's context-parallel run on text with a
+// document per paragraph (tools/gpu_issue19.sh docs): B = 2, all heads, causal zigzag, the
+// second of P ranks, documents of random lengths (uniform, mean range(2) tokens).
+// range(0): log2 N; range(1): P; range(2): mean document length.
+void BM_RankPlanDocuments(benchmark::State& state) {
+  const int64_t seq_len = int64_t{1} << state.range(0);
+  const int ranks = static_cast<int>(state.range(1));
+  const int64_t mean = state.range(2);
+  constexpr int64_t kBatch = 2;
+  const rd::nn::RankLayout layout{kBatch, seq_len / ranks, kHeads, kDim, ranks - 1, ranks, true};
+  rd::nn::DilatedAttentionOptions o = options(seq_len, true);
+  o.mixing = rd::nn::HeadMixing::kAllHeads;
+  std::mt19937_64 lengths(7);
+  std::vector<std::vector<int64_t>> documents(kBatch);
+  for (std::vector<int64_t>& starts : documents) {
+    for (int64_t at = 0; at < seq_len; at += 1 + static_cast<int64_t>(lengths() % (2 * mean))) {
+      starts.push_back(at);
+    }
+  }
+  int64_t calls = 0;
+  for (auto _ : state) {
+    const rd::nn::RankPlan plan =
+        rd::nn::make_rank_plan(o, layout, rd::nn::DistStrategy::kAuto, kBf16Bytes, &documents);
+    calls = static_cast<int64_t>(plan.local_calls.size());
+    for (const auto& per_source : plan.calls) calls += static_cast<int64_t>(per_source.size());
+    benchmark::DoNotOptimize(calls);
+  }
+  state.counters["attention_calls"] = static_cast<double>(calls);
+  state.counters["documents"] = static_cast<double>(documents[0].size());
+}
+
+// The same call found in a RankPlanCache (what every block after the first, and every
+// recomputed forward, pays instead): building its key and the lookup.
+void BM_RankPlanCacheHit(benchmark::State& state) {
+  const int64_t seq_len = int64_t{1} << state.range(0);
+  const int ranks = static_cast<int>(state.range(1));
+  const int64_t mean = state.range(2);
+  constexpr int64_t kBatch = 2;
+  const rd::nn::RankLayout layout{kBatch, seq_len / ranks, kHeads, kDim, ranks - 1, ranks, true};
+  rd::nn::DilatedAttentionOptions o = options(seq_len, true);
+  o.mixing = rd::nn::HeadMixing::kAllHeads;
+  std::mt19937_64 lengths(7);
+  std::vector<std::vector<int64_t>> documents(kBatch);
+  for (std::vector<int64_t>& starts : documents) {
+    for (int64_t at = 0; at < seq_len; at += 1 + static_cast<int64_t>(lengths() % (2 * mean))) {
+      starts.push_back(at);
+    }
+  }
+  rd::nn::RankPlanCache cache;
+  const auto make = [&] {
+    return rd::nn::make_rank_plan(o, layout, rd::nn::DistStrategy::kAuto, kBf16Bytes, &documents);
+  };
+  for (auto _ : state) {
+    const std::string key =
+        rd::nn::rank_plan_key(o, layout, rd::nn::DistStrategy::kAuto, kBf16Bytes, &documents);
+    benchmark::DoNotOptimize(cache.get(key, make));
+  }
+}
+
+BENCHMARK(BM_RankPlanCacheHit)
+    ->ArgNames({"log2N", "P", "mean_len"})
+    ->Args({18, 2, 400})
+    ->Unit(benchmark::kMicrosecond);
+
+BENCHMARK(BM_RankPlanDocuments)
+    ->ArgNames({"log2N", "P", "mean_len"})
+    ->Args({16, 2, 400})
+    ->Args({18, 2, 400})
+    ->Args({18, 2, 4096})
     ->Unit(benchmark::kMillisecond);
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include "ringdilated/nn/global_attention.h"
 #include "ringdilated/nn/key_exchange.h"
 #include "ringdilated/nn/rank_plan.h"
+#include "ringdilated/nn/rank_plan_cache.h"
 #include "ringdilated/tensor/autograd.h"
 #include "ringdilated/tensor/dispatch.h"
 #include "ringdilated/tensor/op_util.h"
@@ -131,8 +132,15 @@ VariantRun run_fixed(const DilatedAttentionOptions& options, const RankLayout& l
                      const SequenceSplit& split, const std::vector<std::vector<int64_t>>* documents,
                      RingAttentionResult* result) {
   dist::Communicator* comm = split.comm;
-  auto plan = std::make_shared<const RankPlan>(make_rank_plan(
-      options, layout, split.strategy, static_cast<int64_t>(dtype_size(in.q.dtype())), documents));
+  const auto element_bytes = static_cast<int64_t>(dtype_size(in.q.dtype()));
+  auto make = [&] {
+    return make_rank_plan(options, layout, split.strategy, element_bytes, documents);
+  };
+  const std::shared_ptr<const RankPlan> plan =
+      runner->plans() != nullptr
+          ? runner->plans()->get(
+                rank_plan_key(options, layout, split.strategy, element_bytes, documents), make)
+          : std::make_shared<const RankPlan>(make());
   const int64_t before = exchange_bytes_sent(comm, *plan);
   VariantRun run;
   run.forward = fixed_forward(*runner, *plan, in.q, in.k, in.v, comm);

@@ -76,6 +76,7 @@ AttentionRunner::AttentionRunner(const char* op, const DilatedAttentionOptions& 
   forced_ = requested != AttentionPath::kAuto;
   hilbert_ = options.use_hilbert;
   patterns_ = context.patterns != nullptr ? context.patterns : &global_pattern_cache();
+  plans_ = context.plans;
   backward_piece_elements_ = context.backward_piece_elements;
   counts_ = context.counts;
   if (context.training && options.dropout > 0) {

@@ -53,6 +53,8 @@ class AttentionRunner {
   bool causal() const { return params_.causal; }
   int64_t backward_piece_elements() const { return backward_piece_elements_; }
   PatternCache& patterns() const { return *patterns_; }
+  // The context's rank plan cache, or null (plan every call).
+  RankPlanCache* plans() const { return plans_; }
 
   // The parameters of a call of pair `pair` numbered by `indexing` (read with dropout only).
   kernels::AttentionParams call_params(int pair, bool causal,
@@ -91,6 +93,7 @@ class AttentionRunner {
   bool forced_ = false;
   bool hilbert_ = false;
   PatternCache* patterns_ = nullptr;
+  RankPlanCache* plans_ = nullptr;
   int64_t backward_piece_elements_ = 0;
   std::vector<uint64_t> pair_offsets_;  // with dropout: each pair's first Philox counter
   kernels::AttentionKernel slowest_ = kernels::AttentionKernel::kCudnn;

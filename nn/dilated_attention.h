@@ -75,6 +75,8 @@ struct AttentionCallCounts {
   Calls forward, backward;
 };
 
+class RankPlanCache;  // nn/rank_plan_cache.h
+
 // Per-call state that is not an option: training mode, the dropout generator (required
 // when training with dropout > 0; it is advanced by the counters the masks use) and the
 // cache of index patterns (cycled lists, Hilbert orders) to use; nullptr: the global one.
@@ -82,6 +84,10 @@ struct AttentionCallContext {
   bool training = false;
   Generator* generator = nullptr;
   PatternCache* patterns = nullptr;
+  // Where the fixed variant keeps its rank plans (nn/rank_plan_cache.h): a call planned
+  // before (the same options, layout and documents: another layer, the recomputed forward)
+  // reuses its plan. Null: every call plans anew.
+  RankPlanCache* plans = nullptr;
   // The fixed variant's backward runs each attention call in pieces of whole segments of at
   // most this many q elements, bounding the kernels' per-call workspace (cuDNN's float32 dQ
   // accumulator is twice the piece's q); with dropout the pieces draw the call's mask. Must

@@ -78,6 +78,12 @@ RingAttentionResult DilatedAttention::attend_packed(const Tensor& qkv,
   });
 }
 
+void DilatedAttention::share_plan_cache(std::shared_ptr<RankPlanCache> plans) {
+  RD_CHECK(plans != nullptr, kInvalidArgument,
+           "DilatedAttention::share_plan_cache: argument 'plans' is null");
+  plans_ = std::move(plans);
+}
+
 std::vector<Block> DilatedAttention::pieces_for(int64_t seq_len) const {
   if (comm_ == nullptr) return {{0, seq_len}};
   return sequence_pieces(resolve_layout(layout_, options_, seq_len, comm_->size()), seq_len,

@@ -16,6 +16,7 @@
 #include "ringdilated/nn/module.h"
 #include "ringdilated/nn/pattern_cache.h"
 #include "ringdilated/nn/random_state.h"
+#include "ringdilated/nn/rank_plan_cache.h"
 #include "ringdilated/nn/ring_dilated_attention.h"
 #include "ringdilated/tensor/generator.h"
 #include "ringdilated/tensor/ops.h"
@@ -28,15 +29,17 @@ DType recommended_dtype(Device device);
 
 namespace attention_modules_internal {
 
-// Runs call(context) with `training`, `patterns` and, when dropout is active (training and
-// dropout > 0), the module's generator, whose state is then stored in its buffer. Without
-// dropout neither is touched, so concurrent eval calls may share a module.
+// Runs call(context) with `training`, `patterns`, `plans` and, when dropout is active
+// (training and dropout > 0), the module's generator, whose state is then stored in its
+// buffer. Without dropout neither is touched, so concurrent eval calls may share a module.
 template <class Call>
 auto with_attention_context(bool training, double dropout, BufferedGenerator& generator,
-                            PatternCache* patterns, Call&& call) {
-  if (!training || dropout == 0.0) return call(AttentionCallContext{training, nullptr, patterns});
+                            PatternCache* patterns, RankPlanCache* plans, Call&& call) {
+  if (!training || dropout == 0.0) {
+    return call(AttentionCallContext{training, nullptr, patterns, plans});
+  }
   return generator.use([&](Generator& live) {
-    return call(AttentionCallContext{training, &live, patterns});
+    return call(AttentionCallContext{training, &live, patterns, plans});
   });
 }
 
@@ -69,6 +72,11 @@ class DilatedAttention : public Module {
   AttentionPath last_path() const { return last_path_; }
   // The module's pattern cache (thread-safe; its stats show hits and misses).
   PatternCache& pattern_cache() const { return *patterns_; }
+  // The cache of rank plans the module's calls reuse (thread-safe), its own unless shared:
+  // layers that attend alike (one model's blocks) share one, so that a step plans each
+  // batch's documents once (share_plan_cache).
+  RankPlanCache& plan_cache() const { return *plans_; }
+  void share_plan_cache(std::shared_ptr<RankPlanCache> plans);
   // The live dropout generator, e.g. for rd::checkpoint's list of generators to rewind.
   Generator& dropout_generator() { return dropout_generator_.generator(); }
   // The ranks that split the sequence (1 on one device), and the global positions of this
@@ -95,7 +103,7 @@ class DilatedAttention : public Module {
   template <class Call>
   RingAttentionResult with_context(Call&& call) {
     RingAttentionResult result = attention_modules_internal::with_attention_context(
-        is_training(), options_.dropout, dropout_generator_, patterns_.get(), call);
+        is_training(), options_.dropout, dropout_generator_, patterns_.get(), plans_.get(), call);
     last_path_ = result.attention.path_used;
     return result;
   }
@@ -103,6 +111,7 @@ class DilatedAttention : public Module {
   BufferedGenerator dropout_generator_;
   AttentionPath last_path_ = AttentionPath::kAuto;
   std::unique_ptr<PatternCache> patterns_ = std::make_unique<PatternCache>();
+  std::shared_ptr<RankPlanCache> plans_ = std::make_shared<RankPlanCache>();
 };
 
 struct MultiheadOptions {
@@ -152,6 +161,10 @@ class MultiheadDilatedAttention : public UnaryModule {
   const DilatedAttentionOptions& options() const { return attention_->options(); }
   AttentionPath last_path() const { return attention_->last_path(); }
   PatternCache& pattern_cache() const { return attention_->pattern_cache(); }
+  RankPlanCache& plan_cache() const { return attention_->plan_cache(); }
+  void share_plan_cache(std::shared_ptr<RankPlanCache> plans) {
+    attention_->share_plan_cache(std::move(plans));
+  }
 
  protected:
   // Builds the attention child with `make_attention(dropout_seed)` between the two

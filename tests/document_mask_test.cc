@@ -15,6 +15,7 @@
 #include "ringdilated/nn/dilated_attention.h"
 #include "ringdilated/nn/dilated_attention_modules.h"
 #include "ringdilated/nn/piece_calls.h"
+#include "ringdilated/nn/rank_plan_cache.h"
 #include "ringdilated/nn/ring_dilated_attention.h"
 #include "ringdilated/tensor/device.h"
 #include "ringdilated/tensor/dispatch.h"
@@ -340,6 +341,113 @@ TEST(DocumentMaskErrors, BadStartsAreNamed) {
   context.document_starts = &fine;
   EXPECT_TRUE(test::raises([&] { nn::dilated_attention(q, q, q, global, context); },
                            {ErrorCode::kUnimplemented}, {"segment-local"}));
+}
+
+// A plan depends on every option, the layout, the strategy, the element size and the
+// documents' starts: changing any one changes the key (an unchanged call keeps it).
+TEST(RankPlanCache, TheKeyNamesEverythingAPlanReads) {
+  const DilatedAttentionOptions o =
+      options_for(HeadMixing::kHeadGroups, OffsetRule::kConstant, true);
+  const nn::RankLayout l{kB, kN / 2, kH, kD, 1, 2, true, 3};
+  const auto key = [](const DilatedAttentionOptions& options, const nn::RankLayout& layout,
+                      nn::DistStrategy strategy, int64_t bytes, const nn::DocumentStarts* docs) {
+    return nn::rank_plan_key(options, layout, strategy, bytes, docs);
+  };
+  const std::string base = key(o, l, nn::DistStrategy::kAuto, 2, &kDocuments);
+  EXPECT_EQ(key(o, l, nn::DistStrategy::kAuto, 2, &kDocuments), base);
+  std::vector<std::string> others;
+  const auto with = [&](auto change) {
+    DilatedAttentionOptions options = o;
+    nn::RankLayout layout = l;
+    change(options, layout);
+    others.push_back(key(options, layout, nn::DistStrategy::kAuto, 2, &kDocuments));
+  };
+  using O = DilatedAttentionOptions;
+  using L = nn::RankLayout;
+  with([](O& x, L&) { x.segment_lengths = {4, 8, 8}; });
+  with([](O& x, L&) { x.dilation_rates = {1, 2, 2}; });
+  with([](O& x, L&) { x.variant = nn::DilationVariant::kGlobal; });
+  with([](O& x, L&) { x.mixing = HeadMixing::kAllHeads; });
+  with([](O& x, L&) { x.offset_rule = OffsetRule::kRotating; });
+  with([](O& x, L&) { x.causal = false; });
+  with([](O& x, L&) { x.dropout = 0.1; });
+  with([](O& x, L&) { x.scale = 0.5; });
+  with([](O& x, L&) { x.use_hilbert = true; });
+  with([](O& x, L&) { x.path = nn::AttentionPath::kMath; });
+  with([](O&, L& x) { x.batch = 2; });
+  with([](O&, L& x) { x.rows_per_rank = 10; });
+  with([](O&, L& x) { x.heads = 3; });
+  with([](O&, L& x) { x.head_dim = 4; });
+  with([](O&, L& x) { x.rank = 0; });
+  with([](O&, L& x) { x.ranks = 4; });
+  with([](O&, L& x) { x.zigzag = false; });
+  with([](O&, L& x) { x.kv_heads = 6; });
+  others.push_back(key(o, l, nn::DistStrategy::kRing, 2, &kDocuments));
+  others.push_back(key(o, l, nn::DistStrategy::kAuto, 4, &kDocuments));
+  others.push_back(key(o, l, nn::DistStrategy::kAuto, 2, nullptr));
+  nn::DocumentStarts moved = kDocuments;
+  moved[1][2] += 1;
+  others.push_back(key(o, l, nn::DistStrategy::kAuto, 2, &moved));
+  // The same starts split between rows otherwise.
+  const nn::DocumentStarts regrouped = {{0}, {5, 13, 14, 30}, {0, 9, 17}};
+  others.push_back(key(o, l, nn::DistStrategy::kAuto, 2, &regrouped));
+  for (size_t i = 0; i < others.size(); ++i) {
+    EXPECT_NE(others[i], base) << "change " << i;
+    for (size_t j = 0; j < i; ++j) EXPECT_NE(others[i], others[j]) << i << " and " << j;
+  }
+}
+
+TEST(RankPlanCache, AHitReturnsTheStoredPlanAndTheLeastRecentlyUsedGoesFirst) {
+  nn::RankPlanCache cache(2);
+  int made = 0;
+  const auto make = [&] {
+    ++made;
+    nn::RankPlan plan;
+    plan.num_pairs = made;
+    return plan;
+  };
+  const std::shared_ptr<const nn::RankPlan> a = cache.get("a", make);
+  EXPECT_EQ(cache.get("a", make), a);  // a hit: the same plan, nothing made
+  EXPECT_EQ(made, 1);
+  cache.get("b", make);
+  cache.get("a", make);  // a is now the most recently used
+  cache.get("c", make);  // evicts b
+  EXPECT_EQ(made, 3);
+  EXPECT_EQ(cache.get("a", make), a);
+  EXPECT_EQ(made, 3);
+  cache.get("b", make);
+  EXPECT_EQ(made, 4);
+  const nn::RankPlanCacheStats stats = cache.stats();
+  EXPECT_EQ(stats.hits, 3);
+  EXPECT_EQ(stats.misses, 4);
+  EXPECT_EQ(stats.entries, 2);
+  EXPECT_THROW(nn::RankPlanCache(0), Error);
+}
+
+// A module's second call on the same documents reuses the first's plan, and both equal the
+// functional call, which plans anew.
+TEST(RankPlanCache, AModuleReusesItsPlanWithTheSameResults) {
+  const DilatedAttentionOptions o = options_for(HeadMixing::kAllHeads, OffsetRule::kConstant, true);
+  nn::DilatedAttention module(o);
+  Generator gen(31);
+  const TensorOptions f64(DType::kFloat64);
+  const Tensor q = randn({kB, kN, kH, kD}, gen, f64), k = randn({kB, kN, kH, kD}, gen, f64),
+               v = randn({kB, kN, kH, kD}, gen, f64);
+  const nn::DilatedAttentionResult first = module.forward_with_lse(q, k, v, &kDocuments);
+  const nn::DilatedAttentionResult second = module.forward_with_lse(q, k, v, &kDocuments);
+  nn::AttentionCallContext context;
+  context.document_starts = &kDocuments;
+  const nn::DilatedAttentionResult fresh = nn::dilated_attention_with_lse(q, k, v, o, context);
+  EXPECT_EQ(module.plan_cache().stats().misses, 1);
+  EXPECT_EQ(module.plan_cache().stats().hits, 1);
+  // Bit for bit (-inf LSEs included).
+  const auto values = [](const Tensor& t) {
+    return t.to(DType::kFloat64).contiguous().to_vector<double>();
+  };
+  for (const nn::DilatedAttentionResult* r : {&first, &second}) {
+    EXPECT_EQ(values(r->out), values(fresh.out));
+    EXPECT_EQ(values(r->lse), values(fresh.lse));
+  }
 }
 
 }  // namespace

@@ -561,6 +561,36 @@ TEST(LanguageModelTest, PackedDocumentsDoNotSeeEachOther) {
   EXPECT_TRUE(allclose(base.narrow(1, 0, 13), unmasked.narrow(1, 0, 13), 1e-12, 1e-12));
 }
 
+// Every block plans the batch's attention alike: one plan serves them all, and the blocks'
+// recomputed forwards in the backward too.
+TEST(LanguageModelTest, ABatchIsPlannedOnceForEveryBlockAndItsRecomputation) {
+  ModelConfig c;
+  c.vocab_size = 40;
+  c.dim = 16;
+  c.heads = 2;
+  c.depth = 3;
+  c.recompute = true;
+  c.attention.segment_lengths = {8, 32};
+  c.attention.dilation_rates = {1, 2};
+  Generator gen(12);
+  LanguageModel model(c, gen, TensorOptions(DType::kFloat64));
+  model.train();
+  std::vector<int64_t> tokens(32);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int64_t>((i * 7 + 3) % 40);
+  const nn::DocumentStarts documents = {{0, 11, 20}};
+  const Tensor logits = model.forward(from_vector<int64_t>(tokens, {1, 32}), &documents);
+  sum(mul(logits, logits)).backward();
+  nn::RankPlanCacheStats stats = model.plan_cache().stats();
+  EXPECT_EQ(stats.misses, 1);
+  EXPECT_EQ(stats.hits, 2 * c.depth - 1);
+  // Other documents: another plan.
+  const nn::DocumentStarts others = {{0, 12}};
+  model.forward(from_vector<int64_t>(tokens, {1, 32}), &others);
+  stats = model.plan_cache().stats();
+  EXPECT_EQ(stats.misses, 2);
+  EXPECT_EQ(stats.entries, 2);
+}
+
 TEST(LanguageModelTest, LogitsDependOnlyOnEarlierTokens) {
   ModelConfig c;
   c.vocab_size = 50;

@@ -72,7 +72,8 @@ int64_t mlp_hidden(const ModelConfig& c) {
 TransformerBlock::TransformerBlock(const ModelConfig& config, Generator& generator,
                                    TensorOptions options,
                                    std::shared_ptr<dist::Communicator> sequence_comm,
-                                   nn::DistStrategy strategy, nn::SequenceLayout layout) {
+                                   nn::DistStrategy strategy, nn::SequenceLayout layout,
+                                   std::shared_ptr<nn::RankPlanCache> plans) {
   attn_norm_ =
       register_module("attn_norm", std::make_shared<nn::RMSNorm>(config.dim, 1e-6, true, options));
   nn::MultiheadOptions mo;
@@ -89,6 +90,7 @@ TransformerBlock::TransformerBlock(const ModelConfig& config, Generator& generat
                             std::make_shared<nn::MultiheadDilatedAttention>(
                                 config.dim, config.heads, causal_attention(config), generator, mo));
   }
+  if (plans != nullptr) attn_->share_plan_cache(std::move(plans));
   mlp_chunk_tokens_ = config.recompute ? config.mlp_chunk_tokens : 0;
   mlp_norm_ =
       register_module("mlp_norm", std::make_shared<nn::RMSNorm>(config.dim, 1e-6, true, options));
@@ -147,7 +149,7 @@ LanguageModel::LanguageModel(const ModelConfig& config, Generator& generator, Te
   auto blocks = register_module("blocks", std::make_shared<nn::ModuleList>());
   for (int64_t i = 0; i < config.depth; ++i) {
     blocks_.push_back(blocks->push_back(std::make_shared<TransformerBlock>(
-        config, generator, options, sequence_comm, strategy, layout)));
+        config, generator, options, sequence_comm, strategy, layout, plans_)));
   }
   norm_ = register_module("norm", std::make_shared<nn::RMSNorm>(config.dim, 1e-6, true, options));
   // GPT-2 initialization, drawn after construction in parameter order (one generator

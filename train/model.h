@@ -60,9 +60,11 @@ nn::DilatedAttentionOptions causal_attention(const ModelConfig& config);
 // "mlp".
 class TransformerBlock : public nn::UnaryModule {
  public:
+  // `plans`: the rank plan cache the block's attention shares with the model's other
+  // blocks (they plan alike); null: its own.
   TransformerBlock(const ModelConfig& config, Generator& generator, TensorOptions options,
                    std::shared_ptr<dist::Communicator> sequence_comm, nn::DistStrategy strategy,
-                   nn::SequenceLayout layout);
+                   nn::SequenceLayout layout, std::shared_ptr<nn::RankPlanCache> plans = nullptr);
   Tensor forward(const Tensor& x) override { return forward_documents(x, nullptr); }
   // forward() attending within the documents of packed sequences (null: none; see
   // nn::AttentionCallContext::document_starts).
@@ -121,9 +123,13 @@ class LanguageModel : public nn::Module {
 
   const ModelConfig& config() const { return config_; }
   int64_t num_parameters() const;
+  // The rank plans every block's attention shares: the blocks plan alike, so a batch's call
+  // is planned once for all of them and their recomputed forwards.
+  const nn::RankPlanCache& plan_cache() const { return *plans_; }
 
  private:
   ModelConfig config_;
+  std::shared_ptr<nn::RankPlanCache> plans_ = std::make_shared<nn::RankPlanCache>();
   std::shared_ptr<nn::Embedding> embed_;
   std::vector<std::shared_ptr<TransformerBlock>> blocks_;
   std::shared_ptr<nn::RMSNorm> norm_;
