@@ -15,6 +15,7 @@
 #include <random>
 #include <vector>
 
+#include "ringdilated/nn/piece_calls.h"
 #include "ringdilated/nn/rank_plan.h"
 #include "ringdilated/nn/rank_plan_cache.h"
 
@@ -121,6 +122,41 @@ void BM_RankPlanCacheHit(benchmark::State& state) {
     benchmark::DoNotOptimize(cache.get(key, make));
   }
 }
+
+// Grouping the plan's local calls into calls over pieces (nn/piece_calls.h), which the fixed
+// variant's forward and backward each do on every call.
+void BM_GroupPieceCalls(benchmark::State& state) {
+  const int64_t seq_len = int64_t{1} << state.range(0);
+  const int ranks = static_cast<int>(state.range(1));
+  const int64_t mean = state.range(2);
+  constexpr int64_t kBatch = 2;
+  const rd::nn::RankLayout layout{kBatch, seq_len / ranks, kHeads, kDim, ranks - 1, ranks, true};
+  rd::nn::DilatedAttentionOptions o = options(seq_len, true);
+  o.mixing = rd::nn::HeadMixing::kAllHeads;
+  std::mt19937_64 lengths(7);
+  std::vector<std::vector<int64_t>> documents(kBatch);
+  for (std::vector<int64_t>& starts : documents) {
+    for (int64_t at = 0; at < seq_len; at += 1 + static_cast<int64_t>(lengths() % (2 * mean))) {
+      starts.push_back(at);
+    }
+  }
+  const rd::nn::RankPlan plan =
+      rd::nn::make_rank_plan(o, layout, rd::nn::DistStrategy::kAuto, kBf16Bytes, &documents);
+  int64_t groups = 0;
+  for (auto _ : state) {
+    const rd::nn::PieceGroups g =
+        rd::nn::group_piece_calls(plan.local_calls, [](const rd::nn::LocalCall&) { return true; });
+    groups = static_cast<int64_t>(g.groups.size());
+    benchmark::DoNotOptimize(groups);
+  }
+  state.counters["local_calls"] = static_cast<double>(plan.local_calls.size());
+  state.counters["groups"] = static_cast<double>(groups);
+}
+
+BENCHMARK(BM_GroupPieceCalls)
+    ->ArgNames({"log2N", "P", "mean_len"})
+    ->Args({18, 2, 400})
+    ->Unit(benchmark::kMillisecond);
 
 BENCHMARK(BM_RankPlanCacheHit)
     ->ArgNames({"log2N", "P", "mean_len"})
