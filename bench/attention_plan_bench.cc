@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "ringdilated/nn/piece_calls.h"
@@ -64,84 +65,73 @@ BENCHMARK(BM_RankPlan)
     ->Args({23, 8, 2})
     ->Unit(benchmark::kMillisecond);
 
-// The same plan with packed documents: rd_train's context-parallel run on text with a
-// document per paragraph (tools/gpu_issue19.sh docs): B = 2, all heads, causal zigzag, the
-// second of P ranks, documents of random lengths (uniform, mean range(2) tokens).
-// range(0): log2 N; range(1): P; range(2): mean document length.
-void BM_RankPlanDocuments(benchmark::State& state) {
-  const int64_t seq_len = int64_t{1} << state.range(0);
-  const int ranks = static_cast<int>(state.range(1));
-  const int64_t mean = state.range(2);
-  constexpr int64_t kBatch = 2;
-  const rd::nn::RankLayout layout{kBatch, seq_len / ranks, kHeads, kDim, ranks - 1, ranks, true};
-  rd::nn::DilatedAttentionOptions o = options(seq_len, true);
-  o.mixing = rd::nn::HeadMixing::kAllHeads;
-  std::mt19937_64 lengths(7);
-  std::vector<std::vector<int64_t>> documents(kBatch);
-  for (std::vector<int64_t>& starts : documents) {
-    for (int64_t at = 0; at < seq_len; at += 1 + static_cast<int64_t>(lengths() % (2 * mean))) {
-      starts.push_back(at);
+// The call rd_train plans in its context-parallel run on text with a document per paragraph
+// (tools/gpu_issue19.sh docs): B = 2, all heads, causal zigzag, the second of P ranks,
+// documents of random lengths (uniform, mean `mean` tokens).
+struct DocumentsCall {
+  static constexpr int64_t kBatch = 2;
+  rd::nn::DilatedAttentionOptions options;
+  rd::nn::RankLayout layout;
+  std::vector<std::vector<int64_t>> documents;
+
+  // range(0): log2 N; range(1): P; range(2): mean document length.
+  explicit DocumentsCall(const benchmark::State& state)
+      : options(::options(int64_t{1} << state.range(0), true)),
+        layout{kBatch,
+               (int64_t{1} << state.range(0)) / state.range(1),
+               kHeads,
+               kDim,
+               static_cast<int>(state.range(1)) - 1,
+               static_cast<int>(state.range(1)),
+               true},
+        documents(kBatch) {
+    options.mixing = rd::nn::HeadMixing::kAllHeads;
+    const int64_t seq_len = layout.seq_len(), mean = state.range(2);
+    std::mt19937_64 lengths(7);
+    for (std::vector<int64_t>& starts : documents) {
+      for (int64_t at = 0; at < seq_len; at += 1 + static_cast<int64_t>(lengths() % (2 * mean))) {
+        starts.push_back(at);
+      }
     }
   }
+  rd::nn::RankPlan plan() const {
+    return rd::nn::make_rank_plan(options, layout, rd::nn::DistStrategy::kAuto, kBf16Bytes,
+                                  &documents);
+  }
+  std::string key() const {
+    return rd::nn::rank_plan_key(options, layout, rd::nn::DistStrategy::kAuto, kBf16Bytes,
+                                 &documents);
+  }
+};
+
+// The plan of a DocumentsCall: a call per document piece.
+void BM_RankPlanDocuments(benchmark::State& state) {
+  const DocumentsCall call(state);
   int64_t calls = 0;
   for (auto _ : state) {
-    const rd::nn::RankPlan plan =
-        rd::nn::make_rank_plan(o, layout, rd::nn::DistStrategy::kAuto, kBf16Bytes, &documents);
+    const rd::nn::RankPlan plan = call.plan();
     calls = static_cast<int64_t>(plan.local_calls.size());
     for (const auto& per_source : plan.calls) calls += static_cast<int64_t>(per_source.size());
     benchmark::DoNotOptimize(calls);
   }
   state.counters["attention_calls"] = static_cast<double>(calls);
-  state.counters["documents"] = static_cast<double>(documents[0].size());
+  state.counters["documents"] = static_cast<double>(call.documents[0].size());
 }
 
 // The same call found in a RankPlanCache (what every block after the first, and every
 // recomputed forward, pays instead): building its key and the lookup.
 void BM_RankPlanCacheHit(benchmark::State& state) {
-  const int64_t seq_len = int64_t{1} << state.range(0);
-  const int ranks = static_cast<int>(state.range(1));
-  const int64_t mean = state.range(2);
-  constexpr int64_t kBatch = 2;
-  const rd::nn::RankLayout layout{kBatch, seq_len / ranks, kHeads, kDim, ranks - 1, ranks, true};
-  rd::nn::DilatedAttentionOptions o = options(seq_len, true);
-  o.mixing = rd::nn::HeadMixing::kAllHeads;
-  std::mt19937_64 lengths(7);
-  std::vector<std::vector<int64_t>> documents(kBatch);
-  for (std::vector<int64_t>& starts : documents) {
-    for (int64_t at = 0; at < seq_len; at += 1 + static_cast<int64_t>(lengths() % (2 * mean))) {
-      starts.push_back(at);
-    }
-  }
+  const DocumentsCall call(state);
   rd::nn::RankPlanCache cache;
-  const auto make = [&] {
-    return rd::nn::make_rank_plan(o, layout, rd::nn::DistStrategy::kAuto, kBf16Bytes, &documents);
-  };
   for (auto _ : state) {
-    const std::string key =
-        rd::nn::rank_plan_key(o, layout, rd::nn::DistStrategy::kAuto, kBf16Bytes, &documents);
-    benchmark::DoNotOptimize(cache.get(key, make));
+    benchmark::DoNotOptimize(cache.get(call.key(), [&] { return call.plan(); }));
   }
 }
 
 // Grouping the plan's local calls into calls over pieces (nn/piece_calls.h), which the fixed
 // variant's forward and backward each do on every call.
 void BM_GroupPieceCalls(benchmark::State& state) {
-  const int64_t seq_len = int64_t{1} << state.range(0);
-  const int ranks = static_cast<int>(state.range(1));
-  const int64_t mean = state.range(2);
-  constexpr int64_t kBatch = 2;
-  const rd::nn::RankLayout layout{kBatch, seq_len / ranks, kHeads, kDim, ranks - 1, ranks, true};
-  rd::nn::DilatedAttentionOptions o = options(seq_len, true);
-  o.mixing = rd::nn::HeadMixing::kAllHeads;
-  std::mt19937_64 lengths(7);
-  std::vector<std::vector<int64_t>> documents(kBatch);
-  for (std::vector<int64_t>& starts : documents) {
-    for (int64_t at = 0; at < seq_len; at += 1 + static_cast<int64_t>(lengths() % (2 * mean))) {
-      starts.push_back(at);
-    }
-  }
-  const rd::nn::RankPlan plan =
-      rd::nn::make_rank_plan(o, layout, rd::nn::DistStrategy::kAuto, kBf16Bytes, &documents);
+  const rd::nn::RankPlan plan = DocumentsCall(state).plan();
   int64_t groups = 0;
   for (auto _ : state) {
     const rd::nn::PieceGroups g =
