@@ -230,9 +230,7 @@ void check_flag_ranges() {
              std::isfinite(f.high) ? rd::str_cat(" and <= ", f.high) : std::string(), ", got ", f.value);
   }
   const std::string dtype = absl::GetFlag(FLAGS_dtype);
-  bool known = dtype.empty();
-  for (const char* name : {"float32", "bfloat16", "float16", "float64"}) known |= dtype == name;
-  RD_CHECK(known, kInvalidArgument,
+  RD_CHECK(dtype.empty() || rd::train::compute_dtype_named(dtype).has_value(), kInvalidArgument,
            "--dtype must be float32, bfloat16, float16, float64 or empty (the device's "
            "recommendation), got '",
            dtype, "'");

@@ -79,11 +79,16 @@ int64_t scored_tokens(const Batch& b) {
 
 }  // namespace
 
+std::optional<DType> compute_dtype_named(std::string_view name) {
+  for (DType d : {DType::kFloat32, DType::kBFloat16, DType::kFloat16, DType::kFloat64}) {
+    if (name == dtype_name(d)) return d;
+  }
+  return std::nullopt;
+}
+
 DType compute_dtype(const TrainConfig& c) {
   if (c.dtype.empty()) return nn::recommended_dtype(c.device);
-  for (DType d : {DType::kFloat32, DType::kBFloat16, DType::kFloat16, DType::kFloat64}) {
-    if (c.dtype == dtype_name(d)) return d;
-  }
+  if (const std::optional<DType> named = compute_dtype_named(c.dtype)) return *named;
   RD_FAIL(kInvalidArgument, "dtype (--dtype): unknown dtype '", c.dtype,
           "' (float32, bfloat16, float16 or float64; empty: the device's recommendation)");
 }

@@ -10,6 +10,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "ringdilated/dist/communicator.h"
@@ -88,6 +89,10 @@ class Trainer {
  private:
   std::unique_ptr<State> s_;
 };
+
+// The compute dtype a configuration's dtype names (float32, bfloat16, float16, float64), or
+// none for any other name.
+std::optional<DType> compute_dtype_named(std::string_view name);
 
 // The dtype `config` computes in: its dtype, or nn::recommended_dtype(config.device) where
 // that is empty. Throws rd::Error (kInvalidArgument) for an unknown name.
