@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "ringdilated/kernels/device.h"
 
@@ -24,10 +25,14 @@ void synchronize(Device device);
 
 // The threads later CPU ops use (>= 1; as torch.set_num_threads): OpenMP's count for the
 // calling thread and OpenBLAS's for GEMMs, set together so the two never compete for more
-// cores than asked (kernels/cpu/parallel.h says why). Results never depend on it. The
+// cores than asked (kernels/cpu/parallel.h says why). Our own kernels' results never depend
+// on it; OpenBLAS's GEMMs can round some shapes differently with the thread count. The
 // default is OpenMP's (OMP_NUM_THREADS, else every core). Throws rd::Error when < 1.
 void set_num_threads(int threads);
 int num_threads();
+// The CPU's kernel set for GEMMs ("OpenBLAS Cooperlake"): a CPU of another kernel set rounds
+// differently, so a run retraces another bit for bit only on the same one (and thread count).
+std::string cpu_gemm_kernels();
 
 // Asynchronous errors. On CUDA, index ops (embedding, index_select, gather, scatter,
 // scatter_add and their backward passes) and cross_entropy do not check index values on the

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "ringdilated/kernels/cpu/parallel.h"
@@ -82,6 +83,32 @@ TEST_F(ThreadCountTest, OpenBLASStartsAlignedWithOpenMP) {
   // ctest runs this with OMP_NUM_THREADS=1 (tests/CMakeLists.txt), below OpenBLAS's default.
   (void)matmul(ones({2, 2}), ones({2, 2}));  // the CPU backend is in use
   EXPECT_EQ(kernels::cpu::blas_num_threads(), num_threads());
+}
+
+// device.h promises that our own kernels give the same result for every thread count (each
+// splits its work the same way whatever the count), unlike OpenBLAS's GEMMs, whose rounding
+// can change with it. A softmax and reductions large enough to run in parallel, bit for bit
+// at 1, 2 and 3 threads.
+TEST_F(ThreadCountTest, OwnKernelsGiveTheSameResultForEveryThreadCount) {
+  Generator gen(7);
+  const Tensor a = randn({256, 1031}, gen);
+  const auto compute = [&] {
+    return std::vector<std::vector<float>>{
+        softmax(a, 1).to_vector<float>(), sum(a, {0}).to_vector<float>(),
+        sum(a, {1}).to_vector<float>(), sum(a).to_vector<float>()};
+  };
+  set_num_threads(1);
+  const auto one_thread = compute();
+  for (int threads : {2, 3}) {
+    set_num_threads(threads);
+    EXPECT_EQ(compute(), one_thread) << threads << " threads";
+  }
+}
+
+TEST(CpuGemmKernels, NamesOpenBLASAndItsKernelSet) {
+  const std::string name = cpu_gemm_kernels();
+  EXPECT_EQ(name.rfind("OpenBLAS ", 0), 0u) << name;
+  EXPECT_GT(name.size(), std::string("OpenBLAS ").size()) << name;
 }
 
 TEST_F(ThreadCountTest, RejectsLessThanOne) {

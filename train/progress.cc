@@ -7,6 +7,7 @@
 #include <cstdio>
 
 #include "ringdilated/tensor/allocator.h"
+#include "ringdilated/tensor/device.h"
 
 namespace rd::train {
 
@@ -57,6 +58,11 @@ void Progress::print_summary(const LanguageModel& model, DType dtype, Device dev
               static_cast<long long>(c.dim), static_cast<long long>(c.heads),
               static_cast<long long>(c.vocab_size), std::string(dtype_name(dtype)).c_str(),
               device.str().c_str());
+  // On the CPU a run retraces another only on the same kernel set (kernels/cpu/parallel.h).
+  if (!device.is_cuda()) {
+    std::printf("cpu: %d thread%s, %s kernels\n", num_threads(), num_threads() == 1 ? "" : "s",
+                cpu_gemm_kernels().c_str());
+  }
   std::printf("memory: weights %sB, optimizer%s %sB", format_count(weight_bytes).c_str(),
               master_weights ? " + float32 masters" : "", format_count(state_bytes).c_str());
   if (device.is_cuda()) {

@@ -42,5 +42,10 @@ int num_threads() { return omp_get_max_threads(); }
 
 int blas_num_threads() { return openblas_get_num_threads(); }
 
+std::string blas_kernel_set() {
+  const char* name = openblas_get_corename();
+  return name != nullptr ? name : "unknown";
+}
+
 }  // namespace cpu
 }  // namespace rd::kernels

@@ -2,11 +2,15 @@
 // so tests and tools can pin the thread count without depending on OpenMP themselves.
 #pragma once
 
+#include <string>
+
 namespace rd::kernels::cpu {
 
 // Threads used by later parallel CPU kernels started from the calling thread (>= 1; it sets
 // OpenMP's per-thread default) and by every later OpenBLAS call (OpenBLAS keeps one count
-// per process). Results never depend on it.
+// per process). Our own kernels split their work the same way for every count, so their
+// results never depend on it; OpenBLAS's GEMMs can round some shapes differently with it
+// (tensor_api_test shows both).
 //
 // Both counts are set because Debian's default OpenBLAS is the pthread build, which keeps a
 // thread pool of its own beside OpenMP's: left at its default (all cores) it would run a
@@ -17,5 +21,11 @@ void set_num_threads(int threads);
 int num_threads();
 // The threads OpenBLAS uses for one call (its openblas_get_num_threads()).
 int blas_num_threads();
+
+// The kernel set OpenBLAS chose for this CPU (its openblas_get_corename(): "Haswell",
+// "Cooperlake", ...). The CPU's instruction set picks OpenBLAS's kernels (and the C library's
+// math functions), so a training run retraces another bit for bit only on a CPU of the same
+// kernel set (and, for GEMMs, the same thread count).
+std::string blas_kernel_set();
 
 }  // namespace rd::kernels::cpu
