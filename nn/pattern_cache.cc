@@ -25,11 +25,9 @@ PatternCache::PatternCache(int64_t max_entries, int64_t max_bytes)
 Tensor PatternCache::get(const std::string& key, const std::function<Tensor()>& compute) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = index_.find(key);
-    if (it != index_.end()) {
+    if (const Tensor* pattern = patterns_.find(key)) {
       ++stats_.hits;
-      lru_.splice(lru_.begin(), lru_, it->second);  // now the most recent
-      return it->second->pattern;
+      return *pattern;
     }
     ++stats_.misses;
   }
@@ -38,11 +36,9 @@ Tensor PatternCache::get(const std::string& key, const std::function<Tensor()>& 
   // thread's: the pattern's copy to the device must be finished before anyone can see it.
   if (pattern.defined()) Stream::current(pattern.device()).synchronize();
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = index_.find(key);
-  if (it != index_.end()) return it->second->pattern;  // another thread stored it first
+  if (const Tensor* stored = patterns_.find(key)) return *stored;  // another thread's, first
   if (storage_bytes(pattern) > max_bytes_) return pattern;
-  lru_.push_front({key, pattern});
-  index_.emplace(key, lru_.begin());
+  patterns_.insert(key, pattern);
   ++stats_.entries;
   stats_.bytes += storage_bytes(pattern);
   evict_over_limits();
@@ -51,12 +47,10 @@ Tensor PatternCache::get(const std::string& key, const std::function<Tensor()>& 
 
 void PatternCache::evict_over_limits() {
   while (stats_.entries > max_entries_ || stats_.bytes > max_bytes_) {
-    const Entry& oldest = lru_.back();
-    stats_.bytes -= storage_bytes(oldest.pattern);
+    stats_.bytes -= storage_bytes(patterns_.oldest());
     --stats_.entries;
     ++stats_.evictions;
-    index_.erase(oldest.key);
-    lru_.pop_back();
+    patterns_.pop_oldest();
   }
 }
 
@@ -67,8 +61,7 @@ PatternCacheStats PatternCache::stats() const {
 
 void PatternCache::clear() {
   std::lock_guard<std::mutex> lock(mu_);
-  lru_.clear();
-  index_.clear();
+  patterns_.clear();
   stats_.entries = 0;
   stats_.bytes = 0;
 }

@@ -4,11 +4,10 @@
 
 #include <cstdint>
 #include <functional>
-#include <list>
 #include <mutex>
 #include <string>
-#include <unordered_map>
 
+#include "ringdilated/kernels/lru_map.h"
 #include "ringdilated/tensor/tensor.h"
 
 namespace rd::nn {
@@ -38,17 +37,12 @@ class PatternCache {
   void clear();
 
  private:
-  struct Entry {
-    std::string key;
-    Tensor pattern;
-  };
   void evict_over_limits();  // requires mu_
 
   const int64_t max_entries_;
   const int64_t max_bytes_;
   mutable std::mutex mu_;
-  std::list<Entry> lru_;  // most recent first
-  std::unordered_map<std::string, std::list<Entry>::iterator> index_;
+  kernels::LruMap<std::string, Tensor> patterns_;
   PatternCacheStats stats_;
 };
 

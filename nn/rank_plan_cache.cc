@@ -2,6 +2,7 @@
 #include "ringdilated/nn/rank_plan_cache.h"
 
 #include <cstring>
+#include <utility>
 
 #include "ringdilated/kernels/error.h"
 
@@ -62,23 +63,17 @@ std::shared_ptr<const RankPlan> RankPlanCache::get(const std::string& key,
                                                    const std::function<RankPlan()>& make) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (const auto it = index_.find(key); it != index_.end()) {
-      lru_.splice(lru_.begin(), lru_, it->second);
+    if (const auto* plan = plans_.find(key)) {
       ++stats_.hits;
-      return it->second->plan;
+      return *plan;
     }
     ++stats_.misses;
   }
-  auto plan = std::make_shared<const RankPlan>(make());
+  auto made = std::make_shared<const RankPlan>(make());
   std::lock_guard<std::mutex> lock(mu_);
-  if (const auto it = index_.find(key); it != index_.end()) return it->second->plan;
-  lru_.push_front(Entry{key, plan});
-  index_[key] = lru_.begin();
-  while (static_cast<int64_t>(lru_.size()) > max_entries_) {
-    index_.erase(lru_.back().key);
-    lru_.pop_back();
-  }
-  stats_.entries = static_cast<int64_t>(lru_.size());
+  std::shared_ptr<const RankPlan> plan = *plans_.insert(key, std::move(made)).first;
+  while (static_cast<int64_t>(plans_.size()) > max_entries_) plans_.pop_oldest();
+  stats_.entries = static_cast<int64_t>(plans_.size());
   return plan;
 }
 

@@ -6,13 +6,12 @@
 
 #include <cstdint>
 #include <functional>
-#include <list>
 #include <memory>
 #include <mutex>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
+#include "ringdilated/kernels/lru_map.h"
 #include "ringdilated/nn/rank_plan.h"
 
 namespace rd::nn {
@@ -43,15 +42,9 @@ class RankPlanCache {
   RankPlanCacheStats stats() const;
 
  private:
-  struct Entry {
-    std::string key;
-    std::shared_ptr<const RankPlan> plan;
-  };
-
   const int64_t max_entries_;
   mutable std::mutex mu_;
-  std::list<Entry> lru_;  // most recent first
-  std::unordered_map<std::string, std::list<Entry>::iterator> index_;
+  kernels::LruMap<std::string, std::shared_ptr<const RankPlan>> plans_;
   RankPlanCacheStats stats_;
 };
 

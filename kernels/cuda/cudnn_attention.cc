@@ -26,7 +26,6 @@
 #include <cstdlib>
 #include <initializer_list>
 #include <limits>
-#include <list>
 #include <memory>
 #include <optional>
 #include <span>
@@ -43,6 +42,7 @@
 #include "ringdilated/kernels/cuda/kernels.h"
 #include "ringdilated/kernels/cuda/runtime.h"
 #include "ringdilated/kernels/error.h"
+#include "ringdilated/kernels/lru_map.h"
 #include "ringdilated/kernels/number_text.h"
 #include "ringdilated/kernels/shared_library.h"
 #include "ringdilated/kernels/view_checks.h"
@@ -807,24 +807,19 @@ class GraphCache {
   std::shared_ptr<GraphEntry> get(const GraphKey& key, Build&& build) {
     {
       absl::MutexLock lock(&mu_);
-      auto it = entries_.find(key);
-      if (it != entries_.end()) {
+      if (const auto* entry = entries_.find(key)) {
         ++stats_.hits;
-        lru_.splice(lru_.begin(), lru_, it->second.position);
-        return it->second.entry;
+        return *entry;
       }
     }
     std::shared_ptr<GraphEntry> built = build();
     absl::MutexLock lock(&mu_);
     ++stats_.builds;
     if (built->graph == nullptr) ++stats_.failures;
-    auto [it, inserted] = entries_.try_emplace(key);
-    if (!inserted) return it->second.entry;
-    lru_.push_front(key);
-    it->second = Slot{built, lru_.begin()};
+    const auto [stored, inserted] = entries_.insert(key, built);
+    if (!inserted) return *stored;
     devices_.insert(key[1]);  // GraphSpec::key() puts the device second
     while (entries_.size() > capacity_) {
-      const auto victim = entries_.find(lru_.back());
       // Destroying a graph unloads its runtime-compiled kernels (cuLibraryUnload), which
       // waits for every GPU of the process while holding the driver's library lock. When
       // one process drives several GPUs (ranks as threads), an NCCL kernel on another GPU
@@ -832,11 +827,10 @@ class GraphCache {
       // its own: a deadlock (cuda_multi_gpu_test at P = 4 after P = 2). Such a process
       // keeps its evicted graphs until it exits; one GPU per process frees them at once.
       if (devices_.size() > 1) {
-        retired_.push_back(std::move(victim->second.entry));
+        retired_.push_back(std::move(entries_.oldest()));
         ++stats_.retired;
       }
-      entries_.erase(victim);
-      lru_.pop_back();
+      entries_.pop_oldest();
       ++stats_.evictions;
     }
     return built;
@@ -865,13 +859,8 @@ class GraphCache {
     return *value;
   }
   const size_t capacity_;
-  struct Slot {
-    std::shared_ptr<GraphEntry> entry;
-    std::list<GraphKey>::iterator position;
-  };
   absl::Mutex mu_;
-  std::list<GraphKey> lru_ ABSL_GUARDED_BY(mu_);  // most recently used first
-  absl::flat_hash_map<GraphKey, Slot> entries_ ABSL_GUARDED_BY(mu_);
+  kernels::LruMap<GraphKey, std::shared_ptr<GraphEntry> > entries_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_set<int64_t> devices_ ABSL_GUARDED_BY(mu_);  // that built a graph
   std::vector<std::shared_ptr<GraphEntry>> retired_ ABSL_GUARDED_BY(mu_);
   CudnnGraphCacheStats stats_ ABSL_GUARDED_BY(mu_);
