@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
@@ -370,12 +371,26 @@ int pick_free_port(const std::string& host) {
   return port;
 }
 
+int available_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+}
+
 std::vector<std::pair<std::string, std::string>> local_rank_env(int rank, int nprocs,
                                                                 const std::string& master_addr,
                                                                 int master_port) {
-  return {{"RANK", std::to_string(rank)},       {"WORLD_SIZE", std::to_string(nprocs)},
-          {"LOCAL_RANK", std::to_string(rank)}, {"LOCAL_WORLD_SIZE", std::to_string(nprocs)},
-          {"MASTER_ADDR", master_addr},         {"MASTER_PORT", std::to_string(master_port)}};
+  std::vector<std::pair<std::string, std::string>> env = {
+      {"RANK", std::to_string(rank)},       {"WORLD_SIZE", std::to_string(nprocs)},
+      {"LOCAL_RANK", std::to_string(rank)}, {"LOCAL_WORLD_SIZE", std::to_string(nprocs)},
+      {"MASTER_ADDR", master_addr},         {"MASTER_PORT", std::to_string(master_port)}};
+  // A rank's CPU work (OpenMP and OpenBLAS) takes every core by default: n ranks would run n
+  // threads a core, each waiting on the others. The launcher's own OMP_NUM_THREADS is kept.
+  if (std::getenv("OMP_NUM_THREADS") == nullptr) {
+    env.emplace_back("OMP_NUM_THREADS", std::to_string(std::max(1, available_cores() / nprocs)));
+  }
+  return env;
 }
 
 }  // namespace rd::dist

@@ -52,8 +52,13 @@ LocalLaunchResult launch_local(const LocalLaunchOptions& options);
 // the kernel's ephemeral range so that outgoing connections cannot take it in the meantime.
 int pick_free_port(const std::string& host = "127.0.0.1");
 
+// The cores this process may run on (its CPU affinity), at least 1.
+int available_cores();
+
 // The torchrun-style variables of rank `rank` of a job of `nprocs` ranks on this machine:
-// RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT.
+// RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, and, unless this
+// process's environment sets it, OMP_NUM_THREADS = available_cores() / nprocs (at least 1),
+// so that the ranks' CPU threads together fill the cores once instead of nprocs times.
 std::vector<std::pair<std::string, std::string>> local_rank_env(int rank, int nprocs,
                                                                 const std::string& master_addr,
                                                                 int master_port);

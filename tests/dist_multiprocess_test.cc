@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <functional>
@@ -58,7 +59,9 @@ struct Job {
 // fails leaves the others `settle` to end on their own; the whole job has 60 s.
 Job run(std::vector<std::string> command, int nprocs, std::function<Env(int)> env,
         std::chrono::milliseconds settle) {
-  const bool is_launcher = command.front() == RD_LAUNCH_PATH;
+  // rd_launch (possibly behind `env`) prefixes its ranks' lines itself.
+  const bool is_launcher =
+      std::find(command.begin(), command.end(), RD_LAUNCH_PATH) != command.end();
   Job job;
   dist::LocalLaunchOptions o;
   o.command = std::move(command);
@@ -217,6 +220,25 @@ TEST(RdLaunch, NamesTheFailedRankAndStopsTheOthers) {
   EXPECT_TRUE(contains(job.all(), "rd_launch: rank 0 was killed by signal 15")) << job.all();
   for (int r = 0; r < 3; ++r) EXPECT_EQ(job.of_rank(r), "up\n") << job.all();
   EXPECT_LT(job.seconds, 10.0);
+}
+
+// Unless the launcher's environment sets OMP_NUM_THREADS, rd_launch gives each of its ranks
+// an equal share of the cores (at least 1), so n CPU ranks do not run n threads a core.
+TEST(RdLaunch, SharesTheCoresAmongTheRanksUnlessOmpNumThreadsIsSet) {
+  const auto threads_of_ranks = [](const std::vector<std::string>& env_args) {
+    std::vector<std::string> command = {"env"};
+    command.insert(command.end(), env_args.begin(), env_args.end());
+    command.insert(command.end(), {RD_LAUNCH_PATH, "-n", "2", "--", "sh", "-c",
+                                   "echo threads=${OMP_NUM_THREADS:-unset}"});
+    return run(command, 1, nullptr, std::chrono::milliseconds(0));
+  };
+  const std::string share = str_cat("threads=", std::max(1, dist::available_cores() / 2), "\n");
+  const Job shared = threads_of_ranks({"-u", "OMP_NUM_THREADS"});
+  const Job kept = threads_of_ranks({"OMP_NUM_THREADS=3"});
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(shared.of_rank(r), share) << shared.all();
+    EXPECT_EQ(kept.of_rank(r), "threads=3\n") << kept.all();
+  }
 }
 
 // --- started by hand -----------------------------------------------------------------------

@@ -141,7 +141,7 @@ TEST_F(TrainCliTest, OffsetRuleAndMlpChunksAreFlagsAndSaved) {
 // with one "rd_train: " prefix.
 TEST_F(TrainCliTest, FlagErrorsNameTheFlagAndValue) {
   const std::vector<std::pair<std::string, std::string>> cases = {
-      {"--threads=-3", "--threads must be >= 0 (0: every core), got -3"},
+      {"--threads=-3", "--threads must be >= 0 (0: OMP_NUM_THREADS, else every core), got -3"},
       {"--context_parallel=0", "--context_parallel must be >= 1"},
       {"--segments=16,32,64", "--segments has 3 values and --dilations 2"},
       {"--segments=16,x", "--segments has 'x', not an integer"},

@@ -132,7 +132,9 @@ RD_CONFIG_FLAG(bool, allow_config_change);
 RD_CONFIG_FLAG(bool, quiet);
 
 // Not part of the configuration.
-ABSL_FLAG(int, threads, 0, "CPU threads; 0: every core");
+ABSL_FLAG(int, threads, 0,
+          "CPU threads; 0: OMP_NUM_THREADS if set (rd_launch sets it to each rank's share of "
+          "the cores), else every core");
 // Sampling (rd_train sample).
 ABSL_FLAG(std::string, checkpoint, "", "sample: the checkpoint folder (or a run folder: its newest)");
 ABSL_FLAG(std::string, prompt, "", "sample: the prompt text");
@@ -195,7 +197,7 @@ void check_flag_ranges() {
       {"log_every", absl::GetFlag(FLAGS_log_every), 1, ""},
       {"checkpoint_every", absl::GetFlag(FLAGS_checkpoint_every), 0, " (0: only at the end)"},
       {"keep_checkpoints", absl::GetFlag(FLAGS_keep_checkpoints), 1, ""},
-      {"threads", absl::GetFlag(FLAGS_threads), 0, " (0: every core)"},
+      {"threads", absl::GetFlag(FLAGS_threads), 0, " (0: OMP_NUM_THREADS, else every core)"},
       {"context_parallel", absl::GetFlag(FLAGS_context_parallel), 1,
        " (ranks per context-parallel group; 1: none)"},
       {"max_new_tokens", absl::GetFlag(FLAGS_max_new_tokens), 0, ""},
