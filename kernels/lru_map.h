@@ -18,6 +18,13 @@ namespace rd::kernels {
 template <class Key, class Value, class Hash = absl::Hash<Key>>
 class LruMap {
  public:
+  LruMap() = default;
+  // A copy's index would refer into the original's list; moves keep the list's nodes.
+  LruMap(const LruMap&) = delete;
+  LruMap& operator=(const LruMap&) = delete;
+  LruMap(LruMap&&) = default;
+  LruMap& operator=(LruMap&&) = default;
+
   // The value under `key`, which becomes the most recently used; nullptr when absent.
   Value* find(const Key& key) {
     const auto it = index_.find(std::cref(key));
@@ -34,7 +41,12 @@ class LruMap {
       return {&it->second->second, false};
     }
     entries_.emplace_front(key, std::move(value));
-    index_.emplace(std::cref(entries_.front().first), entries_.begin());
+    try {
+      index_.emplace(std::cref(entries_.front().first), entries_.begin());
+    } catch (...) {
+      entries_.pop_front();  // no entry the index does not know
+      throw;
+    }
     return {&entries_.front().second, true};
   }
 

@@ -36,9 +36,9 @@ Tensor PatternCache::get(const std::string& key, const std::function<Tensor()>& 
   // thread's: the pattern's copy to the device must be finished before anyone can see it.
   if (pattern.defined()) Stream::current(pattern.device()).synchronize();
   std::lock_guard<std::mutex> lock(mu_);
-  if (const Tensor* stored = patterns_.find(key)) return *stored;  // another thread's, first
   if (storage_bytes(pattern) > max_bytes_) return pattern;
-  patterns_.insert(key, pattern);
+  const auto [stored, inserted] = patterns_.insert(key, pattern);
+  if (!inserted) return *stored;  // another thread stored it first
   ++stats_.entries;
   stats_.bytes += storage_bytes(pattern);
   evict_over_limits();

@@ -30,8 +30,9 @@ void synchronize(Device device);
 // default is OpenMP's (OMP_NUM_THREADS, else every core). Throws rd::Error when < 1.
 void set_num_threads(int threads);
 int num_threads();
-// The CPU's kernel set for GEMMs ("OpenBLAS Cooperlake"): a CPU of another kernel set rounds
-// differently, so a run retraces another bit for bit only on the same one (and thread count).
+// The CPU's GEMM library, its version and kernel set ("OpenBLAS 0.3.21 Cooperlake"): a CPU of
+// another kernel set can round differently, so a run retraces another bit for bit only on the same
+// one (and thread count).
 std::string cpu_gemm_kernels();
 
 // Asynchronous errors. On CUDA, index ops (embedding, index_select, gather, scatter,

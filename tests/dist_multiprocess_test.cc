@@ -225,19 +225,21 @@ TEST(RdLaunch, NamesTheFailedRankAndStopsTheOthers) {
 // Unless the launcher's environment sets OMP_NUM_THREADS, rd_launch gives each of its ranks
 // an equal share of the cores (at least 1), so n CPU ranks do not run n threads a core.
 TEST(RdLaunch, SharesTheCoresAmongTheRanksUnlessOmpNumThreadsIsSet) {
-  const auto threads_of_ranks = [](const std::vector<std::string>& env_args) {
+  const auto threads_of_ranks = [](int ranks, const std::vector<std::string>& env_args) {
     std::vector<std::string> command = {"env"};
     command.insert(command.end(), env_args.begin(), env_args.end());
-    command.insert(command.end(), {RD_LAUNCH_PATH, "-n", "2", "--", "sh", "-c",
+    command.insert(command.end(), {RD_LAUNCH_PATH, "-n", std::to_string(ranks), "--", "sh", "-c",
                                    "echo threads=${OMP_NUM_THREADS:-unset}"});
     return run(command, 1, nullptr, std::chrono::milliseconds(0));
   };
-  const std::string share = str_cat("threads=", std::max(1, dist::available_cores() / 2), "\n");
-  const Job shared = threads_of_ranks({"-u", "OMP_NUM_THREADS"});
-  const Job kept = threads_of_ranks({"OMP_NUM_THREADS=3"});
+  const int cores = dist::available_cores();
+  const Job alone = threads_of_ranks(1, {"-u", "OMP_NUM_THREADS"});
+  EXPECT_EQ(alone.of_rank(0), str_cat("threads=", cores, "\n")) << alone.all();
+  const Job shared = threads_of_ranks(2, {"-u", "OMP_NUM_THREADS"});
+  const Job kept = threads_of_ranks(2, {"OMP_NUM_THREADS=97"});  // no machine's share here
   for (int r = 0; r < 2; ++r) {
-    EXPECT_EQ(shared.of_rank(r), share) << shared.all();
-    EXPECT_EQ(kept.of_rank(r), "threads=3\n") << kept.all();
+    EXPECT_EQ(shared.of_rank(r), str_cat("threads=", std::max(1, cores / 2), "\n")) << shared.all();
+    EXPECT_EQ(kept.of_rank(r), "threads=97\n") << kept.all();
   }
 }
 

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "ringdilated/kernels/cpu/parallel.h"
 #include "ringdilated/tensor/allocator.h"
 #include "ringdilated/tensor/device.h"
 
@@ -60,8 +61,12 @@ void Progress::print_summary(const LanguageModel& model, DType dtype, Device dev
               device.str().c_str());
   // On the CPU a run retraces another only on the same kernel set (kernels/cpu/parallel.h).
   if (!device.is_cuda()) {
-    std::printf("cpu: %d thread%s, %s kernels\n", num_threads(), num_threads() == 1 ? "" : "s",
-                cpu_gemm_kernels().c_str());
+    // OPENBLAS_NUM_THREADS can give GEMMs another count, which changes their rounding too.
+    const int threads = num_threads(), blas_threads = kernels::cpu::blas_num_threads();
+    const std::string blas_note =
+        blas_threads == threads ? "" : str_cat(" (OpenBLAS ", blas_threads, ")");
+    std::printf("cpu: %d thread%s%s, %s kernels\n", threads, threads == 1 ? "" : "s",
+                blas_note.c_str(), cpu_gemm_kernels().c_str());
   }
   std::printf("memory: weights %sB, optimizer%s %sB", format_count(weight_bytes).c_str(),
               master_weights ? " + float32 masters" : "", format_count(state_bytes).c_str());

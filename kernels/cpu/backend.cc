@@ -43,8 +43,15 @@ int num_threads() { return omp_get_max_threads(); }
 int blas_num_threads() { return openblas_get_num_threads(); }
 
 std::string blas_kernel_set() {
+  // openblas_get_config() starts "OpenBLAS <version> ..."; the version is its second word.
+  const std::string config = openblas_get_config() != nullptr ? openblas_get_config() : "";
+  const size_t start = config.find(' ');
+  const std::string version =
+      start == std::string::npos
+          ? ""
+          : config.substr(start + 1, config.find(' ', start + 1) - start - 1);
   const char* name = openblas_get_corename();
-  return name != nullptr ? name : "unknown";
+  return (version.empty() ? "" : version + " ") + (name != nullptr ? name : "unknown");
 }
 
 }  // namespace cpu

@@ -10,7 +10,7 @@ namespace rd::kernels::cpu {
 // OpenMP's per-thread default) and by every later OpenBLAS call (OpenBLAS keeps one count
 // per process). Our own kernels split their work the same way for every count, so their
 // results never depend on it; OpenBLAS's GEMMs can round some shapes differently with it
-// (tensor_api_test shows both).
+// (tensor_api_test checks the former).
 //
 // Both counts are set because Debian's default OpenBLAS is the pthread build, which keeps a
 // thread pool of its own beside OpenMP's: left at its default (all cores) it would run a
@@ -22,10 +22,10 @@ int num_threads();
 // The threads OpenBLAS uses for one call (its openblas_get_num_threads()).
 int blas_num_threads();
 
-// The kernel set OpenBLAS chose for this CPU (its openblas_get_corename(): "Haswell",
-// "Cooperlake", ...). The CPU's instruction set picks OpenBLAS's kernels (and the C library's
-// math functions), so a training run retraces another bit for bit only on a CPU of the same
-// kernel set (and, for GEMMs, the same thread count).
+// OpenBLAS's version and the kernel set it chose for this CPU ("0.3.21 Cooperlake": the first
+// words of openblas_get_config() and openblas_get_corename()). The CPU's instruction set picks
+// OpenBLAS's kernels (and the C library's math functions), so a training run retraces another bit
+// for bit only on a CPU of the same kernel set (and, for GEMMs, the same thread count).
 std::string blas_kernel_set();
 
 }  // namespace rd::kernels::cpu

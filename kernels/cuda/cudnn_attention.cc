@@ -860,7 +860,7 @@ class GraphCache {
   }
   const size_t capacity_;
   absl::Mutex mu_;
-  kernels::LruMap<GraphKey, std::shared_ptr<GraphEntry> > entries_ ABSL_GUARDED_BY(mu_);
+  kernels::LruMap<GraphKey, std::shared_ptr<GraphEntry>> entries_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_set<int64_t> devices_ ABSL_GUARDED_BY(mu_);  // that built a graph
   std::vector<std::shared_ptr<GraphEntry>> retired_ ABSL_GUARDED_BY(mu_);
   CudnnGraphCacheStats stats_ ABSL_GUARDED_BY(mu_);
