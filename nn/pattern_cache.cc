@@ -39,16 +39,14 @@ Tensor PatternCache::get(const std::string& key, const std::function<Tensor()>& 
   if (storage_bytes(pattern) > max_bytes_) return pattern;
   const auto [stored, inserted] = patterns_.insert(key, pattern);
   if (!inserted) return *stored;  // another thread stored it first
-  ++stats_.entries;
   stats_.bytes += storage_bytes(pattern);
   evict_over_limits();
   return pattern;
 }
 
 void PatternCache::evict_over_limits() {
-  while (stats_.entries > max_entries_ || stats_.bytes > max_bytes_) {
+  while (static_cast<int64_t>(patterns_.size()) > max_entries_ || stats_.bytes > max_bytes_) {
     stats_.bytes -= storage_bytes(patterns_.oldest());
-    --stats_.entries;
     ++stats_.evictions;
     patterns_.pop_oldest();
   }
@@ -56,13 +54,14 @@ void PatternCache::evict_over_limits() {
 
 PatternCacheStats PatternCache::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return stats_;
+  PatternCacheStats stats = stats_;
+  stats.entries = static_cast<int64_t>(patterns_.size());
+  return stats;
 }
 
 void PatternCache::clear() {
   std::lock_guard<std::mutex> lock(mu_);
   patterns_.clear();
-  stats_.entries = 0;
   stats_.bytes = 0;
 }
 

@@ -73,13 +73,14 @@ std::shared_ptr<const RankPlan> RankPlanCache::get(const std::string& key,
   std::lock_guard<std::mutex> lock(mu_);
   std::shared_ptr<const RankPlan> plan = *plans_.insert(key, std::move(made)).first;
   while (static_cast<int64_t>(plans_.size()) > max_entries_) plans_.pop_oldest();
-  stats_.entries = static_cast<int64_t>(plans_.size());
   return plan;
 }
 
 RankPlanCacheStats RankPlanCache::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return stats_;
+  RankPlanCacheStats stats = stats_;
+  stats.entries = static_cast<int64_t>(plans_.size());
+  return stats;
 }
 
 }  // namespace rd::nn

@@ -85,6 +85,6 @@ void set_num_threads(int threads) { kernels::cpu::set_num_threads(threads); }
 
 int num_threads() { return kernels::cpu::num_threads(); }
 
-std::string cpu_gemm_kernels() { return "OpenBLAS " + kernels::cpu::blas_kernel_set(); }
+std::string cpu_gemm_kernels() { return kernels::cpu::blas_kernel_set(); }
 
 }  // namespace rd

@@ -5,6 +5,8 @@
 #include <omp.h>
 
 #include <cstdlib>
+#include <sstream>
+#include <string>
 
 #include "ringdilated/kernels/cpu/parallel.h"
 #include "ringdilated/kernels/error.h"
@@ -43,15 +45,14 @@ int num_threads() { return omp_get_max_threads(); }
 int blas_num_threads() { return openblas_get_num_threads(); }
 
 std::string blas_kernel_set() {
-  // openblas_get_config() starts "OpenBLAS <version> ..."; the version is its second word.
-  const std::string config = openblas_get_config() != nullptr ? openblas_get_config() : "";
-  const size_t start = config.find(' ');
-  const std::string version =
-      start == std::string::npos
-          ? ""
-          : config.substr(start + 1, config.find(' ', start + 1) - start - 1);
-  const char* name = openblas_get_corename();
-  return (version.empty() ? "" : version + " ") + (name != nullptr ? name : "unknown");
+  // openblas_get_config() starts "OpenBLAS <version> ...": its first two words.
+  const char* config = openblas_get_config();
+  std::istringstream words(config != nullptr ? config : "OpenBLAS");
+  std::string library, version;
+  words >> library >> version;
+  const char* core = openblas_get_corename();
+  return str_cat(library, version.empty() ? "" : " ", version, " ",
+                 core != nullptr ? core : "unknown");
 }
 
 }  // namespace cpu

@@ -22,10 +22,11 @@ int num_threads();
 // The threads OpenBLAS uses for one call (its openblas_get_num_threads()).
 int blas_num_threads();
 
-// OpenBLAS's version and the kernel set it chose for this CPU ("0.3.21 Cooperlake": the first
-// words of openblas_get_config() and openblas_get_corename()). The CPU's instruction set picks
-// OpenBLAS's kernels (and the C library's math functions), so a training run retraces another bit
-// for bit only on a CPU of the same kernel set (and, for GEMMs, the same thread count).
+// OpenBLAS, its version and the kernel set it chose for this CPU ("OpenBLAS 0.3.21
+// Cooperlake": the first words of openblas_get_config(), then openblas_get_corename()). The
+// CPU's instruction set picks OpenBLAS's kernels (and the C library's math functions), so a
+// training run retraces another bit for bit only with the same kernel set (and, for GEMMs,
+// the same thread count).
 std::string blas_kernel_set();
 
 }  // namespace rd::kernels::cpu
