@@ -109,8 +109,9 @@ struct AttentionForwardArgs {
   const AttentionPieces* pieces = nullptr;  // a call over pieces (see AttentionPieces)
 };
 
-// Gradients of one forward call, ACCUMULATED into grad_q, grad_k and grad_v (+=), so that
-// calls over overlapping selections (several dilation pairs, ring blocks) add up. `out` and
+// Gradients of one forward call, ACCUMULATED into grad_q, grad_k and grad_v (+=) unless the
+// call overwrites them (below), so that calls over overlapping selections (several dilation
+// pairs, ring blocks) add up. `out` and
 // `lse` are those of the final result the loss saw: for a result merged from several calls
 // through the log-sum-exp, pass the merged out and lse to each call's backward, which is then
 // exactly that call's share of the gradient.
@@ -126,21 +127,34 @@ struct AttentionBackwardArgs {
   // then receives the sum over those dims. Only cuDNN takes such gradients (the other kernels
   // report them unsupported: attention_grads_shared).
   AttentionParams params;
-  // A promise by the caller: grad_q, grad_k and grad_v hold zeros, and no other call writes
-  // them before this one ends. A kernel may then store its gradients instead of adding them
-  // (cuDNN writes straight into them rather than into scratch plus an add); kernels that
-  // accumulate anyway give the same result.
-  bool grads_start_at_zero = false;
-  // The same promise for grad_q alone (grouped-query attention: each query head's rows are
-  // one call's, while key/value heads that several calls share accumulate).
-  bool grad_q_starts_at_zero = false;
+  // The call stores its gradients instead of adding them: every element of grad_q, grad_k
+  // and grad_v that it computes (over pieces: the pieces' rows) is overwritten, whatever it
+  // held. The caller guarantees that no other contribution is meant to be there (each element
+  // is this call's alone, or the buffer is fresh), so the buffers need no zeros beforehand.
+  // cuDNN writes straight into them (no scratch, no add); kernels that only accumulate zero
+  // them first (overwritten_grads).
+  bool overwrite_grads = false;
+  // The same for grad_q alone (grouped-query attention: each query head's rows are one
+  // call's, while key/value heads that several calls share accumulate).
+  bool overwrite_grad_q = false;
   const AttentionPieces* pieces = nullptr;  // as the forward's
 };
 
-// Whether the caller promised grad_q holds zeros: grads_start_at_zero promises it for all
-// three gradients, grad_q_starts_at_zero for grad_q alone.
-inline bool grad_q_promised_zero(const AttentionBackwardArgs& args) {
-  return args.grads_start_at_zero || args.grad_q_starts_at_zero;
+// Whether the call overwrites grad_q: overwrite_grads says so for all three gradients,
+// overwrite_grad_q for grad_q alone.
+inline bool overwrites_grad_q(const AttentionBackwardArgs& args) {
+  return args.overwrite_grads || args.overwrite_grad_q;
+}
+
+// The gradients a call overwrites (what a kernel that only accumulates zeroes first).
+inline std::vector<const StridedView*> overwritten_grads(const AttentionBackwardArgs& args) {
+  std::vector<const StridedView*> grads;
+  if (overwrites_grad_q(args)) grads.push_back(&args.grad_q);
+  if (args.overwrite_grads) {
+    grads.push_back(&args.grad_k);
+    grads.push_back(&args.grad_v);
+  }
+  return grads;
 }
 
 }  // namespace rd::kernels

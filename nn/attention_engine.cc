@@ -71,8 +71,9 @@ RankLayout rank_layout(const char* op, const Tensor& q, const DilatedAttentionOp
   return {q.size(0), q.size(1), q.size(2), q.size(3), rank, ranks, zigzag, 0};
 }
 
-// A variant's backward: adds the gradients of q, k and v into the buffers, given the
-// forward's results and the gradients arriving at them.
+// A variant's backward: builds the gradients of q, k and v in the buffers (uninitialized:
+// it zeroes what its calls do not store), given the forward's results and the gradients
+// arriving at them.
 using VariantBackward =
     std::function<void(const Tensor& out, const Tensor& lse, const Tensor& grad_out,
                        const Tensor& grad_lse, const GradBuffers& grads)>;
@@ -92,7 +93,7 @@ void record_node(const char* op, const AttentionInputs& in, const RankAttention&
         const Tensor grad_lse =
             grads[1].defined() ? grads[1].to(lse.dtype()).contiguous() : Tensor();
         const GradBuffers buffers =
-            GradBuffers::zeroed(out.shape(), kv_heads, grad_dtypes, out.device(), packed);
+            GradBuffers::uninitialized(out.shape(), kv_heads, grad_dtypes, out.device(), packed);
         backward(out, lse, grad_out, grad_lse, buffers);
         return buffers.input_grads(out.dtype());
       });
@@ -195,6 +196,7 @@ VariantRun run_global(const DilatedAttentionOptions& options, const RankLayout& 
   run.backward = [runner, plan, q = in.q, k, v, kv_index, comm](
                      const Tensor& out, const Tensor& lse, const Tensor& grad_out,
                      const Tensor& grad_lse, const GradBuffers& grads) {
+    grads.zero();  // every call adds (gathered copies added back by position)
     if (!kv_index.defined()) {
       global_backward(*runner, *plan, q, k, v, out, lse, grad_out, grad_lse, comm, grads);
       return;

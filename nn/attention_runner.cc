@@ -203,21 +203,25 @@ kernels::AttentionBackwardArgs backward_args(const char* op,
   return b;
 }
 
-GradBuffers GradBuffers::zeroed(const Shape& bnhd, int64_t kv_heads, GradDtypes dtypes,
-                                Device device, bool packed) {
+GradBuffers GradBuffers::uninitialized(const Shape& bnhd, int64_t kv_heads, GradDtypes dtypes,
+                                       Device device, bool packed) {
   const TensorOptions q_opts = TensorOptions(dtypes.q).with_device(device);
   GradBuffers g;
   if (packed) {
     RD_CHECK(dtypes.q == dtypes.kv && kv_heads == bnhd[2], kInternal,
              "GradBuffers: packed q/k/v gradients share one dtype and head count");
-    g.packed = rd::zeros({bnhd[0], bnhd[1], 3, bnhd[2], bnhd[3]}, q_opts);
+    g.packed = rd::empty({bnhd[0], bnhd[1], 3, bnhd[2], bnhd[3]}, q_opts);
     for (int64_t i = 0; i < 3; ++i) g.qkv.push_back(g.packed.select(2, i));
   } else {
     const TensorOptions kv_opts = TensorOptions(dtypes.kv).with_device(device);
     const Shape kv_shape{bnhd[0], bnhd[1], kv_heads, bnhd[3]};
-    g.qkv = {rd::zeros(bnhd, q_opts), rd::zeros(kv_shape, kv_opts), rd::zeros(kv_shape, kv_opts)};
+    g.qkv = {rd::empty(bnhd, q_opts), rd::empty(kv_shape, kv_opts), rd::empty(kv_shape, kv_opts)};
   }
   return g;
+}
+
+void GradBuffers::zero() const {
+  for (Tensor t : packed.defined() ? std::vector<Tensor>{packed} : qkv) t.zero_();
 }
 
 std::vector<Tensor> GradBuffers::input_grads(DType dtype) const {

@@ -127,16 +127,19 @@ struct GradDtypes {
   DType q = DType::kFloat32, kv = DType::kFloat32;
 };
 
-// Where the backward adds the gradients of q, k and v: zero-filled buffers of the gradient
-// dtypes, either three [B, N, H, D] tensors or the q/k/v selections of one [B, N, 3, H, D]
-// tensor when the inputs came packed (then no gradient-sized copy is ever made to pack them).
+// Where the backward builds the gradients of q, k and v: buffers of the gradient dtypes,
+// either three [B, N, H, D] tensors or the q/k/v selections of one [B, N, 3, H, D] tensor
+// when the inputs came packed (then no gradient-sized copy is ever made to pack them). They
+// come uninitialized: a variant's backward zeroes what its calls do not store.
 struct GradBuffers {
   Tensor packed;            // [B, N, 3, H, D], or undefined
   std::vector<Tensor> qkv;  // q [B, N, H, D], k and v [B, N, H_kv, D]
 
   // `kv_heads`: H_kv (grouped-query attention; packed inputs have H_kv = H and one dtype).
-  static GradBuffers zeroed(const Shape& bnhd, int64_t kv_heads, GradDtypes dtypes, Device device,
-                            bool packed);
+  static GradBuffers uninitialized(const Shape& bnhd, int64_t kv_heads, GradDtypes dtypes,
+                                   Device device, bool packed);
+  // Zeroes all three.
+  void zero() const;
   // The gradients of the autograd inputs (q, k, v; or the packed qkv) in `dtype`.
   std::vector<Tensor> input_grads(DType dtype) const;
 };

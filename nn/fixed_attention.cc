@@ -14,6 +14,7 @@
 
 #include "ringdilated/nn/key_exchange.h"
 #include "ringdilated/nn/piece_calls.h"
+#include "ringdilated/nn/row_cover.h"
 #include "ringdilated/tensor/dispatch.h"
 #include "ringdilated/tensor/op_util.h"
 #include "ringdilated/tensor/ops.h"
@@ -147,6 +148,25 @@ UnitAcc& unit_acc(const RankPlan& plan, ForwardState& state, int unit, DType q_d
   return state.units.back();
 }
 
+// Whether every local call covers all batch rows (none is a document piece of one row):
+// then the rows a call writes are the same in every batch row, which RowCover follows.
+bool calls_span_batch(const RankPlan& plan) {
+  return std::all_of(plan.local_calls.begin(), plan.local_calls.end(),
+                     [](const LocalCall& call) { return call.batch_row < 0; });
+}
+
+// Head groups: zeroes `out` where no local call writes (positions no pair of a head's group
+// selects); the calls write the rest. Remote partials merge into rows the calls wrote.
+void zero_unwritten_out(const RankPlan& plan, Tensor out) {
+  if (!calls_span_batch(plan)) {
+    out.zero_();
+    return;
+  }
+  RowCover written(plan.layout.heads, plan.layout.rows_per_rank);
+  for (const LocalCall& call : plan.local_calls) written.add(call.q);
+  written.zero_rest(out);
+}
+
 // The calls on this rank's own keys, in place.
 void local_forward(AttentionRunner& runner, const RankPlan& plan, const Tensor& q, const Tensor& k,
                    const Tensor& v, ForwardState& state) {
@@ -172,7 +192,7 @@ void local_forward(AttentionRunner& runner, const RankPlan& plan, const Tensor& 
   // All heads: each pair's partial in q's dtype (what every kernel, cuDNN included, writes;
   // rounded once), merged through the LSE into the float32 accumulator. The merge reads a
   // partial only in rows its calls wrote (finite lse), so only the lse is reset per pair.
-  Tensor part = empty_like(state.out), part_lse = empty_like(state.lse);
+  Tensor part = empty(state.acc_out.shape(), options_like(q)), part_lse = empty_like(state.lse);
   for (int pair = 0; pair < plan.num_pairs; ++pair) {
     part_lse.fill_(kEmptyLse);
     run_calls([pair](const LocalCall& call) { return call.pair == pair; }, part, part_lse);
@@ -262,9 +282,14 @@ RankAttention fixed_forward(AttentionRunner& runner, const RankPlan& plan, const
   const TensorOptions acc_opts =
       TensorOptions(accumulation_dtype(q.dtype())).with_device(q.device());
   ForwardState state;
-  state.out = zeros({l.batch, l.rows_per_rank, l.heads, l.head_dim}, options_like(q));
+  const Shape out_shape{l.batch, l.rows_per_rank, l.heads, l.head_dim};
   state.lse = full({l.batch, l.heads, l.rows_per_rank}, kEmptyLse, acc_opts);
-  if (plan.merged) state.acc_out = zeros(state.out.shape(), acc_opts);
+  if (plan.merged) {
+    state.acc_out = zeros(out_shape, acc_opts);
+  } else {
+    state.out = empty(out_shape, options_like(q));
+    zero_unwritten_out(plan, state.out);
+  }
   ExchangeVisitor visitor;
   visitor.local = [&] { local_forward(runner, plan, q, k, v, state); };
   visitor.visit = [&](int src, const ExchangeGroup& group, const Tensor& flat, const Tensor&) {
@@ -314,6 +339,11 @@ class KeyGradStores {
   std::vector<int> writer_;  // per key/value head: the one pair that wrote it, or kNone/kSeveral
 };
 
+// Which gradients a call stores rather than adds (AttentionBackwardArgs' overwrite flags).
+struct Stores {
+  bool grad_q = false, grad_kv = false;
+};
+
 // The backward of one pass: runs each call's backward into the gradient buffers. Head groups:
 // the local calls write q-dtype gradients in place (disjoint selections of zeros);
 // contributions from and to other ranks accumulate in float32 per unit and are added once at
@@ -332,26 +362,29 @@ class FixedBackward {
         grad_lse_(grad_lse),
         grads_(grads) {}
 
-  // The calls on this rank's own keys, in pieces (backward_pieces).
+  // The calls on this rank's own keys, in pieces (backward_pieces). They run first: the
+  // buffers, uninitialized until now, are zeroed here except the rows the calls store.
   void local(const Tensor& k, const Tensor& v) {
-    // Head groups: each call's dQ rows are its own zeros, its dK/dV too unless another pair
-    // shares its key/value heads (grouped-query attention: KeyGradStores).
-    const bool head_groups = !plan_.merged;
     const PieceGroups calls =
         group_piece_calls(plan_.local_calls, [](const LocalCall&) { return true; });
     std::vector<const LocalCall*> singles = calls.singles;
     KeyGradStores stores(plan_.layout.kv_heads);
-    for (const std::vector<const LocalCall*>& group : calls.groups) {
-      // Document pieces as one call where a kernel takes it (no lse gradient).
-      if (!grad_lse_.defined() && piece_group(group, k, v, stores)) continue;
-      singles.insert(singles.end(), group.begin(), group.end());
+    if (!calls.groups.empty()) {
+      // Document pieces: whether a group stores is known only once a kernel takes it.
+      grads_.zero();
+      for (const std::vector<const LocalCall*>& group : calls.groups) {
+        // Document pieces as one call where a kernel takes it (no lse gradient).
+        if (!grad_lse_.defined() && piece_group(group, k, v, stores)) continue;
+        singles.insert(singles.end(), group.begin(), group.end());
+      }
     }
-    for (const LocalCall* call : singles) {
-      const StartsAtZero own{head_groups, head_groups && stores.may_store(*call)};
+    const std::vector<Stores> stored = single_stores(singles, stores);
+    if (calls.groups.empty()) zero_unstored(singles, stored);
+    for (size_t i = 0; i < singles.size(); ++i) {
       for (const LocalCall& piece :
-           backward_pieces(*call, plan_.layout, runner_.backward_piece_elements())) {
+           backward_pieces(*singles[i], plan_.layout, runner_.backward_piece_elements())) {
         run(piece, local_keys(runner_, piece, k, v), grads_.qkv[0], piece.q, grads_.qkv[1],
-            grads_.qkv[2], own);
+            grads_.qkv[2], stored[i]);
       }
     }
   }
@@ -373,7 +406,7 @@ class FixedBackward {
       for (const LocalCall* call : singles) {
         const Keys keys = exchanged_keys(runner_, plan_, *call, src, group, flat);
         run(*call, keys, unit_dq(unit, rows), in_unit(call->q, u.heads, rows), grad_k, grad_v,
-            StartsAtZero{});
+            Stores{});
       }
     }
   }
@@ -387,6 +420,33 @@ class FixedBackward {
   }
 
  private:
+  // What each of the local single calls stores, in run order. Head groups: each call's dQ
+  // rows are its own, its dK/dV too unless another pair shares its key/value heads
+  // (grouped-query attention: KeyGradStores). All heads: every pair adds.
+  std::vector<Stores> single_stores(const std::vector<const LocalCall*>& singles,
+                                    KeyGradStores& stores) const {
+    const bool head_groups = !plan_.merged;
+    std::vector<Stores> stored;
+    for (const LocalCall* call : singles) {
+      stored.push_back({head_groups, head_groups && stores.may_store(*call)});
+    }
+    return stored;
+  }
+
+  // Zeroes the gradient buffers except the rows the calls store (`stored`, parallel).
+  void zero_unstored(const std::vector<const LocalCall*>& calls,
+                     const std::vector<Stores>& stored) const {
+    const int64_t rows = plan_.layout.rows_per_rank;
+    RowCover q_rows(grads_.qkv[0].size(2), rows), kv_rows(grads_.qkv[1].size(2), rows);
+    for (size_t i = 0; i < calls.size(); ++i) {
+      if (stored[i].grad_q) q_rows.add(calls[i]->q);
+      if (stored[i].grad_kv) kv_rows.add(without_repeat(calls[i]->k));
+    }
+    q_rows.zero_rest(grads_.qkv[0]);
+    kv_rows.zero_rest(grads_.qkv[1]);
+    kv_rows.zero_rest(grads_.qkv[2]);
+  }
+
   // A group of document pieces (one pair, head set and heads) as one call over pieces. Head
   // groups: its dQ stored in place (q's dtype), its dK/dV too where its pair writes its
   // key/value heads first (KeyGradStores) and the kernel takes the buffers as they lie. What
@@ -437,7 +497,7 @@ class FixedBackward {
 
   // Runs `group` (re-based to `in`) into zeroed compact scratch in q's dtype, then adds the
   // scratch into grad_q, grad_k and grad_v (shaped like in.q and in.k), or stores dQ into
-  // `store_q` (a view holding zeros) where defined. cuDNN's ragged backward with full heads
+  // `store_q` where defined. cuDNN's ragged backward with full heads
   // writes dK/dV where k and v lie, so k and v run from compact copies there. False, with
   // nothing added, where no kernel takes the group; then no later group of this pass tries.
   bool via_scratch(const std::vector<const LocalCall*>& group, UnitInputs in, const Tensor& store_q,
@@ -535,13 +595,8 @@ class FixedBackward {
     return RowRun{first, rate, (block_rows - first + rate - 1) / rate};
   }
 
-  // Which gradients a call may store rather than add (AttentionBackwardArgs' promises).
-  struct StartsAtZero {
-    bool grad_q = false, grad_kv = false;
-  };
-
   void run(const LocalCall& call, const Keys& keys, const Tensor& grad_q, const Selection& q_sel,
-           const Tensor& grad_k, const Tensor& grad_v, StartsAtZero stored) {
+           const Tensor& grad_k, const Tensor& grad_v, Stores stored) {
     const AttentionForwardArgs fwd =
         forward_args(runner_, plan_.layout, q_, call, keys, {out_, lse_, call.q});
     const int64_t row = call.batch_row;
@@ -552,8 +607,8 @@ class FixedBackward {
     auto args_into = [&](const Tensor& into_k, const Tensor& into_v) {
       AttentionBackwardArgs args =
           backward_args(runner_.op(), fwd, grad_out, grad_lse, dq, into_k, into_v);
-      args.grads_start_at_zero = stored.grad_q && stored.grad_kv;
-      args.grad_q_starts_at_zero = stored.grad_q;
+      args.overwrite_grads = stored.grad_q && stored.grad_kv;
+      args.overwrite_grad_q = stored.grad_q;
       return args;
     };
     const AttentionBackwardArgs direct = args_into(select_bnhd(rows_of(grad_k, row), keys.sel),
@@ -574,7 +629,7 @@ class FixedBackward {
     const Tensor scratch_k = zeros(key_shape, acc_opts), scratch_v = zeros(key_shape, acc_opts);
     runner_.backward(fwd, args_into(scratch_k, scratch_v));
     const Selection distinct = without_repeat(keys.sel);
-    // Stored where the call may store (as cuDNN would), so a wrong promise shows here too.
+    // Stored where the call stores (as cuDNN would), so a wrong decision shows here too.
     for (const auto& [grad, scratch] : {std::pair{&grad_k, &scratch_k}, {&grad_v, &scratch_v}}) {
       Tensor target = select_bnhd(rows_of(*grad, row), distinct);
       if (stored.grad_kv) {

@@ -97,14 +97,15 @@ void global_piece_backward(AttentionRunner& runner, const RankLayout& l, const G
   const int64_t nq = g.query_rows.numel(), nk = g.key_rows.numel();
   const Heads& h = g.heads;
   const Shape q_shape{l.batch, h.count, nq, l.head_dim}, k_shape{l.batch, h.count, nk, l.head_dim};
-  std::vector<Tensor> gathered{zeros(q_shape, acc), zeros(k_shape, acc), zeros(k_shape, acc)};
+  // Overwritten whole by the call.
+  std::vector<Tensor> gathered{empty(q_shape, acc), empty(k_shape, acc), empty(k_shape, acc)};
   AttentionBackwardArgs b = backward_args(
       op, fwd,
       grad_out.narrow(1, g.local_row, nq).narrow(2, h.first, h.count).permute({0, 2, 1, 3}),
       grad_lse.defined() ? grad_lse.narrow(1, h.first, h.count).narrow(2, g.local_row, nq)
                          : Tensor(),
       gathered[0], gathered[1], gathered[2]);
-  b.grads_start_at_zero = true;  // fresh zeros, one call each
+  b.overwrite_grads = true;  // fresh buffers, one call each
   runner.backward(fwd, b);
   // Row m of a gathered copy came from position P[m]: add it back there.
   const Tensor* rows[3] = {&g.query_rows, &g.key_rows, &g.key_rows};

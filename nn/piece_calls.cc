@@ -149,7 +149,7 @@ bool backward_piece_group(AttentionRunner& runner, const std::vector<const Local
   args.grad_q = base_view(grad_q, first.q, false);
   args.grad_k = base_view(grad_k, first.k, false);
   args.grad_v = base_view(grad_v, first.k, false);
-  args.grads_start_at_zero = true;
+  args.overwrite_grads = true;
   return runner.backward_if_supported(fwd, args);
 }
 

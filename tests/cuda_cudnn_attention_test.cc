@@ -152,7 +152,7 @@ TEST_F(CudnnAttentionTest, GradientsRepeatingWhereKeysDoNotAreRefused) {
   // dK and dV: one [3, 2, L, D] buffer for both entries of dim 0.
   b.grad_k = b.grad_v =
       device_view(DType::kBFloat16, 6 * kL * kD, shape, {0, 2 * kL * kD, kL * kD, kD, 1});
-  b.grads_start_at_zero = true;
+  b.overwrite_grads = true;
   try {
     backend().attention_backward(AttentionKernel::kCudnn, b);
     ADD_FAILURE() << "no error for a grad_k that repeats along dim 0";
@@ -605,7 +605,7 @@ TEST_P(CudnnGroupedPieces, MatchFloat64PerPiece) {
   clear_piece_rows(own_v, pieces, d, 0, hc);
   bwd.grad_k = shape.own_key_grads ? k_side(own_k, d, 0) : k_side(t.grad_k, d, shape.kv_first);
   bwd.grad_v = shape.own_key_grads ? k_side(own_v, d, 0) : k_side(t.grad_v, d, shape.kv_first);
-  bwd.grads_start_at_zero = true;
+  bwd.overwrite_grads = true;
   if (shape.own_key_grads && g == 1) {
     EXPECT_FALSE(backend().attention_supports(AttentionKernel::kCudnn, fwd, &bwd, &why));
     EXPECT_NE(why.find("grad_k is laid out otherwise"), std::string::npos) << why;

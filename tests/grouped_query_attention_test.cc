@@ -25,11 +25,18 @@
 #include "ringdilated/tensor/device.h"
 #include "ringdilated/tensor/ops.h"
 #include "testing/elementwise_close.h"
+#include "testing/poisoned_pool.h"
 #include "testing/raises.h"
 #include "testing/ring_invariance.h"
 
 namespace rd {
 namespace {
+
+// Every test here runs with new blocks of the CPU and GPU pools holding NaN
+// (testing/poisoned_pool.h): an element of an output or gradient that the engine neither
+// writes nor zeroes shows.
+[[maybe_unused]] ::testing::Environment* const kPoisonedPools =
+    ::testing::AddGlobalTestEnvironment(new test::PoisonedPoolEnvironment);
 
 using nn::DilatedAttentionOptions;
 using nn::DilationVariant;

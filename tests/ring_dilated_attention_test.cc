@@ -34,6 +34,12 @@
 namespace rd {
 namespace {
 
+// Every test here runs with new blocks of the CPU and GPU pools holding NaN
+// (testing/poisoned_pool.h): an element of an output or gradient that the engine neither
+// writes nor zeroes shows.
+[[maybe_unused]] ::testing::Environment* const kPoisonedPools =
+    ::testing::AddGlobalTestEnvironment(new test::PoisonedPoolEnvironment);
+
 using nn::DilatedAttentionOptions;
 using nn::DilationVariant;
 using nn::DistStrategy;
@@ -109,9 +115,9 @@ TEST_P(RingInvariance, Float32MatchesOneDeviceTo1e5) {
 
 // All heads merge each pair's partial, and each unit's partial per block of keys, without
 // zeroing it (the merge reads only rows a call wrote). With every new block of the CPU pool
-// filled with 0xff (NaN in float32), a row read unwritten would show as NaN on some rank.
+// filled with 0xff (kPoisonedPools: NaN in float32), a row read unwritten would show as
+// NaN on some rank.
 TEST(RingDilatedAttention, AllHeadsPartialsAreReadOnlyWhereWritten) {
-  const test::PoisonedPool poisoned(Device::cpu());
   for (const SequenceLayout layout : {SequenceLayout::kContiguous, SequenceLayout::kZigzag}) {
     for (const DistStrategy strategy : {DistStrategy::kRing, DistStrategy::kAllGather}) {
       for (const bool causal : {false, true}) {

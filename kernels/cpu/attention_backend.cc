@@ -36,14 +36,8 @@ void CpuBackend::attention_backward(AttentionKernel kernel, const AttentionBackw
   RD_CHECK(kernel == AttentionKernel::kMath, kUnimplemented, "attention_backward: the ",
            kernel_name(kernel), " kernel does not run on the CPU");
   RD_CHECK(args.pieces == nullptr, kUnimplemented, "attention_backward: ", kPiecesUnsupported);
-  // The caller's promise that gradients start at zero lets a kernel store them (cuDNN does).
-  // The reference takes it at its word and zeroes them first, so that a broken promise (an
-  // earlier call's gradient overwritten) fails the CPU tests too, not only cuDNN's.
-  if (grad_q_promised_zero(args)) fill(args.grad_q, 0.0);
-  if (args.grads_start_at_zero) {
-    fill(args.grad_k, 0.0);
-    fill(args.grad_v, 0.0);
-  }
+  // The reference only accumulates: a call that overwrites its gradients zeroes them first.
+  for (const StridedView* grad : overwritten_grads(args)) fill(*grad, 0.0);
   cpu::attention_backward(args);
 }
 

@@ -54,6 +54,10 @@ void attention_backward(AttentionKernel kernel, const AttentionBackwardArgs& arg
                         Allocator& scratch, cudaStream_t stream) {
   RD_CHECK(args.pieces == nullptr || kernel == AttentionKernel::kCudnn, kUnimplemented,
            "attention_backward: ", kPiecesUnsupported);
+  if (kernel != AttentionKernel::kCudnn) {
+    // The math and flash kernels only accumulate: a call that overwrites zeroes first.
+    for (const StridedView* grad : overwritten_grads(args)) fill(*grad, 0.0, stream);
+  }
   switch (kernel) {
     case AttentionKernel::kMath: return attention_math_backward(args, scratch, stream);
     case AttentionKernel::kFlash: return flash_attention_backward(args, scratch, stream);

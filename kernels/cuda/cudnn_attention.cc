@@ -591,8 +591,9 @@ std::string backward_problem(const AttentionBackwardArgs& a) {
   // (attention_grads_shared): cuDNN's dK and dV come per key/value head, not per query head.
   if (problem.empty()) problem = common_problem(a.q, a.k, a.v, a.params, attention_grads_shared(a));
   if (problem.empty() && a.pieces != nullptr) {
-    // cuDNN overwrites its gradients: over pieces they must start at zero, in q's dtype.
-    if (!a.grads_start_at_zero) return "pieces: the gradients must start at zero";
+    // cuDNN overwrites its gradients: over pieces the call must be one that overwrites, in
+    // q's dtype.
+    if (!a.overwrite_grads) return "pieces: the call must overwrite its gradients";
     for (const StridedView* grad : {&a.grad_q, &a.grad_k, &a.grad_v, &a.out, &a.grad_out}) {
       if (grad->dtype != a.q.dtype) return "pieces: out and the gradients must be q's dtype";
     }
@@ -1121,16 +1122,16 @@ class Staged {
   std::optional<ScratchBuffer> buffer_;
 };
 
-// Where cuDNN writes one gradient. cuDNN overwrites its outputs and ours accumulate, so the
-// gradient lands in scratch and is added afterwards, unless the caller promised the
-// gradient view holds zeros (and it is q's dtype in a layout cuDNN takes): then cuDNN writes
-// it directly, saving the scratch buffer and a read-modify-write pass.
+// Where cuDNN writes one gradient. cuDNN overwrites its outputs: where the call overwrites
+// too (and the gradient is q's dtype in a layout cuDNN takes) it writes the view directly;
+// otherwise into scratch, then added into the view (a call that accumulates) or copied
+// there (one that overwrites).
 class GradientTarget {
  public:
-  GradientTarget(const StridedView& grad, DType dtype, const BatchFold& fold, bool starts_at_zero,
+  GradientTarget(const StridedView& grad, DType dtype, const BatchFold& fold, bool overwrite,
                  Allocator& scratch)
-      : user_(grad), view_(grad) {
-    if (starts_at_zero && grad.dtype == dtype && fold_fits(grad, fold) &&
+      : user_(grad), view_(grad), overwrite_(overwrite) {
+    if (overwrite && grad.dtype == dtype && fold_fits(grad, fold) &&
         layout_problem("", grad, true).empty()) {
       return;
     }
@@ -1138,13 +1139,19 @@ class GradientTarget {
     view_ = contiguous_like(grad, dtype, buffer_->get());
   }
   const StridedView& view() const { return view_; }
-  // Adds a staged gradient into the caller's view.
+  // Moves a staged gradient into the caller's view.
   void finish(cudaStream_t stream) const {
-    if (buffer_) accumulate(user_, view_, stream);  // a float32 user_ reads view_ widened
+    if (!buffer_) return;
+    if (overwrite_) {
+      copy(user_, view_, stream);
+    } else {
+      accumulate(user_, view_, stream);  // a float32 user_ reads view_ widened
+    }
   }
 
  private:
   StridedView user_, view_;
+  bool overwrite_ = false;
   std::optional<ScratchBuffer> buffer_;
 };
 
@@ -1413,9 +1420,9 @@ void cudnn_attention_backward(const AttentionBackwardArgs& args, Allocator& scra
   const Staged grad_out(args.grad_out, dtype, true, fold.q, true, scratch, stream);
   const Staged lse(args.lse, DType::kFloat32, false, fold.q, true, scratch, stream,
                    /*packed=*/true);
-  const GradientTarget grad_q(args.grad_q, dtype, fold.q, grad_q_promised_zero(args), scratch);
-  const GradientTarget grad_k(own(args.grad_k), dtype, fold.kv, args.grads_start_at_zero, scratch);
-  const GradientTarget grad_v(own(args.grad_v), dtype, fold.kv, args.grads_start_at_zero, scratch);
+  const GradientTarget grad_q(args.grad_q, dtype, fold.q, overwrites_grad_q(args), scratch);
+  const GradientTarget grad_k(own(args.grad_k), dtype, fold.kv, args.overwrite_grads, scratch);
+  const GradientTarget grad_v(own(args.grad_v), dtype, fold.kv, args.overwrite_grads, scratch);
 
   GraphSpec spec = base_spec(Direction::kBackward, args.k, dtype, args.params, current_device());
   spec.tensors = {{kQ, fold_view(args.q, fold.q, true)},

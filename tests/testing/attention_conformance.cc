@@ -341,12 +341,12 @@ void add_cudnn_cases(std::vector<AttentionCase>& t) {
   c.dilation.spare_segments = 3;
   add(c);
   c.dilation.spare_segments = 0;
-  // Gradients that start at zero, written in place by cuDNN in q's dtype; float32 ones
-  // still go through scratch and an add.
+  // Calls that overwrite their gradients (poisoned with NaN first): cuDNN writes q-dtype
+  // ones in place, float32 ones through scratch and a copy; the others zero them first.
   for (DType grad : {kBF16, kF32}) {
-    c.name = "cudnn_bf16_dilated_causal_zero_" + tag(grad) + "_gradients";
+    c.name = "cudnn_bf16_dilated_causal_overwritten_" + tag(grad) + "_gradients";
     c.grad_dtype = grad;
-    c.grads_start_at_zero = true;
+    c.overwrite_grads = true;
     add(c);
   }
   // All 3 heads, segments of 32, every 4th position from 3; a packed lse; the backward gets
@@ -830,6 +830,8 @@ void check_attention_case(const AttentionCase& c, Device device, AttentionKernel
       c.key_split > 0 ? std::vector<std::pair<int64_t, int64_t>>{{0, c.key_split},
                                                                  {c.key_split, c.lk}}
                       : std::vector<std::pair<int64_t, int64_t>>{{0, c.lk}};
+  // Key blocks add into one dQ: a call that overwrites would drop the first block's share.
+  ASSERT_FALSE(c.overwrite_grads && key_blocks.size() > 1) << "overwrite_grads with key_split";
   const Mirror dq(q, device), dk(k, device), dv(v, device);
 
   // Forward, into poisoned outputs (float32 partials merged here for a split).
@@ -963,8 +965,8 @@ void check_attention_case(const AttentionCase& c, Device device, AttentionKernel
   grad_out.buffer.fill_uniform(rng);
   grad_lse.buffer.fill_uniform(rng);
   for (Operand* o : {&grad_q, &grad_k, &grad_v}) {
-    if (c.grads_start_at_zero) {
-      o->buffer.fill_bytes(0);
+    if (c.overwrite_grads) {
+      o->buffer.fill_bytes(0xff);  // NaN: an element the call fails to overwrite shows
     } else {
       o->buffer.fill_uniform(rng, -0.5, 0.5);
     }
@@ -988,7 +990,7 @@ void check_attention_case(const AttentionCase& c, Device device, AttentionKernel
   bargs.grad_k = d_gk.view();
   bargs.grad_v = d_gv.view();
   bargs.params = params;
-  bargs.grads_start_at_zero = c.grads_start_at_zero;
+  bargs.overwrite_grads = c.overwrite_grads;
   if (!backend.attention_supports(kernel, args, &bargs, &why_not)) {
     ASSERT_FALSE(kernel == AttentionKernel::kFlash && (c.must & kFlashBackward))
         << "flash refused the backward: " << why_not;
@@ -1003,8 +1005,9 @@ void check_attention_case(const AttentionCase& c, Device device, AttentionKernel
       bw_out_dtype);
   if (c.layout == AttentionLayout::kGroupedHeadsSharedGrads) sum_shared_key_grads(c, gr);
   const bool check_scratch = !device.is_cpu() && kernel != AttentionKernel::kCudnn;
-  // Twice, unless the gradients start at zero (a second run would find them non-zero).
-  for (int run = 1; run <= (c.grads_start_at_zero ? 1 : 2); ++run) {
+  // Twice: accumulated gradients hold twice the reference after the second run, overwritten
+  // ones the reference after each.
+  for (int run = 1; run <= 2; ++run) {
     SCOPED_TRACE("backward run " + std::to_string(run));
     const int64_t held = check_scratch ? allocator_for(device).stats().allocated_bytes : 0;
     for (auto [begin, end] : key_blocks) {
@@ -1020,10 +1023,14 @@ void check_attention_case(const AttentionCase& c, Device device, AttentionKernel
     if (check_scratch) {
       EXPECT_EQ(allocator_for(device).stats().allocated_bytes, held) << "scratch not returned";
     }
-    const double times = run;
-    expect_near("grad_q", read_view(grad_q.view), gr.dq, gr.dq_err, &gr.dq_abs, &g0_q, times, grad_dtype, x);
-    expect_near("grad_k", read_view(grad_k.view), gr.dk, gr.dk_err, &gr.dk_abs, &g0_k, times, grad_dtype, x);
-    expect_near("grad_v", read_view(grad_v.view), gr.dv, gr.dv_err, &gr.dv_abs, &g0_v, times, grad_dtype, x);
+    const bool overwritten = c.overwrite_grads;
+    const double times = overwritten ? 1 : run;
+    expect_near("grad_q", read_view(grad_q.view), gr.dq, gr.dq_err, &gr.dq_abs,
+                overwritten ? nullptr : &g0_q, times, grad_dtype, x);
+    expect_near("grad_k", read_view(grad_k.view), gr.dk, gr.dk_err, &gr.dk_abs,
+                overwritten ? nullptr : &g0_k, times, grad_dtype, x);
+    expect_near("grad_v", read_view(grad_v.view), gr.dv, gr.dv_err, &gr.dv_abs,
+                overwritten ? nullptr : &g0_v, times, grad_dtype, x);
     expect_untouched_outside("grad_q", grad_q, q_before);
     expect_untouched_outside("grad_k", grad_k, k_before);
     expect_untouched_outside("grad_v", grad_v, v_before);

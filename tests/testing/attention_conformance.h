@@ -99,7 +99,7 @@ struct AttentionCase {
   bool scattered_numbering = false;  // dropout numbered by scattered_numbering() (2 batch dims)
   bool lse = true;       // the forward writes lse
   bool grad_lse = true;  // the backward gets a grad_lse
-  bool grads_start_at_zero = false;  // gradients start at 0 and the backward is told so
+  bool overwrite_grads = false;  // the backward overwrites its gradients (poisoned before)
   AttentionLayout layout = AttentionLayout::kContiguous;
   Dilation dilation = Dilation();  // kDilated
   AttentionValues values = AttentionValues::kRandom;

@@ -1,0 +1,115 @@
+// RowCover: the rows each head's calls overwrite, and zeroing the rest in
+// strided fills.
+#include "ringdilated/nn/row_cover.h"
+
+#include <algorithm>
+
+#include "ringdilated/kernels/error.h"
+
+namespace rd::nn {
+namespace {
+
+// Runs followed per head (calls whose segments do not tile add one run per
+// segment).
+constexpr size_t kMaxRuns = 64;
+// A head's rest in more strided fills than this is zeroed whole: each fill is a
+// launch, and at strides past 8 the rows saved are under an eighth of the head.
+constexpr size_t kMaxRestRuns = 8;
+
+// How many of first, first + stride, ... lie below `rows`.
+int64_t count_below(int64_t first, int64_t stride, int64_t rows) {
+  return first < rows ? (rows - first + stride - 1) / stride : 0;
+}
+
+// The rows of a selection: one run where its segments tile (each segment's
+// selected rows continue the previous one's), else one run per segment.
+std::vector<RowRun> runs_of(const Selection &s) {
+  if (s.segments == 1 || s.count * s.rate == s.segment_stride) {
+    return {RowRun{s.first_position, s.rate, s.count * s.segments}};
+  }
+  std::vector<RowRun> runs;
+  for (int64_t segment = 0; segment < s.segments; ++segment) {
+    runs.push_back(RowRun{s.first_position + segment * s.segment_stride, s.rate, s.count});
+  }
+  return runs;
+}
+
+bool same_runs(const std::vector<RowRun> &x, const std::vector<RowRun> &y) {
+  return std::equal(x.begin(), x.end(), y.begin(), y.end(), [](const RowRun &a, const RowRun &b) {
+    return a.first == b.first && a.stride == b.stride && a.count == b.count;
+  });
+}
+
+}  // namespace
+
+RowCover::RowCover(int64_t heads, int64_t rows) : heads_(static_cast<size_t>(heads)), rows_(rows) {}
+
+void RowCover::add(const Selection &s) {
+  if (s.empty()) return;
+  const std::vector<RowRun> runs = runs_of(s);
+  for (int64_t a = 0; a < s.head_count; ++a) {
+    for (int64_t b = 0; b < s.head_repeat; ++b) {
+      const int64_t h = s.first_head + s.head_stride * a + s.repeat_stride * b;
+      RD_CHECK(h >= 0 && h < static_cast<int64_t>(heads_.size()), kInternal, "RowCover: head ", h,
+               " of a selection outside the buffer's ", heads_.size());
+      HeadRows &head = heads_[static_cast<size_t>(h)];
+      if (head.irregular) continue;
+      head.runs.insert(head.runs.end(), runs.begin(), runs.end());
+      const int64_t stride = head.runs.front().stride;
+      const int64_t residue = head.runs.front().first % stride;
+      for (const RowRun &run : runs) {
+        head.irregular = head.irregular || run.stride != stride || run.first % stride != residue;
+      }
+      if (head.irregular || head.runs.size() > kMaxRuns) {
+        head.irregular = true;
+        head.runs.clear();
+      }
+    }
+  }
+}
+
+std::vector<RowRun> RowCover::rest(int64_t head) const {
+  const HeadRows &rows = heads_.at(static_cast<size_t>(head));
+  const std::vector<RowRun> whole{RowRun{0, 1, rows_}};
+  if (rows.irregular || rows.runs.empty()) return whole;
+  const int64_t stride = rows.runs.front().stride;
+  const int64_t residue = rows.runs.front().first % stride;
+  std::vector<RowRun> rest;
+  // The other residues whole.
+  for (int64_t r = 0; r < std::min(stride, rows_); ++r) {
+    if (r != residue) rest.push_back(RowRun{r, stride, count_below(r, stride, rows_)});
+  }
+  // The residue's rows between the runs.
+  std::vector<RowRun> runs = rows.runs;
+  std::sort(runs.begin(), runs.end(),
+            [](const RowRun &a, const RowRun &b) { return a.first < b.first; });
+  int64_t next = residue;  // the residue's first row not yet covered
+  for (const RowRun &run : runs) {
+    if (run.first > next) rest.push_back(RowRun{next, stride, (run.first - next) / stride});
+    next = std::max(next, run.first + stride * run.count);
+  }
+  if (next < rows_) rest.push_back(RowRun{next, stride, count_below(next, stride, rows_)});
+  if (rest.size() > kMaxRestRuns) return whole;
+  std::sort(rest.begin(), rest.end(),
+            [](const RowRun &a, const RowRun &b) { return a.first < b.first; });
+  return rest;
+}
+
+void RowCover::zero_rest(const Tensor &t) const {
+  const auto heads = static_cast<int64_t>(heads_.size());
+  RD_CHECK(t.dim() == 4 && t.size(1) == rows_ && t.size(2) == heads, kInternal,
+           "RowCover: a buffer of ", rows_, " rows and ", heads, " heads, got shape ",
+           shape_str(t.shape()));
+  // Heads of equal rest in one fill per run.
+  for (int64_t first = 0; first < heads;) {
+    const std::vector<RowRun> rest_of_first = rest(first);
+    int64_t end = first + 1;
+    while (end < heads && same_runs(rest(end), rest_of_first)) ++end;
+    for (const RowRun &run : rest_of_first) {
+      unit_rows(t, Heads{first, 1, end - first}, run).zero_();
+    }
+    first = end;
+  }
+}
+
+}  // namespace rd::nn

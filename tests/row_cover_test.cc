@@ -1,0 +1,145 @@
+// nn::RowCover (which rows of each head calls overwrite; zeroing the rest)
+// against a naive per-row reference on random selections: every row no call
+// covers is zeroed, and where a head's rows are one stride and residue (a
+// pair's selected positions) only those rows.
+#include "ringdilated/nn/row_cover.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <random>
+#include <set>
+#include <vector>
+
+#include "ringdilated/tensor/ops.h"
+#include "ringdilated/tensor/tensor.h"
+
+namespace rd::nn {
+namespace {
+
+// The rows of `s`, listed one by one.
+std::set<int64_t> rows_of(const Selection &s) {
+  std::set<int64_t> rows;
+  for (int64_t segment = 0; segment < s.segments; ++segment) {
+    for (int64_t u = 0; u < s.count; ++u) {
+      rows.insert(s.first_position + segment * s.segment_stride + s.rate * u);
+    }
+  }
+  return rows;
+}
+
+std::set<int64_t> rows_of(const std::vector<RowRun> &runs) {
+  std::set<int64_t> rows;
+  for (const RowRun &run : runs) {
+    for (int64_t i = 0; i < run.count; ++i) rows.insert(run.first + run.stride * i);
+  }
+  return rows;
+}
+
+// A pair's selection of `rows` rows: segments of `length`, every `rate`-th row
+// from `offset`, in heads [first_head, first_head + heads); the last segment
+// may be cut short (then it is a call of its own, as the planner makes it).
+std::vector<Selection> pair_calls(int64_t rows, int64_t length, int64_t rate, int64_t offset,
+                                  int64_t first_head, int64_t heads) {
+  std::vector<Selection> calls;
+  Selection s;
+  s.first_head = first_head;
+  s.head_count = heads;
+  s.rate = rate;
+  s.first_position = offset;
+  s.segment_stride = length;
+  s.segments = rows / length;
+  s.count = (length - offset + rate - 1) / rate;
+  if (s.segments > 0 && s.count > 0) calls.push_back(s);
+  const int64_t tail = rows - s.segments * length;
+  if (tail > offset) {
+    Selection last = s;
+    last.first_position = s.segments * length + offset;
+    last.segments = 1;
+    last.count = (tail - offset + rate - 1) / rate;
+    calls.push_back(last);
+  }
+  return calls;
+}
+
+TEST(RowCover, ZeroesEveryRowNoCallCoversAndOnlyThoseOfOnePair) {
+  std::mt19937_64 rng(5);
+  auto draw = [&](int64_t lo, int64_t hi) {
+    return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+  };
+  for (int trial = 0; trial < 300; ++trial) {
+    const int64_t rows = draw(1, 70), heads = draw(1, 5);
+    RowCover cover(heads, rows);
+    std::vector<std::set<int64_t>> covered(static_cast<size_t>(heads));
+    std::vector<int> pairs_of_head(static_cast<size_t>(heads), 0);
+    for (int pair = 0, pairs = static_cast<int>(draw(0, 3)); pair < pairs; ++pair) {
+      const int64_t rate = draw(1, 4), length = rate * draw(1, 6), offset = draw(0, rate - 1);
+      const int64_t first_head = draw(0, heads - 1), count = draw(1, heads - first_head);
+      std::vector<Selection> calls = pair_calls(rows, length, rate, offset, first_head, count);
+      if (!calls.empty() && calls.front().segments > 1 && draw(0, 1) == 1) {
+        // Rows the pair leaves to another piece: its first segment dropped (a
+        // gap).
+        calls.front().first_position += length;
+        calls.front().segments -= 1;
+      }
+      for (const Selection &s : calls) {
+        cover.add(s);
+        for (int64_t h = first_head; h < first_head + count; ++h) {
+          for (int64_t row : rows_of(s)) covered[static_cast<size_t>(h)].insert(row);
+        }
+      }
+      for (int64_t h = first_head; h < first_head + count; ++h) {
+        ++pairs_of_head[static_cast<size_t>(h)];
+      }
+    }
+    for (int64_t h = 0; h < heads; ++h) {
+      SCOPED_TRACE("trial " + std::to_string(trial) + ", head " + std::to_string(h));
+      const std::set<int64_t> rest = rows_of(cover.rest(h));
+      const std::set<int64_t> &mine = covered[static_cast<size_t>(h)];
+      for (int64_t row = 0; row < rows; ++row) {
+        if (!mine.count(row)) {
+          EXPECT_TRUE(rest.count(row)) << "row " << row << " not zeroed";
+        }
+      }
+      for (int64_t row : rest) EXPECT_TRUE(row >= 0 && row < rows) << row;
+      // One pair whose rows are one residue (rate <= 8: at most 8 fills): its
+      // rows exactly.
+      if (pairs_of_head[static_cast<size_t>(h)] == 1 && !mine.empty()) {
+        for (int64_t row : mine) EXPECT_FALSE(rest.count(row)) << "covered row " << row;
+      }
+    }
+  }
+}
+
+// zero_rest on a [B, rows, H, D] tensor of ones: zeros exactly in each head's
+// rest.
+TEST(RowCover, ZeroRestWritesZerosExactlyInTheRest) {
+  const int64_t rows = 24, heads = 4;
+  RowCover cover(heads, rows);
+  for (const Selection &s : pair_calls(rows, 8, 1, 0, 0, 1)) cover.add(s);
+  for (const Selection &s : pair_calls(rows, 8, 2, 1, 1, 2)) cover.add(s);
+  for (const Selection &s : pair_calls(rows, 16, 4, 3, 3, 1)) cover.add(s);
+  const Tensor t = ones({2, rows, heads, 3}, TensorOptions(DType::kFloat32));
+  cover.zero_rest(t);
+  const std::vector<float> values = t.to_vector<float>();
+  for (int64_t h = 0; h < heads; ++h) {
+    const std::set<int64_t> rest = rows_of(cover.rest(h));
+    for (int64_t b = 0; b < 2; ++b) {
+      for (int64_t row = 0; row < rows; ++row) {
+        for (int64_t d = 0; d < 3; ++d) {
+          const float want = rest.count(row) ? 0.0f : 1.0f;
+          EXPECT_EQ(values[static_cast<size_t>(((b * rows + row) * heads + h) * 3 + d)], want)
+              << "b " << b << " row " << row << " head " << h;
+        }
+      }
+    }
+  }
+  EXPECT_TRUE(cover.rest(0).empty());  // rate 1 over every row: nothing to zero
+  EXPECT_EQ(rows_of(cover.rest(1)).size(), rows / 2);
+  // Rows 3, 7, 11 and 19, 23 (the short last segment of 8 from 16): rate 4
+  // from 3.
+  EXPECT_EQ(rows_of(cover.rest(3)).size(), rows - 6);
+}
+
+}  // namespace
+}  // namespace rd::nn
