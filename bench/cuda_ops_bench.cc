@@ -594,6 +594,25 @@ void convert_row(benchmark::State& state, Ceilings& ceilings, DType from, DType 
   measure(state, work, [&] { out.copy_(x); });
 }
 
+// out.zero_() on a whole tensor, or on the rows a dilated attention buffer zeroes where no
+// call writes (nn::RowCover): every other row of 5 of 16 heads of D = 128, as for a pair of
+// rate 2 under head groups. Bytes written.
+void zero_row(benchmark::State& state, Ceilings& ceilings, DType dtype, bool strided) {
+  constexpr int64_t kHeads = 16, kGroupHeads = 5, kHeadDim = 128;
+  const int64_t rows =
+      kTensorBytes / (kHeads * kHeadDim * static_cast<int64_t>(rd::dtype_size(dtype)));
+  const Tensor buffer = rd::empty({1, rows, kHeads, kHeadDim}, on_device(dtype));
+  Tensor out =
+      strided ? buffer.as_strided({1, rows / 2, kGroupHeads, kHeadDim},
+                                  {rows * kHeads * kHeadDim, 2 * kHeads * kHeadDim, kHeadDim, 1},
+                                  buffer.offset() + 6 * kHeadDim)
+              : buffer;
+  const Work work = bandwidth_work(ceilings, bytes_of(out), kBandwidthTarget);
+  state.SetLabel(label_of(dtype, out.shape()) +
+                 (strided ? ", every other row, 5 of 16 heads" : ""));
+  measure(state, work, [&] { out.zero_(); });
+}
+
 // --- reductions ----------------------------------------------------------------------------
 
 enum class Reduce { kAll, kLastDim, kFirstDim };
@@ -991,6 +1010,11 @@ void add_all_rows(Ceilings& ceilings) {
           [](benchmark::State& s, Ceilings& c) {
             convert_row(s, c, DType::kBFloat16, DType::kFloat32);
           });
+  for (const bool strided : {false, true}) {
+    add_row(
+        rd::str_cat("elementwise/zero/bf16/", strided ? "every_other_row" : "contiguous"), ceilings,
+        [strided](benchmark::State& s, Ceilings& c) { zero_row(s, c, DType::kBFloat16, strided); });
+  }
   for (DType dtype : {DType::kBFloat16, DType::kFloat32}) {
     for (Reduce r : {Reduce::kAll, Reduce::kLastDim, Reduce::kFirstDim}) {
       add_row(rd::str_cat("reduce/", reduce_name(r), "/", short_name(dtype), "/",

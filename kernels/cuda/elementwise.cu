@@ -230,7 +230,8 @@ struct RowVectorBody {
 
 // As run_elementwise, but operands that are not contiguous yet hold whole vectors of their
 // rows (rows_of_vectors) take RowVectorBody instead of the per-element strided loop. Only
-// the gradient accumulations use it (dilated selections), keeping instantiations few.
+// the gradient accumulations and fills use it (dilated selections), keeping instantiations
+// few.
 template <class Out, class... In, class Op>
 void run_rows(const Op& op, const StridedView& out,
               const std::array<const StridedView*, sizeof...(In)>& ins, cudaStream_t stream) {
@@ -721,9 +722,11 @@ void fill(const StridedView& out, double value, cudaStream_t stream) {
     const T v = convert<T>(value);
     std::memcpy(&bits, &v, sizeof(T));  // little-endian: the low bytes hold v
   });
+  // Strided outs whose rows hold whole vectors (the rows of a dilated selection that
+  // attention buffers zero where no call writes) store 16 bytes a thread, not one element.
   dispatch_by_size(out.dtype, [&](auto tag) {
     using U = typename decltype(tag)::type;
-    run_elementwise<U>(FillOp<U>{static_cast<U>(bits)}, out, {}, stream);
+    run_rows<U>(FillOp<U>{static_cast<U>(bits)}, out, {}, stream);
   });
 }
 
