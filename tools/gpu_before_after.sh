@@ -6,6 +6,9 @@
 #   tools/gpu_before_after.sh bench FILTER [RUNS]  bench rows, old then new, RUNS times (A B A B)
 #   tools/gpu_before_after.sh train                tools/gpu_issue19.sh docs_train, old then new
 #                                                  (CP2_ONLY=1: context parallel 2 only)
+#   tools/gpu_before_after.sh reference [ARGS...]  rd_train on train/configs/gpu_reference.flags
+#                                                  (head groups), 40 steps, A B A B on one GPU;
+#                                                  ARGS are added rd_train flags
 #   tools/gpu_before_after.sh trace GPUS ARGS...   the new rd_train under the CUPTI tracer
 # Logs and JSON go to $OUT (or build/before_after).
 set -uo pipefail
@@ -65,6 +68,36 @@ part_train() {
   done
 }
 
+# tokens/s of steps 11-40 per side, from rd_train's step lines.
+summarize_steps() {
+  python3 - "$LOGS" <<'PY'
+import glob, re, statistics, sys
+for side in ("old", "new"):
+    rates = []
+    for path in sorted(glob.glob(f"{sys.argv[1]}/reference-{side}.*.txt")):
+        for line in open(path, errors="replace").read().replace("\r", "\n").splitlines():
+            m = re.match(r"step (\d+)/\d+.*\| ([\d.]+)([kM]?) tok/s", line)
+            if m and int(m.group(1)) > 10:
+                rates.append(float(m.group(2)) * {"k": 1e3, "M": 1e6, "": 1}[m.group(3)])
+    if rates:
+        print(f"{side}: {statistics.median(rates) / 1e3:.1f}k tok/s, median of {len(rates)} steps "
+              f"(min {min(rates) / 1e3:.1f}k, max {max(rates) / 1e3:.1f}k)")
+PY
+}
+
+part_reference() {
+  for run in 1 2; do
+    for side in old new; do
+      local bin="$BIN/rd_train"
+      [[ $side == old ]] && bin=.carry/old/rd_train
+      timeout 200 "$bin" --flagfile=train/configs/gpu_reference.flags --steps=40 --warmup_steps=2 \
+        --log_every=1 --final_eval_batches=1 --out_dir="/tmp/reference-$side-$run" --resume= "$@" \
+        >"$LOGS/reference-$side.$run.txt" 2>&1 || echo "reference $side $run: exit $?"
+    done
+  done
+  summarize_steps
+}
+
 part_trace() {
   local gpus="$1"
   shift
@@ -81,6 +114,7 @@ part_trace() {
 case "${1:-}" in
   bench) shift; part_bench "$@" ;;
   train) part_train ;;
+  reference) shift; part_reference "$@" ;;
   trace) shift; part_trace "$@" ;;
-  *) echo "usage: tools/gpu_before_after.sh bench FILTER [RUNS] | train | trace GPUS ARGS..." >&2; exit 2 ;;
+  *) echo "usage: tools/gpu_before_after.sh bench FILTER [RUNS] | train | reference [ARGS...] | trace GPUS ARGS..." >&2; exit 2 ;;
 esac
