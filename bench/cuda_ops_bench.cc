@@ -594,23 +594,38 @@ void convert_row(benchmark::State& state, Ceilings& ceilings, DType from, DType 
   measure(state, work, [&] { out.copy_(x); });
 }
 
-// out.zero_() on a whole tensor, or on the rows a dilated attention buffer zeroes where no
-// call writes (nn::RowCover): every other row of 5 of 16 heads of D = 128, as for a pair of
-// rate 2 under head groups. Bytes written.
+// Every other row of 5 of 16 heads of D = 128 in a [1, rows, 16, 128] buffer: the rows a
+// dilated attention buffer zeroes where no call of a rate-2 pair writes (nn::RowCover), or a
+// dilated selection cuDNN's staging copies.
+Tensor every_other_row(const Tensor& buffer) {
+  const rd::Shape& st = buffer.strides();
+  return buffer.as_strided({1, buffer.size(1) / 2, 5, buffer.size(3)},
+                           {st[0], 2 * st[1], st[2], st[3]}, buffer.offset() + 6 * st[2]);
+}
+
+Tensor head_buffer(DType dtype, uint64_t seed) {
+  const int64_t rows = kTensorBytes / (16 * 128 * static_cast<int64_t>(rd::dtype_size(dtype)));
+  return random_normal({1, rows, 16, 128}, dtype, seed);
+}
+
+// out.zero_() on a whole tensor or on every_other_row of one. Bytes written.
 void zero_row(benchmark::State& state, Ceilings& ceilings, DType dtype, bool strided) {
-  constexpr int64_t kHeads = 16, kGroupHeads = 5, kHeadDim = 128;
-  const int64_t rows =
-      kTensorBytes / (kHeads * kHeadDim * static_cast<int64_t>(rd::dtype_size(dtype)));
-  const Tensor buffer = rd::empty({1, rows, kHeads, kHeadDim}, on_device(dtype));
-  Tensor out =
-      strided ? buffer.as_strided({1, rows / 2, kGroupHeads, kHeadDim},
-                                  {rows * kHeads * kHeadDim, 2 * kHeads * kHeadDim, kHeadDim, 1},
-                                  buffer.offset() + 6 * kHeadDim)
-              : buffer;
+  const Tensor buffer = head_buffer(dtype, 4);
+  Tensor out = strided ? every_other_row(buffer) : buffer;
   const Work work = bandwidth_work(ceilings, bytes_of(out), kBandwidthTarget);
   state.SetLabel(label_of(dtype, out.shape()) +
                  (strided ? ", every other row, 5 of 16 heads" : ""));
   measure(state, work, [&] { out.zero_(); });
+}
+
+// out.copy_(x) between every_other_row views of two buffers (the contiguous copy is
+// elementwise/copy). Bytes read + written.
+void strided_copy_row(benchmark::State& state, Ceilings& ceilings, DType dtype) {
+  const Tensor from = every_other_row(head_buffer(dtype, 5));
+  Tensor out = every_other_row(head_buffer(dtype, 6));
+  const Work work = bandwidth_work(ceilings, 2.0 * bytes_of(out), kBandwidthTarget);
+  state.SetLabel(label_of(dtype, out.shape()) + ", every other row, 5 of 16 heads");
+  measure(state, work, [&] { out.copy_(from); });
 }
 
 // --- reductions ----------------------------------------------------------------------------
@@ -1015,6 +1030,8 @@ void add_all_rows(Ceilings& ceilings) {
         rd::str_cat("elementwise/zero/bf16/", strided ? "every_other_row" : "contiguous"), ceilings,
         [strided](benchmark::State& s, Ceilings& c) { zero_row(s, c, DType::kBFloat16, strided); });
   }
+  add_row("elementwise/copy/bf16/every_other_row", ceilings,
+          [](benchmark::State& s, Ceilings& c) { strided_copy_row(s, c, DType::kBFloat16); });
   for (DType dtype : {DType::kBFloat16, DType::kFloat32}) {
     for (Reduce r : {Reduce::kAll, Reduce::kLastDim, Reduce::kFirstDim}) {
       add_row(rd::str_cat("reduce/", reduce_name(r), "/", short_name(dtype), "/",

@@ -345,7 +345,7 @@ struct Stores {
 };
 
 // The backward of one pass: runs each call's backward into the gradient buffers. Head groups:
-// the local calls write q-dtype gradients in place (disjoint selections of zeros);
+// the local calls store q-dtype gradients in place (disjoint selections, zeroed elsewhere);
 // contributions from and to other ranks accumulate in float32 per unit and are added once at
 // the end. All heads: float32 gradients throughout.
 class FixedBackward {
@@ -433,9 +433,15 @@ class FixedBackward {
     return stored;
   }
 
-  // Zeroes the gradient buffers except the rows the calls store (`stored`, parallel).
+  // Zeroes the gradient buffers except the rows the calls store (`stored`, parallel): all of
+  // them where a call covers one batch row only (a document piece), which RowCover does not
+  // follow.
   void zero_unstored(const std::vector<const LocalCall*>& calls,
                      const std::vector<Stores>& stored) const {
+    if (!calls_span_batch(plan_)) {
+      grads_.zero();
+      return;
+    }
     const int64_t rows = plan_.layout.rows_per_rank;
     RowCover q_rows(grads_.qkv[0].size(2), rows), kv_rows(grads_.qkv[1].size(2), rows);
     for (size_t i = 0; i < calls.size(); ++i) {

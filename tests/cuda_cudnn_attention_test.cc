@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <iostream>
+#include <limits>
 #include <optional>
 #include <random>
 #include <string>
@@ -491,11 +492,11 @@ kernels::AttentionPieces random_pieces(const PieceDims& d, uint64_t seed) {
   return pieces;
 }
 
-// Poisons a gradient buffer (7) but for the pieces' rows of heads [first_head, +count),
-// which the call may store into: a kernel writing elsewhere (over another call's
-// gradients) shows.
-void clear_piece_rows(Tensor t, const kernels::AttentionPieces& pieces, const PieceDims& d,
-                      int64_t first_head, int64_t count) {
+// Fills a gradient buffer with 7, and the pieces' rows of heads [first_head, +count), which
+// the call overwrites, with NaN: a kernel writing elsewhere (over another call's gradients)
+// or leaving one of its rows unwritten shows.
+void poison_piece_rows(Tensor t, const kernels::AttentionPieces& pieces, const PieceDims& d,
+                       int64_t first_head, int64_t count) {
   t.fill_(7.0);
   const Shape& st = t.strides();
   for (int64_t p = 0; p < pieces.count(); ++p) {
@@ -503,7 +504,7 @@ void clear_piece_rows(Tensor t, const kernels::AttentionPieces& pieces, const Pi
     t.as_strided({pieces.q_rows[i], count, d.dim}, {d.rate * st[1], st[2], 1},
                  t.offset() + pieces.batch_row[i] * st[0] + pieces.q_position[i] * st[1] +
                      first_head * st[2])
-        .zero_();
+        .fill_(std::numeric_limits<double>::quiet_NaN());
   }
 }
 
@@ -523,7 +524,7 @@ kernels::StridedView k_side(const Tensor& t, const PieceDims& d, int64_t first_h
 }
 
 // The float64 reference of every piece, starting from the gradients' values before the
-// call (poison and cleared rows) and poisoned out and lse.
+// call (7, and 0 in the rows it overwrites) and poisoned out and lse.
 PieceReference reference_of(const PieceShape& shape, const PieceDims& d, const PieceTensors& t,
                             const kernels::AttentionPieces& pieces, const HostTensor& start_q,
                             const HostTensor& start_k, const HostTensor& start_v) {
@@ -577,9 +578,9 @@ TEST_P(CudnnGroupedPieces, MatchFloat64PerPiece) {
   Generator gen(static_cast<uint64_t>(dim * 100 + g * 10 + hc));
   const PieceTensors t = piece_tensors(shape, d, gen);
   kernels::AttentionPieces pieces = random_pieces(d, static_cast<uint64_t>(dim + g + hc));
-  clear_piece_rows(t.grad_q, pieces, d, shape.q_first, d.heads);
-  clear_piece_rows(t.grad_k, pieces, d, shape.kv_first, hc);
-  clear_piece_rows(t.grad_v, pieces, d, shape.kv_first, hc);
+  poison_piece_rows(t.grad_q, pieces, d, shape.q_first, d.heads);
+  poison_piece_rows(t.grad_k, pieces, d, shape.kv_first, hc);
+  poison_piece_rows(t.grad_v, pieces, d, shape.kv_first, hc);
 
   AttentionForwardArgs fwd;
   fwd.q = q_side(t.q, d, shape.q_first);
@@ -601,8 +602,8 @@ TEST_P(CudnnGroupedPieces, MatchFloat64PerPiece) {
   const Tensor own_k = empty({PieceDims::kBatch, d.len, hc, dim},
                              TensorOptions(DType::kBFloat16).with_device(Device::cuda(0)));
   const Tensor own_v = empty_like(own_k);
-  clear_piece_rows(own_k, pieces, d, 0, hc);
-  clear_piece_rows(own_v, pieces, d, 0, hc);
+  poison_piece_rows(own_k, pieces, d, 0, hc);
+  poison_piece_rows(own_v, pieces, d, 0, hc);
   bwd.grad_k = shape.own_key_grads ? k_side(own_k, d, 0) : k_side(t.grad_k, d, shape.kv_first);
   bwd.grad_v = shape.own_key_grads ? k_side(own_v, d, 0) : k_side(t.grad_v, d, shape.kv_first);
   bwd.overwrite_grads = true;
@@ -612,9 +613,15 @@ TEST_P(CudnnGroupedPieces, MatchFloat64PerPiece) {
     return;
   }
   ASSERT_TRUE(backend().attention_supports(AttentionKernel::kCudnn, fwd, &bwd, &why)) << why;
-  // The gradients' starting values (poison, cleared rows), for the reference to add to.
-  const HostTensor start_q = host_of(t.grad_q), start_k = host_of(t.grad_k),
-                   start_v = host_of(t.grad_v);
+  // The gradients' starting values for the reference to add to: 7 where the call must not
+  // write, 0 in the rows it overwrites (NaN now).
+  auto start_of = [](const Tensor& grad) {
+    HostTensor start = host_of(grad);
+    for (double& value : start.values) value = std::isnan(value) ? 0.0 : value;
+    return start;
+  };
+  const HostTensor start_q = start_of(t.grad_q), start_k = start_of(t.grad_k),
+                   start_v = start_of(t.grad_v);
   backend().attention_backward(AttentionKernel::kCudnn, bwd);
   if (shape.own_key_grads) {
     t.grad_k.narrow(2, shape.kv_first, hc).copy_(own_k);

@@ -229,6 +229,11 @@ const Layout k3d = contiguous({3, 5, 21}, "3d");
 const Layout k3dPermuted{"3d_permuted", {3, 5, 21}, {1, 63, 3}, 0};
 // Big enough for many blocks and the vector loops' steady state.
 const Layout kLarge = contiguous({(1 << 20) + 7}, "large");
+// Rows of whole aligned vectors in strided outer dims (a dilated selection's rows of D
+// contiguous elements) take the vectorized row loop (RowVectorBody) in fills, copies and
+// accumulations; the other layouts the per-element one.
+const Layout kRowGaps{"row_gaps", {3, 4, 32}, {512, 64, 1}, 8};
+const Layout kRowOverlapping{"row_overlapping", {3, 4, 32}, {0, 32, 1}, 0};
 
 struct UnaryLayouts {
   const Layout* out;
@@ -281,7 +286,7 @@ TEST_F(CudaKernelsTest, FillWritesEveryViewElementAndNothingElse) {
   const Layout kOverlapping{"overlapping", {7, 45}, {0, 1}, 0};  // many elements, one address
   for (DType dtype : kAllDTypes) {
     for (const Layout* out_layout : {&kContig, &kMisaligned, &kGaps, &kTransposed, &kOverlapping,
-                                     &k3dPermuted, &kLarge}) {
+                                     &k3dPermuted, &kLarge, &kRowGaps, &kRowOverlapping}) {
       for (double value : {2.75, -3.5, 0.0, 1e5}) {
         Mirror out(poisoned_array(dtype, out_layout->extent()));
         cpu().fill(out.cpu(*out_layout), value);
@@ -306,10 +311,12 @@ TEST_F(CudaKernelsTest, ArangeFollowsLogicalOrder) {
 }
 
 TEST_F(CudaKernelsTest, CopyConvertsEveryDtypePairWithAnyStrides) {
+  const Layout kRowDense = contiguous({3, 4, 32}, "row_dense");
   const UnaryLayouts layouts[] = {
-      {&kContig, &kContig},       {&kContig, &kTransposed}, {&kContig, &kRowBroadcast},
-      {&kContig, &kScalar},       {&kGaps, &kMisaligned},   {&kMisaligned, &kContig},
-      {&k3dPermuted, &k3d},       {&kLarge, &kLarge},
+      {&kContig, &kContig},    {&kContig, &kTransposed}, {&kContig, &kRowBroadcast},
+      {&kContig, &kScalar},    {&kGaps, &kMisaligned},   {&kMisaligned, &kContig},
+      {&k3dPermuted, &k3d},    {&kLarge, &kLarge},       {&kRowGaps, &kRowDense},
+      {&kRowDense, &kRowGaps}, {&kRowGaps, &kRowGaps},
   };
   for (DType to : kAllDTypes) {
     for (DType from : kAllDTypes) {
@@ -372,10 +379,8 @@ TEST_F(CudaKernelsTest, AccumulateAddsIntoDistinctAndOverlappingOutputs) {
 // CPU's float32 accumulate of the input converted to float32, into distinct and overlapping
 // (atomic) outputs.
 TEST_F(CudaKernelsTest, AccumulatesRowsOfVectorsAndWidensNarrowFloats) {
-  const Layout kRowGaps{"row_gaps", {3, 4, 32}, {512, 64, 1}, 8};
   const Layout kRowDense = contiguous({3, 4, 32}, "row_dense");
   const Layout kRowMisaligned{"row_misaligned", {3, 4, 32}, {512, 64, 1}, 3};
-  const Layout kRowOverlapping{"row_overlapping", {3, 4, 32}, {0, 32, 1}, 0};
   const UnaryLayouts layouts[] = {{&kRowGaps, &kRowDense},
                                   {&kRowDense, &kRowGaps},
                                   {&kRowGaps, &kRowGaps},

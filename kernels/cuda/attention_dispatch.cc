@@ -55,7 +55,9 @@ void attention_backward(AttentionKernel kernel, const AttentionBackwardArgs& arg
   RD_CHECK(args.pieces == nullptr || kernel == AttentionKernel::kCudnn, kUnimplemented,
            "attention_backward: ", kPiecesUnsupported);
   if (kernel != AttentionKernel::kCudnn) {
-    // The math and flash kernels only accumulate: a call that overwrites zeroes first.
+    // The math and flash kernels only accumulate: a call that overwrites zeroes first. This
+    // is queued before the kernel's own checks (the runner asked attention_supports before);
+    // a call refused after it and retried elsewhere overwrites the same views again.
     for (const StridedView* grad : overwritten_grads(args)) fill(*grad, 0.0, stream);
   }
   switch (kernel) {

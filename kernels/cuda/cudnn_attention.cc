@@ -1386,8 +1386,11 @@ void cudnn_attention_backward(const AttentionBackwardArgs& args, Allocator& scra
   check_attention_backward_args(args);  // e.g. gradients repeat only where k and v do
   const std::string problem = backward_problem(args);
   if (!problem.empty()) throw_unsupported(kOp, problem);
-  if (args.q.numel() == 0) return;  // no query: no gradient
-  if (args.pieces != nullptr) {  // gradients start at zero: written in place
+  if (args.q.numel() == 0) {  // no query: no gradient (an overwritten one is zero)
+    for (const StridedView* grad : overwritten_grads(args)) fill(*grad, 0.0, stream);
+    return;
+  }
+  if (args.pieces != nullptr) {  // an overwriting call: written in place
     run_pieces(kOp, Direction::kBackward, *args.pieces, args.params, args.q.dtype,
                piece_tensors(args), scratch, stream);
     return;
@@ -1398,9 +1401,9 @@ void cudnn_attention_backward(const AttentionBackwardArgs& args, Allocator& scra
   // the shared dims cut to size 1, so that cuDNN's dK and dV land once per key/value head.
   const bool shared = attention_grads_shared(args);
   if (const int d = peeled_batch_dim(args.q, args.k, args.v, shared); d >= 0) {
-    // Each entry's gradients are its own, so an entry may keep the promise of zeros and
-    // store: gradients repeat only along k's broadcast dims (check_attention_backward_args)
-    // and peeled_batch_dim refuses a d along which k or v repeat.
+    // Each entry's gradients are its own, so an entry may overwrite them as the call does:
+    // gradients repeat only along k's broadcast dims (check_attention_backward_args) and
+    // peeled_batch_dim refuses a d along which k or v repeat.
     for (int64_t i = 0; i < args.q.shape[d]; ++i) {
       AttentionBackwardArgs entry = args;
       for (StridedView* view :

@@ -275,6 +275,19 @@ void add_cudnn_cases(std::vector<AttentionCase>& t) {
       add(grouped);
     }
   }
+  // Shared gradients overwritten in q's dtype: cuDNN writes each key/value head's sum
+  // straight into the NaN-poisoned buffer.
+  AttentionCase grouped = base;
+  grouped.name = "cudnn_bf16_grouped_heads_shared_grads_overwritten";
+  grouped.dtype = kBF16;
+  grouped.grad_dtype = kBF16;
+  grouped.batch = {2, 3, 4};
+  grouped.lq = grouped.lk = 64;
+  grouped.d = 64;
+  grouped.causal = true;
+  grouped.layout = AttentionLayout::kGroupedHeadsSharedGrads;
+  grouped.overwrite_grads = true;
+  add(grouped);
   AttentionCase c = base;
   c.name = "cudnn_bf16_packed_heads_first";
   c.dtype = kBF16;
@@ -304,6 +317,12 @@ void add_cudnn_cases(std::vector<AttentionCase>& t) {
     c.causal_offset = offset;
     add(c);
   }
+  // More keys than queries, some of which no query sees: their overwritten dK/dV rows must
+  // come out 0, not the NaN they held.
+  c.name = "cudnn_bf16_causal_q40_k96_offset5_overwritten";
+  c.grad_dtype = kBF16;
+  c.overwrite_grads = true;
+  add(c);
   c = base;
   c.name = "cudnn_f16_no_batch_custom_scale";
   c.dtype = kF16;
