@@ -618,14 +618,43 @@ void zero_row(benchmark::State& state, Ceilings& ceilings, DType dtype, bool str
   measure(state, work, [&] { out.zero_(); });
 }
 
-// out.copy_(x) between every_other_row views of two buffers (the contiguous copy is
-// elementwise/copy). Bytes read + written.
-void strided_copy_row(benchmark::State& state, Ceilings& ceilings, DType dtype) {
-  const Tensor from = every_other_row(head_buffer(dtype, 5));
-  Tensor out = every_other_row(head_buffer(dtype, 6));
+// Same-dtype copies of rows of contiguous runs: `every_other_row` views of two buffers
+// (1280-byte runs, an eighth of each pitch), or v of a packed [N, 3, 12, 64] buffer into a
+// dense [N, 12, 64] tensor (1536-byte runs; the trainer's v copies). Through out.copy_(x),
+// or straight through the copy engine's 2-D copy (cudaMemcpy2DAsync) on the same views: the
+// two ways copy() may take. Bytes read + written.
+enum class StridedCopy { kEveryOtherRow, kPackedV };
+
+void strided_copy_row(benchmark::State& state, Ceilings& ceilings, StridedCopy which,
+                      bool copy_engine) {
+  const DType dtype = DType::kBFloat16;
+  Tensor from, out;
+  if (which == StridedCopy::kEveryOtherRow) {
+    from = every_other_row(head_buffer(dtype, 5));
+    out = every_other_row(head_buffer(dtype, 6));
+  } else {
+    const int64_t rows = kTensorBytes / (3 * 12 * 64 * 2);
+    from = random_normal({rows, 3, 12, 64}, dtype, 5).select(1, 2);
+    out = rd::empty({rows, 12, 64}, on_device(dtype));
+  }
+  // Runs of the last two dims, rows along the one before (both views have that form).
+  const auto element = static_cast<size_t>(rd::dtype_size(dtype));
+  const int64_t ndim = out.dim(), run = out.size(ndim - 1) * out.size(ndim - 2);
+  const auto pitch = [&](const Tensor& t) {
+    return static_cast<size_t>(t.strides()[ndim - 3]) * element;
+  };
   const Work work = bandwidth_work(ceilings, 2.0 * bytes_of(out), kBandwidthTarget);
-  state.SetLabel(label_of(dtype, out.shape()) + ", every other row, 5 of 16 heads");
-  measure(state, work, [&] { out.copy_(from); });
+  state.SetLabel(label_of(dtype, out.shape()) + (copy_engine ? ", cudaMemcpy2DAsync" : ", copy_"));
+  measure(state, work, [&] {
+    if (copy_engine) {
+      RD_CUDA_CHECK(cudaMemcpy2DAsync(out.raw_data(), pitch(out), from.raw_data(), pitch(from),
+                                      static_cast<size_t>(run) * element,
+                                      static_cast<size_t>(out.numel() / run),
+                                      cudaMemcpyDeviceToDevice, stream()));
+    } else {
+      out.copy_(from);
+    }
+  });
 }
 
 // --- reductions ----------------------------------------------------------------------------
@@ -1030,8 +1059,16 @@ void add_all_rows(Ceilings& ceilings) {
         rd::str_cat("elementwise/zero/bf16/", strided ? "every_other_row" : "contiguous"), ceilings,
         [strided](benchmark::State& s, Ceilings& c) { zero_row(s, c, DType::kBFloat16, strided); });
   }
-  add_row("elementwise/copy/bf16/every_other_row", ceilings,
-          [](benchmark::State& s, Ceilings& c) { strided_copy_row(s, c, DType::kBFloat16); });
+  for (const StridedCopy which : {StridedCopy::kEveryOtherRow, StridedCopy::kPackedV}) {
+    for (const bool copy_engine : {false, true}) {
+      add_row(rd::str_cat("elementwise/copy/bf16/",
+                          which == StridedCopy::kEveryOtherRow ? "every_other_row" : "packed_v",
+                          copy_engine ? "/copy_engine" : "/copy_"),
+              ceilings, [which, copy_engine](benchmark::State& s, Ceilings& c) {
+                strided_copy_row(s, c, which, copy_engine);
+              });
+    }
+  }
   for (DType dtype : {DType::kBFloat16, DType::kFloat32}) {
     for (Reduce r : {Reduce::kAll, Reduce::kLastDim, Reduce::kFirstDim}) {
       add_row(rd::str_cat("reduce/", reduce_name(r), "/", short_name(dtype), "/",

@@ -335,9 +335,10 @@ TEST_F(CudaKernelsTest, CopyConvertsEveryDtypePairWithAnyStrides) {
   }
 }
 
-// Same-dtype copies of rows of contiguous runs take cudaMemcpy2DAsync when the runs reach
-// 256 bytes: v of a packed [B, N, 3, H, D] buffer (rows merged over two dims, a pitch of 3
-// runs) into a dense tensor and back, a narrowed last dim, and runs just under the limit.
+// Same-dtype copies of rows of contiguous runs: rows of whole 16-byte vectors on both sides
+// (v of a packed [B, N, 3, H, D] buffer into a dense tensor and back) take the row loop;
+// other runs of at least 256 bytes (a narrowed last dim whose rows start off the vectors)
+// cudaMemcpy2DAsync; shorter ones the strided kernel.
 TEST_F(CudaKernelsTest, CopiesRowsOfContiguousRunsAsTwoDimensionalCopies) {
   const Layout kPacked{"packed_v", {2, 5, 4, 32}, {5 * 384, 384, 32, 1}, 256};
   const Layout kDense = contiguous({2, 5, 4, 32}, "dense");

@@ -748,17 +748,21 @@ void copy(const StridedView& out, const StridedView& in, cudaStream_t stream) {
                                     cudaMemcpyDefault, stream));
       return;
     }
-    // Rows of contiguous runs (a slice of a packed buffer) go to the copy engine's 2-D copy,
-    // near the bandwidth of a plain copy; the strided kernel computes every element's offset.
+    // Rows of whole 16-byte vectors on both sides (a dilated selection, v of a packed
+    // buffer): the row loop, one vector a thread. Other rows of contiguous runs go to the
+    // copy engine's 2-D copy; the rest to the strided kernel, which computes every
+    // element's offset. (cuda_ops_bench's elementwise/copy rows compare the two on the views
+    // that meet both.)
     const size_t element = dtype_size(out.dtype);
-    if (const std::optional<RowRuns> r = as_row_runs(out, in); r && r->run * element >= kMinRunBytes) {
+    const int64_t lanes = static_cast<int64_t>(16 / element);
+    const std::optional<RowRuns> r = as_row_runs(out, in);
+    if (!(rows_of_vectors(out, lanes) && rows_of_vectors(in, lanes)) && r &&
+        r->run * element >= kMinRunBytes) {
       RD_CUDA_CHECK(cudaMemcpy2DAsync(out.data, r->out_pitch * element, in.data,
                                       r->in_pitch * element, r->run * element, r->rows,
                                       cudaMemcpyDefault, stream));
       return;
     }
-    // Shorter runs (heads of 64 bf16 in a dilated selection: cuDNN's staged views) by
-    // 16-byte vectors of their rows where both sides hold them.
     dispatch_by_size(out.dtype, [&](auto tag) {
       using U = typename decltype(tag)::type;
       run_rows<U, U>(IdentityOp<U>{}, out, {&in}, stream);
