@@ -111,10 +111,9 @@ struct AttentionForwardArgs {
 
 // Gradients of one forward call, ACCUMULATED into grad_q, grad_k and grad_v (+=) unless the
 // call overwrites them (below), so that calls over overlapping selections (several dilation
-// pairs, ring blocks) add up. `out` and
-// `lse` are those of the final result the loss saw: for a result merged from several calls
-// through the log-sum-exp, pass the merged out and lse to each call's backward, which is then
-// exactly that call's share of the gradient.
+// pairs, ring blocks) add up. `out` and `lse` are those of the final result the loss saw: for
+// a result merged from several calls through the log-sum-exp, pass the merged out and lse to
+// each call's backward, which is then exactly that call's share of the gradient.
 struct AttentionBackwardArgs {
   StridedView q, k, v;
   StridedView out;                     // the (merged) forward output, q's dtype or float32

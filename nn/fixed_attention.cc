@@ -369,17 +369,17 @@ class FixedBackward {
         group_piece_calls(plan_.local_calls, [](const LocalCall&) { return true; });
     std::vector<const LocalCall*> singles = calls.singles;
     KeyGradStores stores(plan_.layout.kv_heads);
-    if (!calls.groups.empty()) {
-      // Document pieces: whether a group stores is known only once a kernel takes it.
-      grads_.zero();
-      for (const std::vector<const LocalCall*>& group : calls.groups) {
-        // Document pieces as one call where a kernel takes it (no lse gradient).
-        if (!grad_lse_.defined() && piece_group(group, k, v, stores)) continue;
-        singles.insert(singles.end(), group.begin(), group.end());
-      }
+    // Document pieces: whether a group stores is known only once a kernel takes it, and a
+    // piece covers one batch row, which RowCover does not follow: zero everything first.
+    const bool zero_all = !calls.groups.empty() || !calls_span_batch(plan_);
+    if (zero_all) grads_.zero();
+    for (const std::vector<const LocalCall*>& group : calls.groups) {
+      // Document pieces as one call where a kernel takes it (no lse gradient).
+      if (!grad_lse_.defined() && piece_group(group, k, v, stores)) continue;
+      singles.insert(singles.end(), group.begin(), group.end());
     }
     const std::vector<Stores> stored = single_stores(singles, stores);
-    if (calls.groups.empty()) zero_unstored(singles, stored);
+    if (!zero_all) zero_unstored(singles, stored);
     for (size_t i = 0; i < singles.size(); ++i) {
       for (const LocalCall& piece :
            backward_pieces(*singles[i], plan_.layout, runner_.backward_piece_elements())) {
@@ -433,15 +433,10 @@ class FixedBackward {
     return stored;
   }
 
-  // Zeroes the gradient buffers except the rows the calls store (`stored`, parallel): all of
-  // them where a call covers one batch row only (a document piece), which RowCover does not
-  // follow.
+  // Zeroes the gradient buffers except the rows the calls store (`stored`, parallel; each
+  // call over all batch rows).
   void zero_unstored(const std::vector<const LocalCall*>& calls,
                      const std::vector<Stores>& stored) const {
-    if (!calls_span_batch(plan_)) {
-      grads_.zero();
-      return;
-    }
     const int64_t rows = plan_.layout.rows_per_rank;
     RowCover q_rows(grads_.qkv[0].size(2), rows), kv_rows(grads_.qkv[1].size(2), rows);
     for (size_t i = 0; i < calls.size(); ++i) {
@@ -503,9 +498,9 @@ class FixedBackward {
 
   // Runs `group` (re-based to `in`) into zeroed compact scratch in q's dtype, then adds the
   // scratch into grad_q, grad_k and grad_v (shaped like in.q and in.k), or stores dQ into
-  // `store_q` where defined. cuDNN's ragged backward with full heads
-  // writes dK/dV where k and v lie, so k and v run from compact copies there. False, with
-  // nothing added, where no kernel takes the group; then no later group of this pass tries.
+  // `store_q` where defined. cuDNN's ragged backward with full heads writes dK/dV where k
+  // and v lie, so k and v run from compact copies there. False, with nothing added, where no
+  // kernel takes the group; then no later group of this pass tries.
   bool via_scratch(const std::vector<const LocalCall*>& group, UnitInputs in, const Tensor& store_q,
                    const Tensor& grad_q, const Tensor& grad_k, const Tensor& grad_v) {
     if (group.front()->q.head_repeat == 1) {

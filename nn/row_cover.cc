@@ -23,7 +23,7 @@ int64_t count_below(int64_t first, int64_t stride, int64_t rows) {
 
 // The rows of a selection: one run where its segments tile (each segment's
 // selected rows continue the previous one's), else one run per segment.
-std::vector<RowRun> runs_of(const Selection &s) {
+std::vector<RowRun> runs_of(const Selection& s) {
   if (s.segments == 1 || s.count * s.rate == s.segment_stride) {
     return {RowRun{s.first_position, s.rate, s.count * s.segments}};
   }
@@ -34,8 +34,8 @@ std::vector<RowRun> runs_of(const Selection &s) {
   return runs;
 }
 
-bool same_runs(const std::vector<RowRun> &x, const std::vector<RowRun> &y) {
-  return std::equal(x.begin(), x.end(), y.begin(), y.end(), [](const RowRun &a, const RowRun &b) {
+bool same_runs(const std::vector<RowRun>& x, const std::vector<RowRun>& y) {
+  return std::equal(x.begin(), x.end(), y.begin(), y.end(), [](const RowRun& a, const RowRun& b) {
     return a.first == b.first && a.stride == b.stride && a.count == b.count;
   });
 }
@@ -44,7 +44,7 @@ bool same_runs(const std::vector<RowRun> &x, const std::vector<RowRun> &y) {
 
 RowCover::RowCover(int64_t heads, int64_t rows) : heads_(static_cast<size_t>(heads)), rows_(rows) {}
 
-void RowCover::add(const Selection &s) {
+void RowCover::add(const Selection& s) {
   if (s.empty()) return;
   const std::vector<RowRun> runs = runs_of(s);
   for (int64_t a = 0; a < s.head_count; ++a) {
@@ -52,12 +52,12 @@ void RowCover::add(const Selection &s) {
       const int64_t h = s.first_head + s.head_stride * a + s.repeat_stride * b;
       RD_CHECK(h >= 0 && h < static_cast<int64_t>(heads_.size()), kInternal, "RowCover: head ", h,
                " of a selection outside the buffer's ", heads_.size());
-      HeadRows &head = heads_[static_cast<size_t>(h)];
+      HeadRows& head = heads_[static_cast<size_t>(h)];
       if (head.irregular) continue;
       head.runs.insert(head.runs.end(), runs.begin(), runs.end());
       const int64_t stride = head.runs.front().stride;
       const int64_t residue = head.runs.front().first % stride;
-      for (const RowRun &run : runs) {
+      for (const RowRun& run : runs) {
         head.irregular = head.irregular || run.stride != stride || run.first % stride != residue;
       }
       if (head.irregular || head.runs.size() > kMaxRuns) {
@@ -69,7 +69,7 @@ void RowCover::add(const Selection &s) {
 }
 
 std::vector<RowRun> RowCover::rest(int64_t head) const {
-  const HeadRows &rows = heads_.at(static_cast<size_t>(head));
+  const HeadRows& rows = heads_.at(static_cast<size_t>(head));
   const std::vector<RowRun> whole{RowRun{0, 1, rows_}};
   if (rows.irregular || rows.runs.empty()) return whole;
   const int64_t stride = rows.runs.front().stride;
@@ -82,30 +82,33 @@ std::vector<RowRun> RowCover::rest(int64_t head) const {
   // The residue's rows between the runs.
   std::vector<RowRun> runs = rows.runs;
   std::sort(runs.begin(), runs.end(),
-            [](const RowRun &a, const RowRun &b) { return a.first < b.first; });
+            [](const RowRun& a, const RowRun& b) { return a.first < b.first; });
   int64_t next = residue;  // the residue's first row not yet covered
-  for (const RowRun &run : runs) {
+  for (const RowRun& run : runs) {
     if (run.first > next) rest.push_back(RowRun{next, stride, (run.first - next) / stride});
     next = std::max(next, run.first + stride * run.count);
   }
   if (next < rows_) rest.push_back(RowRun{next, stride, count_below(next, stride, rows_)});
   if (rest.size() > kMaxRestRuns) return whole;
   std::sort(rest.begin(), rest.end(),
-            [](const RowRun &a, const RowRun &b) { return a.first < b.first; });
+            [](const RowRun& a, const RowRun& b) { return a.first < b.first; });
   return rest;
 }
 
-void RowCover::zero_rest(const Tensor &t) const {
+void RowCover::zero_rest(const Tensor& t) const {
   const auto heads = static_cast<int64_t>(heads_.size());
   RD_CHECK(t.dim() == 4 && t.size(1) == rows_ && t.size(2) == heads, kInternal,
            "RowCover: a buffer of ", rows_, " rows and ", heads, " heads, got shape ",
            shape_str(t.shape()));
-  // Heads of equal rest in one fill per run.
+  std::vector<std::vector<RowRun>> rests;
+  for (int64_t h = 0; h < heads; ++h) rests.push_back(rest(h));
+  // Consecutive heads of equal rest in one fill per run.
   for (int64_t first = 0; first < heads;) {
-    const std::vector<RowRun> rest_of_first = rest(first);
     int64_t end = first + 1;
-    while (end < heads && same_runs(rest(end), rest_of_first)) ++end;
-    for (const RowRun &run : rest_of_first) {
+    while (end < heads &&
+           same_runs(rests[static_cast<size_t>(end)], rests[static_cast<size_t>(first)]))
+      ++end;
+    for (const RowRun& run : rests[static_cast<size_t>(first)]) {
       unit_rows(t, Heads{first, 1, end - first}, run).zero_();
     }
     first = end;

@@ -23,10 +23,10 @@ class RowCover {
 
   // Records that a call overwrites the rows of `s` in each of its heads
   // (repeats included).
-  void add(const Selection &s);
+  void add(const Selection& s);
 
   // Zeroes t ([B, rows, heads, D]) everywhere but the recorded rows.
-  void zero_rest(const Tensor &t) const;
+  void zero_rest(const Tensor& t) const;
 
   // The runs of rows of `head` that zero_rest zeroes (in order of their first
   // row).

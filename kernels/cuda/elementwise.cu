@@ -755,13 +755,14 @@ void copy(const StridedView& out, const StridedView& in, cudaStream_t stream) {
     // that meet both.)
     const size_t element = dtype_size(out.dtype);
     const int64_t lanes = static_cast<int64_t>(16 / element);
-    const std::optional<RowRuns> r = as_row_runs(out, in);
-    if (!(rows_of_vectors(out, lanes) && rows_of_vectors(in, lanes)) && r &&
-        r->run * element >= kMinRunBytes) {
-      RD_CUDA_CHECK(cudaMemcpy2DAsync(out.data, r->out_pitch * element, in.data,
-                                      r->in_pitch * element, r->run * element, r->rows,
-                                      cudaMemcpyDefault, stream));
-      return;
+    if (!rows_of_vectors(out, lanes) || !rows_of_vectors(in, lanes)) {
+      if (const std::optional<RowRuns> r = as_row_runs(out, in);
+          r && r->run * element >= kMinRunBytes) {
+        RD_CUDA_CHECK(cudaMemcpy2DAsync(out.data, r->out_pitch * element, in.data,
+                                        r->in_pitch * element, r->run * element, r->rows,
+                                        cudaMemcpyDefault, stream));
+        return;
+      }
     }
     dispatch_by_size(out.dtype, [&](auto tag) {
       using U = typename decltype(tag)::type;
