@@ -24,6 +24,8 @@
 //       the same call with 16 key/value heads, measured in the same row (ratio <= 1).
 //   gqa/fwd_over_mha.../KV<4|1>  the same, forward only (no target; where a gap lies).
 //   gqa/fwdbwd_over_mha.../causal/KV<4|1>  the same call causal, fwd+bwd (no target).
+//   gqa/fwdbwd_alone.../KV<16|4|1>  one side of the target row alone (for kernel traces:
+//       tools/gpu_gqa_trace.sh).
 //   target/documents_fwdbwd_over_unmasked/H16D128/N262144/<dense|causal>  issue 21:
 //       documents averaging a quarter of the longest segment against the same call without
 //       them (ratio <= 1.15).
@@ -675,6 +677,22 @@ void target_gqa(benchmark::State& state, int64_t kv_heads, Direction direction, 
   });
 }
 
+// One side of target_gqa alone (kv_heads 16: the full-heads side), for a kernel trace of
+// either (tools/cupti_trace.cc); the ratio comes from the target row, not from these.
+void gqa_alone(benchmark::State& state, int64_t kv_heads) {
+  run_guarded(state, [&] {
+    const RowSpec s = target_spec(Direction::kForwardBackward, AttentionPath::kAuto);
+    const DilatedResult r = measure_dilated(s, 1, kv_heads == s.config.heads ? 0 : kv_heads);
+    set_throughput_counters(state, s, r.timing.seconds);
+    // Every call of the row, the warm-up's included: what a trace of it divides by.
+    state.counters["calls_run"] = static_cast<double>(r.timing.timed_calls + 1);
+    state.counters["held_bytes"] = static_cast<double>(r.timing.held_bytes);
+    state.counters["peak_bytes"] = static_cast<double>(r.timing.peak_bytes);
+    state.SetLabel(rd::str_cat("path=", rd::nn::path_name(r.path_used)).c_str());
+    return r.timing.seconds;
+  });
+}
+
 // Issue 21's document-mask target: documents of random lengths, uniform in [1, w / 2 - 1]
 // for the longest segment w (a mean of a quarter of it), packed over the sequence; the
 // masked call against the same call without documents, measured in the same row. With
@@ -844,6 +862,10 @@ void add_rows() {
         [kv_heads](benchmark::State& state) {
           target_gqa(state, kv_heads, Direction::kForwardBackward, true);
         });
+  }
+  for (int64_t kv_heads : {16, 4, 1}) {
+    add(rd::str_cat("gqa/fwdbwd_alone" + shape, "/KV", kv_heads),
+        [kv_heads](benchmark::State& state) { gqa_alone(state, kv_heads); });
   }
   for (bool causal : {false, true}) {
     add(rd::str_cat("target/documents_fwdbwd_over_unmasked/", config_name(kTargetConfig), "/N",

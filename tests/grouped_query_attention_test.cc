@@ -411,6 +411,45 @@ TEST(GroupedQueryAddInto, AFloat32TargetKeepsItsPrecisionUnderABFloat16Addend) {
   for (const double got : narrow.to_vector<double>()) EXPECT_EQ(got, 1.0 + std::ldexp(1.0, -7));
 }
 
+// The backward's pieces (AttentionCallContext::backward_piece_elements) count the query
+// heads of a grouped call, not its key/value heads: 8 query heads on one key/value head over
+// 6 segments of 512 q elements each run in 3 pieces at 1024 elements (counting the key/value
+// head alone gave one piece of 8 times the bound). Pieces of any size give the whole call's
+// gradients.
+TEST(GroupedQueryPieces, CountQueryHeadsAndGiveTheWholeCallsGradients) {
+  DilatedAttentionOptions o = options_for(DilationVariant::kSegmentLocal, HeadMixing::kHeadGroups,
+                                          OffsetRule::kConstant, false, 1);
+  Generator gen(11);
+  const TensorOptions f64(DType::kFloat64);
+  const Tensor q0 = randn({2, 24, 8, 8}, gen, f64), k0 = randn({2, 24, 1, 8}, gen, f64),
+               v0 = randn({2, 24, 1, 8}, gen, f64), w = randn({2, 24, 8, 8}, gen, f64);
+  struct Grads {
+    Tensor q, k, v;
+    int64_t backward_calls;
+  };
+  auto grads = [&](int64_t piece_elements) {
+    Tensor q = q0.detach(), k = k0.detach(), v = v0.detach();
+    for (Tensor* t : {&q, &k, &v}) t->set_requires_grad(true);
+    nn::AttentionCallCounts counts;
+    nn::AttentionCallContext context;
+    context.backward_piece_elements = piece_elements;
+    context.counts = &counts;
+    sum(mul(nn::dilated_attention(q, k, v, o, context), w)).backward();
+    const nn::AttentionCallCounts::Calls& b = counts.backward;
+    return Grads{q.grad(), k.grad(), v.grad(), b.cudnn + b.flash + b.math};
+  };
+  const Grads whole = grads(int64_t{1} << 26);
+  EXPECT_EQ(whole.backward_calls, 1);
+  EXPECT_EQ(grads(1024).backward_calls, 3);
+  for (const int64_t piece_elements : {1, 700, 1024, 2048, 2600}) {
+    SCOPED_TRACE("piece_elements " + std::to_string(piece_elements));
+    const Grads got = grads(piece_elements);
+    expect_close(got.q, whole.q, "grad_q", 1e-12);
+    expect_close(got.k, whole.k, "grad_k", 1e-12);
+    expect_close(got.v, whole.v, "grad_v", 1e-12);
+  }
+}
+
 // How many pairs read one key/value head decides whether dK/dV may be stored in the inputs'
 // dtype (at most two) or accumulate in float32.
 TEST(GroupedQueryPlan, PairsPerKeyValueHead) {

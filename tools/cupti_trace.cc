@@ -8,6 +8,8 @@
 //
 // The CSV has one row per GPU activity: kind, start and end (ns, GPU clock), stream id,
 // bytes (copies and sets; 0 for kernels), and the (demangled) kernel name last, quoted.
+// With RD_CUPTI_API=1 the host's runtime and driver API calls are rows too (kinds runtime
+// and driver, named by their functions), on the same clock.
 #include <cupti.h>
 #include <cxxabi.h>
 
@@ -84,6 +86,16 @@ void add_record(const CUpti_Activity* record, std::vector<Row>& rows) {
                       "memcpy kind " + std::to_string(m->copyKind)});
       break;
     }
+    case CUPTI_ACTIVITY_KIND_RUNTIME:
+    case CUPTI_ACTIVITY_KIND_DRIVER: {
+      const auto* a = reinterpret_cast<const CUpti_ActivityAPI*>(record);
+      const bool runtime = record->kind == CUPTI_ACTIVITY_KIND_RUNTIME;
+      const char* name = nullptr;
+      cuptiGetCallbackName(runtime ? CUPTI_CB_DOMAIN_RUNTIME_API : CUPTI_CB_DOMAIN_DRIVER_API,
+                           a->cbid, &name);
+      rows.push_back({runtime ? "runtime" : "driver", a->start, a->end, 0, 0, name ? name : "?"});
+      break;
+    }
     case CUPTI_ACTIVITY_KIND_MEMSET: {
       const auto* m = reinterpret_cast<const CUpti_ActivityMemset4*>(record);
       rows.push_back({"memset", m->start, m->end, m->streamId, m->bytes, "memset"});
@@ -152,6 +164,13 @@ extern "C" int InitializeInjection(void) {
   report(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL), "enable kernels");
   report(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMCPY), "enable memcpy");
   report(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMSET), "enable memset");
+  // RD_CUPTI_API=1: the host's CUDA runtime and driver calls too (kinds "runtime" and
+  // "driver", stream 0), to see what the host does while the GPU waits on it.
+  const char* api = std::getenv("RD_CUPTI_API");
+  if (api != nullptr && std::string(api) == "1") {
+    report(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_RUNTIME), "enable runtime API");
+    report(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_DRIVER), "enable driver API");
+  }
   std::atexit(write_trace);
   return 1;
 }
