@@ -6,7 +6,9 @@
 A step ends with the optimizer's fused AdamW kernels (the last of each run of them); the
 last --steps complete steps are averaged. Prints markdown: the step time, the time the GPU
 was busy and idle (idle = waiting on the host: launches, syncs, allocation), the time per
-kernel category, the most expensive kernels, and the kernels the GPU sat idle before.
+kernel category, the most expensive kernels, and the kernels the GPU sat idle before; with
+a trace recorded under RD_CUPTI_API=1, also the host's CUDA calls and how long each ran
+while the GPU sat idle.
 """
 import argparse
 import csv
@@ -69,13 +71,52 @@ def short_name(name, width=150):
 
 
 def read_trace(path):
-    rows = []
+    """The GPU's activities as sorted (start, end, name, bytes), and the host's CUDA calls
+    (kinds runtime and driver, recorded under RD_CUPTI_API=1) as sorted (start, end, name)."""
+    rows, host_calls = [], []
     with open(path, newline="") as f:
         for r in csv.DictReader(f):
+            if r["kind"] in ("runtime", "driver"):
+                host_calls.append((int(r["start_ns"]), int(r["end_ns"]), r["name"]))
+                continue
             name = r["name"] if r["kind"] == "kernel" else r["name"].split(" kind")[0]
             rows.append((int(r["start_ns"]), int(r["end_ns"]), name, int(r["bytes"])))
     rows.sort()
-    return rows
+    host_calls.sort()
+    return rows, host_calls
+
+
+def idle_intervals(rows):
+    """The intervals in which no activity of `rows` (sorted by start) runs."""
+    idle, busy_until = [], None
+    for start, end, *_ in rows:
+        if busy_until is not None and start > busy_until:
+            idle.append((busy_until, start))
+        busy_until = end if busy_until is None else max(busy_until, end)
+    return idle
+
+
+def print_host_calls(host_calls, rows, divisor, unit, top):
+    """The host's CUDA calls by total time per `unit` (total / divisor), with the part of
+    each spent while the GPU sat idle: a call that blocks or runs long while the GPU waits is
+    what the host was doing instead of queueing work."""
+    idle = idle_intervals(rows)
+    total, during_idle, count = defaultdict(float), defaultdict(float), defaultdict(int)
+    first = 0
+    for start, end, name in host_calls:
+        total[name] += end - start
+        count[name] += 1
+        while first < len(idle) and idle[first][1] <= start:
+            first += 1
+        k = first
+        while k < len(idle) and idle[k][0] < end:
+            during_idle[name] += min(end, idle[k][1]) - max(start, idle[k][0])
+            k += 1
+    print(f"\n| host call (top {top}) | ms per {unit} | calls per {unit} | ms of it while the GPU idles |")
+    print("| --- | ---: | ---: | ---: |")
+    for name, ns in sorted(total.items(), key=lambda kv: -kv[1])[:top]:
+        print(f"| `{name}` | {ns / divisor / 1e6:.3f} | {count[name] / divisor:.1f} | "
+              f"{during_idle[name] / divisor / 1e6:.3f} |")
 
 
 def step_ends(rows):
@@ -132,7 +173,7 @@ def main():
     parser.add_argument("--peak_tflops", type=float, default=989.0)
     args = parser.parse_args()
 
-    rows = read_trace(args.trace)
+    rows, host_calls = read_trace(args.trace)
     ends = step_ends(rows)
     if len(ends) < 2:
         sys.exit(f"kernel_profile: {args.trace} holds {len(ends)} optimizer steps; need at least 2")
@@ -173,6 +214,9 @@ def main():
     print("| --- | ---: | ---: |")
     for name, ns, count in idle_gaps(window, 10):
         print(f"| `{name}` | {ns / steps * ms:.3f} | {count / steps:.0f} |")
+    window_calls = [c for c in host_calls if window_start <= c[0] < window_end]
+    if window_calls:
+        print_host_calls(window_calls, window, steps, "step", args.top)
 
 
 if __name__ == "__main__":

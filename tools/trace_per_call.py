@@ -10,17 +10,9 @@ sets) with its time and launches per call, the most expensive first. Two traces 
 printed side by side show where one row's time goes that the other's does not.
 """
 import argparse
-import csv
-import re
 from collections import defaultdict
 
-
-def short_name(name):
-    # The argument list goes; template arguments stay (they tell our elementwise kernels
-    # apart), without the namespaces that repeat in them.
-    name = re.sub(r"\)?\((?!anonymous).*$", "", name)
-    name = re.sub(r"rd::kernels::cuda::|\(anonymous namespace\)::|cudnn::fusion::", "", name)
-    return name[:160]
+from kernel_profile import idle_intervals, print_host_calls, read_trace, short_name
 
 
 def main():
@@ -35,17 +27,8 @@ def main():
                         help="also print the last this many ms, GPU and host, in order")
     args = parser.parse_args()
     time_ns, launches, idle_before = defaultdict(float), defaultdict(int), defaultdict(float)
-    rows, api = [], []
-    with open(args.trace) as f:
-        for row in csv.reader(f):
-            if not row or row[0] == "kind":
-                continue
-            if row[0] in ("runtime", "driver"):  # host calls (RD_CUPTI_API=1)
-                api.append((int(row[1]), int(row[2]), row[-1]))
-                continue
-            name = short_name(row[-1]) if row[0] == "kernel" else row[0]
-            rows.append((int(row[1]), int(row[2]), name))
-    rows.sort()
+    all_rows, api = read_trace(args.trace)
+    rows = [(start, end, short_name(name, 160)) for start, end, name, _ in all_rows]
     if args.last_bursts:
         # Bursts: runs of GPU work between idle gaps longer than --burst_gap_ms (the
         # benchmark's synchronizations). Only the last ones stay (not the warm-up call, with
@@ -76,7 +59,7 @@ def main():
         print(f"| `{name}` | {per_call(ns):.3f} | {launches[name] / args.calls:.1f} | "
               f"{per_call(idle_before[name]):.3f} |")
     if api:
-        print_host_calls(api, rows, args.calls, args.top)
+        print_host_calls(api, rows, args.calls, "call", args.top)
 
 
 def print_timeline(rows, api, window_ms):
@@ -84,13 +67,8 @@ def print_timeline(rows, api, window_ms):
     and the host calls over 5 us, each with its start relative to the window's."""
     end = rows[-1][1]
     begin = end - window_ms * 1e6
-    events, last_end = [], None
-    for start, stop, name in rows:
-        if last_end is not None and start - last_end > 5e3 and start >= begin:
-            events.append((last_end, start, "GPU IDLE"))
-        last_end = max(last_end or stop, stop)
-        if start >= begin:
-            events.append((start, stop, "gpu " + name))
+    events = [(a, b, "GPU IDLE") for a, b in idle_intervals(rows) if b - a > 5e3 and b >= begin]
+    events += [(a, b, "gpu " + n) for a, b, n in rows if a >= begin]
     events += [(a, b, "host " + n) for a, b, n in api if a >= begin and b - a > 5e3]
     print(f"\n## The last {window_ms} ms\n")
     print("| start, us | duration, us | what |")
@@ -98,33 +76,6 @@ def print_timeline(rows, api, window_ms):
     for start, stop, name in sorted(events):
         print(f"| {(start - begin) / 1e3:.1f} | {(stop - start) / 1e3:.1f} | {name[:110]} |")
     print()
-
-
-def print_host_calls(api, rows, calls, top):
-    """The host's API calls by total time, and the time each spent while the GPU sat idle."""
-    idle = []  # the GPU's idle intervals, from the sorted activity rows
-    last_end = None
-    for start, end, _ in rows:
-        if last_end is not None and start > last_end:
-            idle.append((last_end, start))
-        last_end = max(last_end or end, end)
-    total, during_idle, count = defaultdict(float), defaultdict(float), defaultdict(int)
-    api.sort()
-    j = 0
-    for start, end, name in api:
-        total[name] += end - start
-        count[name] += 1
-        while j < len(idle) and idle[j][1] <= start:
-            j += 1
-        k = j
-        while k < len(idle) and idle[k][0] < end:
-            during_idle[name] += min(end, idle[k][1]) - max(start, idle[k][0])
-            k += 1
-    print("\n| host call | ms per call | calls per call | ms of it while the GPU idles |")
-    print("| --- | --- | --- | --- |")
-    for name, ns in sorted(total.items(), key=lambda kv: -kv[1])[:top]:
-        print(f"| `{name}` | {ns / calls / 1e6:.3f} | {count[name] / calls:.1f} | "
-              f"{during_idle[name] / calls / 1e6:.3f} |")
 
 
 if __name__ == "__main__":
