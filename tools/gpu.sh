@@ -88,8 +88,8 @@ cmd_targets() {
 ' decode_bench
   # The trainer (training runs on the GPU: MFU, longest sequence; docs/benchmarks.md) and its
   # launcher, which train_multiprocess_test also starts; the CUPTI kernel tracer behind
-  # `run profile` (the GPU machine has no Nsight).
-  printf '%s\n' rd_train_cli rd_launch rd_cupti_trace
+  # `run profile` (the GPU machine has no Nsight) and the host's sampling profiler (no perf).
+  printf '%s\n' rd_train_cli rd_launch rd_cupti_trace rd_host_sampler
 }
 
 # Strips the built programs among TARGETS into $PACK_DIR/bin, with the scripts the run uses.
@@ -103,9 +103,10 @@ pack_programs() {
   strip -o "$PACK_DIR/bin/rd_train" "$BUILD/train/rd_train"
   strip -o "$PACK_DIR/bin/rd_launch" "$BUILD/train/rd_launch"
   cp bench/report.py "$PACK_DIR/bin/" 2>/dev/null || true
-  if [[ -f "$BUILD/tools/librd_cupti_trace.so" ]]; then
-    strip -o "$PACK_DIR/bin/librd_cupti_trace.so" "$BUILD/tools/librd_cupti_trace.so"
-  fi
+  local tool
+  for tool in librd_cupti_trace.so librd_host_sampler.so; do
+    if [[ -f "$BUILD/tools/$tool" ]]; then strip -o "$PACK_DIR/bin/$tool" "$BUILD/tools/$tool"; fi
+  done
 }
 
 # Carries what a packed program links beyond the C/C++ runtime, the driver and the CUDA

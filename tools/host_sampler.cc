@@ -1,0 +1,126 @@
+// A sampling profiler of the host for machines without perf: preloaded into any program, it
+// takes a backtrace of the running thread every millisecond of CPU time and writes them, with
+// the process's memory map, at exit, for tools/host_profile.py to symbolize and sum.
+//
+//   LD_PRELOAD=librd_host_sampler.so RD_HOST_SAMPLES=samples.txt rd_train ...
+//
+// Only the program named by RD_HOST_SAMPLE_PROGRAM (default rd_train) samples, so wrappers
+// that the preload reaches too (timeout, rd_launch) run untouched. Under rd_launch (RANK and
+// WORLD_SIZE > 1 set) rank r writes samples.txt.rank<r>.
+#include <dlfcn.h>
+#include <execinfo.h>
+#include <signal.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+namespace {
+
+constexpr int kDepth = 48;
+constexpr size_t kMaxSamples = size_t{1} << 18;  // 4.4 minutes of CPU time at 1 kHz
+constexpr int kIntervalUs = 1000;
+
+struct Sample {
+  int depth;
+  void* frames[kDepth];
+};
+
+Sample* g_samples = nullptr;  // preallocated: the handler must not allocate
+std::atomic<size_t> g_count{0};
+std::string* g_path = nullptr;
+
+// backtrace() is not async-signal-safe on its first call (it loads libgcc's unwinder); the
+// constructor makes that call, so the handler only walks frames into preallocated memory.
+void on_profiling_signal(int) {
+  const size_t index = g_count.fetch_add(1, std::memory_order_relaxed);
+  if (index >= kMaxSamples) return;
+  Sample& sample = g_samples[index];
+  sample.depth = backtrace(sample.frames, kDepth);
+}
+
+// One line per sample (hex return addresses, innermost first), then the memory map, so that
+// addresses can be turned into (module, offset) and symbolized on another machine.
+void stop_timer();
+
+void write_samples() {
+  stop_timer();
+  const size_t count = std::min(g_count.load(), kMaxSamples);
+  const std::string temporary = *g_path + ".tmp";
+  FILE* out = std::fopen(temporary.c_str(), "w");
+  if (out == nullptr) return;
+  std::fprintf(out, "# samples %zu interval_us %d\n", count, kIntervalUs);
+  for (size_t i = 0; i < count; ++i) {
+    for (int f = 0; f < g_samples[i].depth; ++f) std::fprintf(out, "%p ", g_samples[i].frames[f]);
+    std::fputc('\n', out);
+  }
+  std::fprintf(out, "# maps\n");
+  if (FILE* maps = std::fopen("/proc/self/maps", "r")) {
+    char line[4096];
+    while (std::fgets(line, sizeof line, maps)) std::fputs(line, out);
+    std::fclose(maps);
+  }
+  const bool ok = std::fclose(out) == 0 && std::rename(temporary.c_str(), g_path->c_str()) == 0;
+  std::fprintf(stderr, "rd_host_sampler: %s %zu samples to %s\n", ok ? "wrote" : "FAILED writing",
+               count, g_path->c_str());
+}
+
+// Whether this process runs the program to sample (the file name of /proc/self/exe).
+bool is_sampled_program() {
+  const char* wanted = std::getenv("RD_HOST_SAMPLE_PROGRAM");
+  char exe[4096];
+  const ssize_t length = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  if (length <= 0) return false;
+  exe[length] = '\0';
+  const char* name = std::strrchr(exe, '/');
+  return std::strcmp(name ? name + 1 : exe, wanted ? wanted : "rd_train") == 0;
+}
+
+__attribute__((constructor)) void start_sampling() {
+  const char* path = std::getenv("RD_HOST_SAMPLES");
+  if (path == nullptr || *path == '\0' || !is_sampled_program()) return;
+  g_path = new std::string(path);
+  const char* rank = std::getenv("RANK");
+  const char* world = std::getenv("WORLD_SIZE");
+  if (rank != nullptr && world != nullptr && std::strcmp(world, "1") != 0) {
+    *g_path += std::string(".rank") + rank;
+  }
+  g_samples = static_cast<Sample*>(std::calloc(kMaxSamples, sizeof(Sample)));
+  void* warm[2];
+  backtrace(warm, 2);
+  struct sigaction action {};
+  action.sa_handler = on_profiling_signal;
+  action.sa_flags = SA_RESTART;
+  sigaction(SIGPROF, &action, nullptr);
+  itimerval every{{0, kIntervalUs}, {0, kIntervalUs}};
+  setitimer(ITIMER_PROF, &every, nullptr);
+  std::atexit(write_samples);
+}
+
+void stop_timer() {
+  itimerval off{};
+  setitimer(ITIMER_PROF, &off, nullptr);
+}
+
+}  // namespace
+
+// An interval timer outlives execve while the handler does not: a sampled program that
+// executes itself again (rd_train does, to set its threads' environment) would die of the
+// first SIGPROF before the new image's constructor runs. The timer stops first.
+extern "C" int execv(const char* path, char* const argv[]) {
+  stop_timer();
+  using Execv = int (*)(const char*, char* const[]);
+  static const auto real = reinterpret_cast<Execv>(dlsym(RTLD_NEXT, "execv"));
+  return real(path, argv);
+}
+
+extern "C" int execve(const char* path, char* const argv[], char* const envp[]) {
+  stop_timer();
+  using Execve = int (*)(const char*, char* const[], char* const[]);
+  static const auto real = reinterpret_cast<Execve>(dlsym(RTLD_NEXT, "execve"));
+  return real(path, argv, envp);
+}
