@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Where the host's time goes, from a tools/host_sampler.cc sample file.
 
-  python3 tools/host_profile.py samples.txt --binaries build/release [--top 40]
+  python3 tools/host_profile.py samples.txt --binaries build/release [--top 40] [--last_s 5]
 
-Each sample is a backtrace taken every millisecond of CPU time. The return addresses are
+Each sample is a backtrace taken every millisecond of CPU time (of wall time, main thread only,
+under RD_HOST_SAMPLE_CLOCK=wall). The return addresses are
 mapped to (module, offset) through the process's memory map and symbolized with addr2line
 against the unstripped programs of --binaries (the packed ones are stripped; same build, same
 offsets); other modules (libcuda, libcudnn) keep their file name. Prints markdown: the
@@ -20,11 +21,13 @@ import subprocess
 
 
 def read_samples(path):
-    samples, maps, in_maps = [], [], False
+    samples, maps, in_maps, clock = [], [], False, "cpu"
     with open(path) as f:
         for line in f:
             if line.startswith("# maps"):
                 in_maps = True
+            elif line.startswith("# samples"):
+                clock = line.split()[-1] if "clock" in line else "cpu"
             elif line.startswith("#"):
                 continue
             elif in_maps:
@@ -33,9 +36,10 @@ def read_samples(path):
                     lo, hi = (int(x, 16) for x in parts[0].split("-"))
                     maps.append((lo, hi, int(parts[2], 16), parts[5]))
             else:
-                samples.append([int(a, 16) for a in line.split()])
+                fields = line.split()
+                samples.append((int(fields[0]), [int(a, 16) for a in fields[1:]]))
     maps.sort()
-    return samples, maps
+    return samples, maps, clock
 
 
 def load_segments(binary):
@@ -122,8 +126,17 @@ def main():
     parser.add_argument("--binaries", action="append", default=[],
                         help="a folder holding the unstripped programs and libraries")
     parser.add_argument("--top", type=int, default=40)
+    parser.add_argument("--last_s", type=float, default=0,
+                        help="only the samples of the last this many seconds (the steady state)")
+    parser.add_argument("--drop_last_s", type=float, default=0,
+                        help="with --last_s: the window ends this many seconds before the end "
+                        "(leaving out a final evaluation and checkpoint)")
     args = parser.parse_args()
-    samples, maps = read_samples(args.samples)
+    samples, maps, clock = read_samples(args.samples)
+    if args.last_s:
+        end = max(t for t, _ in samples) - args.drop_last_s * 1e9
+        samples = [(t, s) for t, s in samples if end - args.last_s * 1e9 <= t <= end]
+    samples = [s for _, s in samples]
     names = symbolize({a for s in samples for a in s}, maps, args.binaries or ["build/release"])
     total = len(samples)
     self_count, inclusive, payer = (collections.Counter() for _ in range(3))
@@ -137,7 +150,8 @@ def main():
         if not ours(frames[0]):
             caller = next((f for f in frames if ours(f)), "(none of ours)")
             payer[f"{caller}  ->  {frames[0]}"] += 1
-    print(f"{total} samples (1 ms of CPU time each)\n")
+    what = "wall time of the main thread" if clock == "wall" else "CPU time"
+    print(f"{total} samples (1 ms of {what} each)\n")
     for title, counter in (("self", self_count), ("inclusive", inclusive),
                            ("outside our code, by our innermost caller", payer)):
         print(f"| {title} (top {args.top}) | samples | share |")
