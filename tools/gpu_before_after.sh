@@ -13,10 +13,8 @@
 # Logs and JSON go to $OUT (or build/before_after).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-export NCCL_NVLS_ENABLE=0 CUDA_MODULE_LOADING=LAZY
-[[ -d .carry/gpu/bin ]] || tar -C .carry -xJf .carry/gpu.tar.xz
-export LD_LIBRARY_PATH="$PWD/.carry/gpu/lib:${LD_LIBRARY_PATH:-}"
-BIN="$PWD/.carry/gpu/bin" LOGS="${OUT:-build/before_after}"
+source tools/device_env.sh
+LOGS="${OUT:-build/before_after}"
 mkdir -p "$LOGS" .carry/old
 for name in bench rd_train; do
   [[ -f .carry/${name}_old.xz && ! -x .carry/old/$name ]] &&

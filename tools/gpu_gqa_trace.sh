@@ -7,10 +7,8 @@
 # On the device machine, from the repository root, with the pack in .carry/gpu.tar.xz.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-export NCCL_NVLS_ENABLE=0 CUDA_MODULE_LOADING=LAZY
-[[ -d .carry/gpu/bin ]] || tar -C .carry -xJf .carry/gpu.tar.xz
-export LD_LIBRARY_PATH="$PWD/.carry/gpu/lib:${LD_LIBRARY_PATH:-}"
-BIN="$PWD/.carry/gpu/bin" LOGS="${OUT:-build/gqa_trace}"
+source tools/device_env.sh
+LOGS="${OUT:-build/gqa_trace}"
 mkdir -p "$LOGS"
 for kv in ${KV_HEADS:-16 4 1}; do
   CUDA_INJECTION64_PATH="$BIN/librd_cupti_trace.so" RD_CUPTI_TRACE="/tmp/gqa_trace_$kv.csv" \
