@@ -149,14 +149,14 @@ def busy_time(intervals):
     return total
 
 
-def idle_gaps(window, top):
+def idle_gaps(window, top, width=90):
     """Where the GPU waits: each gap in the busy timeline charged to the kernel that ends it
     (the work the host was late to queue), as (name, total ns, count), largest first."""
     gaps = defaultdict(lambda: [0, 0])
     busy_until = None
     for start, end, name, _ in window:  # sorted by start
         if busy_until is not None and start > busy_until:
-            totals = gaps[short_name(name, 90)]
+            totals = gaps[short_name(name, width)]
             totals[0] += start - busy_until
             totals[1] += 1
         busy_until = end if busy_until is None else max(busy_until, end)
