@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """kernel_profile_test.py KERNEL_PROFILE: runs tools/kernel_profile.py on a synthetic trace of
 four optimizer steps whose times are known, and checks the step, busy, idle and per-category
-times it reports, where it was idle, and that a trace without two steps is refused."""
+times it reports, where it was idle, the host's calls (and their share while the GPU idled),
+and that a trace without two steps is refused."""
 import os
 import subprocess
 import sys
@@ -12,10 +13,14 @@ MS = 1_000_000  # ns
 
 def write_trace(path, steps):
     """Each step: a GEMM (10 ms), an elementwise kernel (4 ms) beside a 1 ms memcpy on
-    another stream that overlaps it, 2 ms of idle GPU, then two AdamW kernels (0.5 ms each)."""
+    another stream that overlaps it, 2 ms of idle GPU, then two AdamW kernels (0.5 ms each).
+    On the host (RD_CUPTI_API rows): a 0.1 ms launch during the GEMM, and a 2 ms
+    synchronization from 1 ms before the idle gap into its middle."""
     rows, t = [], 0
     for _ in range(steps):
         rows.append(("kernel", t, t + 10 * MS, 7, 0, "nvjet_sm90_tst_192x192_64x3_2x1_v_bz_coopB_NNN"))
+        rows.append(("driver", t + MS, t + MS + MS // 10, 0, 0, "cuLaunchKernel"))
+        rows.append(("runtime", t + 13 * MS, t + 15 * MS, 0, 0, "cudaStreamSynchronize_v3020"))
         t += 10 * MS
         rows.append(("kernel", t, t + 4 * MS, 7, 0,
                      "void rd::kernels::cuda::grid_stride_kernel<rd::kernels::cuda::VectorBody<8, "
@@ -51,6 +56,9 @@ def main():
             "grid_stride_kernel<VectorBody<8, BinaryFn<(BinaryOp)2, float>, BFloat16> >",
             # The 2 ms the GPU waits before each step's optimizer, charged to the AdamW kernel.
             "| `adamw_kernel<float>` | 2.000 | 1 |",
+            # Host calls per step, and how much of each the GPU spent idle.
+            "| `cudaStreamSynchronize_v3020` | 2.000 | 1.0 | 1.000 |",
+            "| `cuLaunchKernel` | 0.100 | 1.0 | 0.000 |",
         ]
         missing = [line for line in expected if line not in out]
         if missing:
