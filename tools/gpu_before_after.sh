@@ -7,9 +7,12 @@
 #   tools/gpu_before_after.sh train                tools/gpu_issue19.sh docs_train, old then new
 #                                                  (CP2_ONLY=1: context parallel 2 only)
 #   tools/gpu_before_after.sh reference [ARGS...]  rd_train on train/configs/gpu_reference.flags
-#                                                  (head groups), 40 steps, A B A B on one GPU;
+#                                                  (head groups), STEPS (40) steps, RUNS (2) times
+#                                                  A B on one GPU;
 #                                                  ARGS are added rd_train flags
 #   tools/gpu_before_after.sh trace GPUS ARGS...   the new rd_train under the CUPTI tracer
+# With OLD_ENV set (e.g. OLD_ENV=RD_CUDNN_KERNEL_CACHE=0), the old side is the pack's own
+# binary run under that environment: a runtime switch's A/B needs no second build.
 # Logs and JSON go to $OUT (or build/before_after).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -21,13 +24,27 @@ for name in bench rd_train; do
     xz -dc ".carry/${name}_old.xz" >".carry/old/$name" && chmod +x ".carry/old/$name"
 done
 
+# Runs a side's command: the old side under OLD_ENV where it is set.
+run_side() {
+  local side="$1"
+  shift
+  if [[ $side == old && -n ${OLD_ENV:-} ]]; then env ${OLD_ENV} "$@"; else "$@"; fi
+}
+
+# The binary `name` of the pack ($BIN) runs a side, or the old build's (.carry/old/OLD_NAME)
+# for the old side without OLD_ENV.
+side_binary() {
+  local side="$1" name="$2" old_name="$3"
+  if [[ $side == old && -z ${OLD_ENV:-} ]]; then echo ".carry/old/$old_name"; else echo "$BIN/$name"; fi
+}
+
 part_bench() {
   local filter="$1" runs="${2:-2}"
   for run in $(seq 1 "$runs"); do
     for side in old new; do
-      local bin="$BIN/cuda_dilated_attention_bench"
-      [[ $side == old ]] && bin=.carry/old/bench
-      timeout 400 "$bin" --benchmark_filter="$filter" --benchmark_out="$LOGS/$side.$run.json" \
+      local bin
+      bin=$(side_binary "$side" cuda_dilated_attention_bench bench)
+      run_side "$side" timeout 400 "$bin" --benchmark_filter="$filter" --benchmark_out="$LOGS/$side.$run.json" \
         --benchmark_out_format=json >"$LOGS/$side.$run.txt" 2>&1 || echo "bench $side $run: exit $?"
     done
   done
@@ -66,29 +83,34 @@ part_train() {
   done
 }
 
-# tokens/s of steps 11-40 per side, from rd_train's step lines.
+# tokens/s per side from rd_train's step lines, steps 1-10 (where new graphs are built) and
+# 11 on, and each run's line on cuDNN's graphs.
 summarize_steps() {
   python3 - "$LOGS" <<'PY'
 import glob, re, statistics, sys
 for side in ("old", "new"):
-    rates = []
+    rates = {"steps 1-10": [], "steps 11+": []}
     for path in sorted(glob.glob(f"{sys.argv[1]}/reference-{side}.*.txt")):
         for line in open(path, errors="replace").read().replace("\r", "\n").splitlines():
             m = re.match(r"step (\d+)/\d+.*\| ([\d.]+)([kM]?) tok/s", line)
-            if m and int(m.group(1)) > 10:
-                rates.append(float(m.group(2)) * {"k": 1e3, "M": 1e6, "": 1}[m.group(3)])
-    if rates:
-        print(f"{side}: {statistics.median(rates) / 1e3:.1f}k tok/s, median of {len(rates)} steps "
-              f"(min {min(rates) / 1e3:.1f}k, max {max(rates) / 1e3:.1f}k)")
+            if m:
+                rate = float(m.group(2)) * {"k": 1e3, "M": 1e6, "": 1}[m.group(3)]
+                rates["steps 1-10" if int(m.group(1)) <= 10 else "steps 11+"].append(rate)
+            if line.startswith("cuDNN attention graphs"):
+                print(f"{side} {path.split('/')[-1]}: {line}")
+    for span, values in rates.items():
+        if values:
+            print(f"{side} {span}: {statistics.median(values) / 1e3:.1f}k tok/s, median of "
+                  f"{len(values)} (min {min(values) / 1e3:.1f}k, max {max(values) / 1e3:.1f}k)")
 PY
 }
 
 part_reference() {
-  for run in 1 2; do
+  for run in $(seq 1 "${RUNS:-2}"); do
     for side in old new; do
-      local bin="$BIN/rd_train"
-      [[ $side == old ]] && bin=.carry/old/rd_train
-      timeout 200 "$bin" --flagfile=train/configs/gpu_reference.flags --steps=40 --warmup_steps=2 \
+      local bin
+      bin=$(side_binary "$side" rd_train rd_train)
+      run_side "$side" timeout 200 "$bin" --flagfile=train/configs/gpu_reference.flags --steps="${STEPS:-40}" --warmup_steps=2 \
         --log_every=1 --final_eval_batches=1 --out_dir="/tmp/reference-$side-$run" --resume= "$@" \
         >"$LOGS/reference-$side.$run.txt" 2>&1 || echo "reference $side $run: exit $?"
     done
