@@ -1,6 +1,7 @@
 // The attention calls of one dilated-attention call (see attention_runner.h).
 #include "ringdilated/nn/attention_runner.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <string>
@@ -123,20 +124,34 @@ bool AttentionRunner::backward_if_supported(const kernels::AttentionForwardArgs&
   return run(fwd, &args, /*optional=*/true).has_value();
 }
 
+bool AttentionRunner::backward_supported(const kernels::AttentionForwardArgs& fwd,
+                                         const kernels::AttentionBackwardArgs& args) const {
+  return std::any_of(kernels_.begin(), kernels_.end(),
+                     [&](AttentionKernel kernel) { return refusal(kernel, fwd, &args).empty(); });
+}
+
+std::string AttentionRunner::refusal(AttentionKernel kernel,
+                                     const kernels::AttentionForwardArgs& fwd,
+                                     const kernels::AttentionBackwardArgs* backward) const {
+  if (builds_per_shape(kernel) && fwd.params.shape_follows_data && !forced_) {
+    // A graph built for one document piece or decoding step would serve no other: every
+    // call would build one (measured: a call of 131 documents 3000x slower than unmasked).
+    return "its shape follows the data";
+  }
+  std::string why;
+  if (!backend_for(device_).attention_supports(kernel, fwd, backward, &why)) {
+    return why.empty() ? "not supported" : why;
+  }
+  return "";
+}
+
 std::optional<AttentionKernel> AttentionRunner::run(const kernels::AttentionForwardArgs& fwd,
                                                     const kernels::AttentionBackwardArgs* backward,
                                                     bool optional) {
   kernels::KernelBackend& backend = backend_for(device_);
   std::string reasons;
   for (AttentionKernel kernel : kernels_) {
-    std::string why;
-    if (builds_per_shape(kernel) && fwd.params.shape_follows_data && !forced_) {
-      // A graph built for one document piece or decoding step would serve no other: every
-      // call would build one (measured: a call of 131 documents 3000x slower than unmasked).
-      reasons += str_cat(kernels::kernel_name(kernel), ": its shape follows the data; ");
-      continue;
-    }
-    if (!backend.attention_supports(kernel, fwd, backward, &why)) {
+    if (const std::string why = refusal(kernel, fwd, backward); !why.empty()) {
       reasons += str_cat(kernels::kernel_name(kernel), ": ", why, "; ");
       continue;
     }

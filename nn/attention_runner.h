@@ -74,6 +74,10 @@ class AttentionRunner {
   // which only cuDNN sums natively).
   bool backward_if_supported(const kernels::AttentionForwardArgs& fwd,
                              const kernels::AttentionBackwardArgs& args);
+  // Whether backward_if_supported would find a kernel, as far as kernels tell before running
+  // (a graph cuDNN then fails to build still makes it return false, with nothing run).
+  bool backward_supported(const kernels::AttentionForwardArgs& fwd,
+                          const kernels::AttentionBackwardArgs& args) const;
 
   // The slowest kernel any call ran (cuDNN when none ran).
   AttentionPath path_used() const { return path_of(slowest_); }
@@ -85,6 +89,9 @@ class AttentionRunner {
                                               const kernels::AttentionBackwardArgs* backward,
                                               bool optional = false);
   void count_call(kernels::AttentionKernel kernel, bool over_pieces, bool backward);
+  // Why `kernel` cannot take the call before running it ("" where it can).
+  std::string refusal(kernels::AttentionKernel kernel, const kernels::AttentionForwardArgs& fwd,
+                      const kernels::AttentionBackwardArgs* backward) const;
 
   const char* op_;
   Device device_;

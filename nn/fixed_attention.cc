@@ -153,22 +153,12 @@ UnitAcc& unit_acc(const RankPlan& plan, ForwardState& state, int unit, DType q_d
   return state.units.back();
 }
 
-// Whether every local call covers all batch rows (none is a document piece of one row):
-// then the rows a call writes are the same in every batch row, which RowCover follows.
-bool calls_span_batch(const RankPlan& plan) {
-  return std::all_of(plan.local_calls.begin(), plan.local_calls.end(),
-                     [](const LocalCall& call) { return call.batch_row < 0; });
-}
-
 // Head groups: zeroes `out` where no local call writes (positions no pair of a head's group
-// selects); the calls write the rest. Remote partials merge into rows the calls wrote.
+// selects); the calls write the rest (a document piece its batch row's). Remote partials
+// merge into rows the calls wrote.
 void zero_unwritten_out(const RankPlan& plan, Tensor out) {
-  if (!calls_span_batch(plan)) {
-    out.zero_();
-    return;
-  }
-  RowCover written(plan.layout.heads, plan.layout.rows_per_rank);
-  for (const LocalCall& call : plan.local_calls) written.add(call.q);
+  RowCover written(out.size(0), plan.layout.heads, plan.layout.rows_per_rank);
+  for (const LocalCall& call : plan.local_calls) written.add(call.q, call.batch_row);
   written.zero_rest(out);
 }
 
@@ -368,23 +358,31 @@ class FixedBackward {
         grads_(grads) {}
 
   // The calls on this rank's own keys, in pieces (backward_pieces). They run first: the
-  // buffers, uninitialized until now, are zeroed here except the rows the calls store.
+  // buffers, uninitialized until now, are zeroed here except the rows the calls will store.
+  // Groups of document pieces run first, as one call each where a kernel takes them (no lse
+  // gradient); the calls of a group none takes run after the single calls, one by one.
   void local(const Tensor& k, const Tensor& v) {
     const PieceGroups calls =
         group_piece_calls(plan_.local_calls, [](const LocalCall&) { return true; });
     std::vector<const LocalCall*> singles = calls.singles;
     KeyGradStores stores(plan_.layout.kv_heads);
-    // Document pieces: whether a group stores is known only once a kernel takes it, and a
-    // piece covers one batch row, which RowCover does not follow: zero everything first.
-    const bool zero_all = !calls.groups.empty() || !calls_span_batch(plan_);
-    if (zero_all) grads_.zero();
+    std::vector<PieceGroupRun> groups;
     for (const std::vector<const LocalCall*>& group : calls.groups) {
-      // Document pieces as one call where a kernel takes it (no lse gradient).
-      if (!grad_lse_.defined() && piece_group(group, k, v, stores)) continue;
-      singles.insert(singles.end(), group.begin(), group.end());
+      if (grad_lse_.defined()) {
+        singles.insert(singles.end(), group.begin(), group.end());
+      } else {
+        groups.push_back(plan_piece_group(group, k, v, stores));
+      }
     }
-    const std::vector<Stores> stored = single_stores(singles, stores);
-    if (!zero_all) zero_unstored(singles, stored);
+    std::vector<Stores> stored = single_stores(singles, stores);
+    zero_unstored(groups, singles, stored);
+    for (const PieceGroupRun& group : groups) {
+      if (run_piece_group(group, k, v)) continue;
+      for (const LocalCall* call : *group.calls) {
+        singles.push_back(call);
+        stored.push_back(single_stores({call}, stores).front());
+      }
+    }
     for (size_t i = 0; i < singles.size(); ++i) {
       for (const LocalCall& piece :
            backward_pieces(*singles[i], plan_.layout, runner_.backward_piece_elements())) {
@@ -438,45 +436,75 @@ class FixedBackward {
     return stored;
   }
 
-  // Zeroes the gradient buffers except the rows the calls store (`stored`, parallel; each
-  // call over all batch rows).
-  void zero_unstored(const std::vector<const LocalCall*>& calls,
+  // A group of document pieces (one pair, head set and heads) as one call over pieces, and
+  // what it stores in place. Head groups: its dQ (q's dtype) in every case (directly, or its
+  // calls one by one where no kernel takes the group); its dK/dV where `direct`: its pair
+  // writes its key/value heads first (KeyGradStores) and a kernel takes the buffers as they
+  // lie. What is not stored (all heads: every pair adds into float32 gradients) goes through
+  // zeroed scratch in q's dtype, added after.
+  struct PieceGroupRun {
+    const std::vector<const LocalCall*>* calls = nullptr;
+    bool store_q = false, direct = false;
+  };
+
+  PieceGroupRun plan_piece_group(const std::vector<const LocalCall*>& group, const Tensor& k,
+                                 const Tensor& v, KeyGradStores& stores) {
+    PieceGroupRun run;
+    run.calls = &group;
+    run.store_q = !plan_.merged && grads_.qkv[0].dtype() == q_.dtype();
+    // The calls of a group share their pair and heads: one answer (and record) for all.
+    const bool store_kv =
+        !plan_.merged && stores.may_store(*group.front()) && grads_.qkv[1].dtype() == q_.dtype();
+    run.direct = run.store_q && store_kv &&
+                 backward_piece_group_supported(runner_, group, q_, k, v, out_, lse_, grad_out_,
+                                                grads_.qkv[0], grads_.qkv[1], grads_.qkv[2]);
+    return run;
+  }
+
+  // Zeroes the gradient buffers except the rows the calls will store: the groups' dQ rows
+  // (PieceGroupRun) and their dK/dV rows where direct, the single calls' by `stored`
+  // (parallel to `singles`), each in its batch row (a document piece's) or in all.
+  void zero_unstored(const std::vector<PieceGroupRun>& groups,
+                     const std::vector<const LocalCall*>& singles,
                      const std::vector<Stores>& stored) const {
-    const int64_t rows = plan_.layout.rows_per_rank;
-    RowCover q_rows(grads_.qkv[0].size(2), rows), kv_rows(grads_.qkv[1].size(2), rows);
-    for (size_t i = 0; i < calls.size(); ++i) {
-      if (stored[i].grad_q) q_rows.add(calls[i]->q);
-      if (stored[i].grad_kv) kv_rows.add(without_repeat(calls[i]->k));
+    const int64_t batch = grads_.qkv[0].size(0), rows = plan_.layout.rows_per_rank;
+    RowCover q_rows(batch, grads_.qkv[0].size(2), rows);
+    RowCover kv_rows(batch, grads_.qkv[1].size(2), rows);
+    auto cover = [&](const LocalCall& call, Stores s) {
+      if (s.grad_q) q_rows.add(call.q, call.batch_row);
+      if (s.grad_kv) kv_rows.add(without_repeat(call.k), call.batch_row);
+    };
+    for (const PieceGroupRun& group : groups) {
+      for (const LocalCall* call : *group.calls) cover(*call, {group.store_q, group.direct});
     }
+    for (size_t i = 0; i < singles.size(); ++i) cover(*singles[i], stored[i]);
     q_rows.zero_rest(grads_.qkv[0]);
     kv_rows.zero_rest(grads_.qkv[1]);
     kv_rows.zero_rest(grads_.qkv[2]);
   }
 
-  // A group of document pieces (one pair, head set and heads) as one call over pieces. Head
-  // groups: its dQ stored in place (q's dtype), its dK/dV too where its pair writes its
-  // key/value heads first (KeyGradStores) and the kernel takes the buffers as they lie. What
-  // is not stored (all heads: every pair adds into float32 gradients) goes through zeroed
-  // scratch in q's dtype, added after. False, with nothing run, where no kernel takes the
-  // group.
-  bool piece_group(const std::vector<const LocalCall*>& group, const Tensor& k, const Tensor& v,
-                   KeyGradStores& stores) {
-    const LocalCall& first = *group.front();
-    const bool store_q = !plan_.merged && grads_.qkv[0].dtype() == q_.dtype();
-    // The calls of a group share their pair and heads: one answer (and record) for all.
-    const bool store_kv =
-        !plan_.merged && stores.may_store(first) && grads_.qkv[1].dtype() == q_.dtype();
-    auto run_into = [&](const Tensor& into_q, const Tensor& into_k, const Tensor& into_v) {
-      return backward_piece_group(runner_, group, q_, k, v, out_, lse_, grad_out_, into_q, into_k,
-                                  into_v);
-    };
-    if (store_q && store_kv && run_into(grads_.qkv[0], grads_.qkv[1], grads_.qkv[2])) {
-      return true;
+  // Runs a group of plan_piece_group as one call over pieces, directly into the gradients or
+  // through scratch. False, with nothing run, where no kernel takes the group.
+  bool run_piece_group(const PieceGroupRun& run, const Tensor& k, const Tensor& v) {
+    const std::vector<const LocalCall*>& group = *run.calls;
+    if (run.direct) {
+      if (backward_piece_group(runner_, group, q_, k, v, out_, lse_, grad_out_, grads_.qkv[0],
+                               grads_.qkv[1], grads_.qkv[2])) {
+        return true;
+      }
+      // The kernel that said it takes the group refused it when run (a graph cuDNN could not
+      // build): the dK/dV rows left unzeroed for it to store are zeroed for the adds below.
+      for (const LocalCall* call : group) {
+        for (const Tensor& grad : {grads_.qkv[1], grads_.qkv[2]}) {
+          select_bnhd(rows_of(grad, call->batch_row), without_repeat(call->k)).zero_();
+        }
+      }
     }
     if (scratch_refused_) return false;
     // Through scratch: the group re-based to its own query heads and rows and its own key
     // heads and rows, so that scratch (and the copies of k and v full heads need) is sized
     // by the group, not by the tensors it lies in (views of a wider projection).
+    const LocalCall& first = *group.front();
     const Heads q_heads = query_heads(first.q);
     const Heads k_heads = run_of(first.k.first_head, first.k.head_stride, first.k.head_count);
     RowRun q_rows = written_rows(group, &LocalCall::q, q_.size(1));
@@ -490,7 +518,7 @@ class FixedBackward {
                         unit_stat(lse_, q_heads, q_rows), unit_rows(grad_out_, q_heads, q_rows),
                         unit_rows(k, k_heads, k_rows),    unit_rows(v, k_heads, k_rows)};
     const Tensor grad_q = unit_rows(grads_.qkv[0], q_heads, q_rows);
-    return via_scratch(pointers_to(unit_view.rebased), in, store_q ? grad_q : Tensor(), grad_q,
+    return via_scratch(pointers_to(unit_view.rebased), in, run.store_q ? grad_q : Tensor(), grad_q,
                        unit_rows(grads_.qkv[1], k_heads, k_rows),
                        unit_rows(grads_.qkv[2], k_heads, k_rows));
   }

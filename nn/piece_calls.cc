@@ -2,6 +2,7 @@
 #include "ringdilated/nn/piece_calls.h"
 
 #include <algorithm>
+#include <functional>
 
 #include "ringdilated/kernels/attention.h"
 #include "ringdilated/tensor/dispatch.h"
@@ -137,10 +138,15 @@ bool forward_piece_group(AttentionRunner& runner, const std::vector<const LocalC
   return runner.forward_if_supported(forward_args(runner, group, pieces, q, k, v, out, lse));
 }
 
-bool backward_piece_group(AttentionRunner& runner, const std::vector<const LocalCall*>& group,
-                          const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                          const Tensor& lse, const Tensor& grad_out, const Tensor& grad_q,
-                          const Tensor& grad_k, const Tensor& grad_v) {
+namespace {
+
+// Builds the group's backward arguments (storing its gradients) and hands them to `use`.
+bool with_backward_args(AttentionRunner& runner, const std::vector<const LocalCall*>& group,
+                        const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                        const Tensor& lse, const Tensor& grad_out, const Tensor& grad_q,
+                        const Tensor& grad_k, const Tensor& grad_v,
+                        const std::function<bool(const kernels::AttentionForwardArgs&,
+                                                 const kernels::AttentionBackwardArgs&)>& use) {
   const kernels::AttentionPieces pieces = pieces_of(group);
   const kernels::AttentionForwardArgs fwd = forward_args(runner, group, pieces, q, k, v, out, lse);
   const LocalCall& first = *group.front();
@@ -150,7 +156,28 @@ bool backward_piece_group(AttentionRunner& runner, const std::vector<const Local
   args.grad_k = base_view(grad_k, first.k, false);
   args.grad_v = base_view(grad_v, first.k, false);
   args.overwrite_grads = true;
-  return runner.backward_if_supported(fwd, args);
+  return use(fwd, args);
+}
+
+}  // namespace
+
+bool backward_piece_group(AttentionRunner& runner, const std::vector<const LocalCall*>& group,
+                          const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                          const Tensor& lse, const Tensor& grad_out, const Tensor& grad_q,
+                          const Tensor& grad_k, const Tensor& grad_v) {
+  return with_backward_args(
+      runner, group, q, k, v, out, lse, grad_out, grad_q, grad_k, grad_v,
+      [&](const auto& fwd, const auto& args) { return runner.backward_if_supported(fwd, args); });
+}
+
+bool backward_piece_group_supported(AttentionRunner& runner,
+                                    const std::vector<const LocalCall*>& group, const Tensor& q,
+                                    const Tensor& k, const Tensor& v, const Tensor& out,
+                                    const Tensor& lse, const Tensor& grad_out, const Tensor& grad_q,
+                                    const Tensor& grad_k, const Tensor& grad_v) {
+  return with_backward_args(
+      runner, group, q, k, v, out, lse, grad_out, grad_q, grad_k, grad_v,
+      [&](const auto& fwd, const auto& args) { return runner.backward_supported(fwd, args); });
 }
 
 }  // namespace rd::nn

@@ -40,12 +40,18 @@ bool forward_piece_group(AttentionRunner& runner, const std::vector<const LocalC
                          const Tensor& lse);
 
 // The group's backward as one call over pieces, against the final out and lse, storing
-// its rows of grad_q, grad_k and grad_v, which must hold zeros there (head groups whose
-// key/value heads no other pair writes first). False, with nothing run, where no kernel
-// takes it.
+// (overwriting) its pieces' rows of grad_q, grad_k and grad_v (head groups whose key/value
+// heads no other pair writes first). False, with nothing run, where no kernel takes it.
 bool backward_piece_group(AttentionRunner& runner, const std::vector<const LocalCall*>& group,
                           const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                           const Tensor& lse, const Tensor& grad_out, const Tensor& grad_q,
                           const Tensor& grad_k, const Tensor& grad_v);
+// Whether backward_piece_group would find a kernel, as far as kernels tell before running
+// (AttentionRunner::backward_supported).
+bool backward_piece_group_supported(AttentionRunner& runner,
+                                    const std::vector<const LocalCall*>& group, const Tensor& q,
+                                    const Tensor& k, const Tensor& v, const Tensor& out,
+                                    const Tensor& lse, const Tensor& grad_out, const Tensor& grad_q,
+                                    const Tensor& grad_k, const Tensor& grad_v);
 
 }  // namespace rd::nn

@@ -71,7 +71,7 @@ TEST(RowCover, ZeroesEveryRowNoCallCoversAndOnlyThoseOfOnePair) {
   };
   for (int trial = 0; trial < 2000; ++trial) {
     const int64_t rows = draw(1, 70), heads = draw(1, 5);
-    RowCover cover(heads, rows);
+    RowCover cover(1, heads, rows);
     std::vector<std::set<int64_t>> covered(static_cast<size_t>(heads));
     std::vector<int> pairs_of_head(static_cast<size_t>(heads), 0);
     std::vector<bool> unusual_head(static_cast<size_t>(heads), false);
@@ -122,7 +122,7 @@ TEST(RowCover, ZeroesEveryRowNoCallCoversAndOnlyThoseOfOnePair) {
 // zero_rest on a [B, rows, H, D] tensor of ones: zeros exactly in each head's rest.
 TEST(RowCover, ZeroRestWritesZerosExactlyInTheRest) {
   const int64_t rows = 24, heads = 4;
-  RowCover cover(heads, rows);
+  RowCover cover(2, heads, rows);
   for (const Selection& s : pair_calls(rows, 8, 1, 0, 0, 1)) cover.add(s);
   for (const Selection& s : pair_calls(rows, 8, 2, 1, 1, 2)) cover.add(s);
   for (const Selection& s : pair_calls(rows, 16, 4, 3, 3, 1)) cover.add(s);
@@ -146,6 +146,105 @@ TEST(RowCover, ZeroRestWritesZerosExactlyInTheRest) {
   // Rows 3, 7, 11 and 19, 23 (the short last segment of 8 from 16): rate 4
   // from 3.
   EXPECT_EQ(rows_of(cover.rest(3)).size(), rows - 6);
+}
+
+// The planner's document pieces (dilated_plan.cc): a pair's segments with no document
+// start inside are calls over every batch row; a segment that some row's document starts
+// inside is, in every row, one call per document piece of that row. The pieces of a
+// segment join into the pair's run, so each batch row's rest is the rest without
+// documents; a piece left out (a gap) is zeroed in its row alone.
+TEST(RowCover, DocumentPiecesCoverTheirBatchRowOnly) {
+  std::mt19937_64 rng(11);
+  auto draw = [&](int64_t lo, int64_t hi) {
+    return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+  };
+  for (int trial = 0; trial < 300; ++trial) {
+    // Sometimes more pieces in a head than RowCover keeps runs for (64) unless they join.
+    const bool many = draw(0, 3) == 0;
+    const int64_t rate = draw(1, 4), length = rate * draw(1, 8), segments = draw(1, many ? 24 : 6);
+    const int64_t rows = length * segments, heads = draw(1, 4), batch = draw(1, 3);
+    const int64_t offset = draw(0, rate - 1), first_head = draw(0, heads - 1);
+    const int64_t head_count = draw(1, heads - first_head);
+    // Document starts per batch row (the first at 0), a few of them.
+    std::vector<std::set<int64_t>> starts(static_cast<size_t>(batch));
+    for (std::set<int64_t>& row_starts : starts) {
+      row_starts.insert(0);
+      for (int64_t d = draw(0, many ? 120 : 4); d > 0; --d) row_starts.insert(draw(1, rows - 1));
+    }
+    auto selection = [&](int64_t lo, int64_t hi, int64_t segment) {
+      const int64_t begin = segment * length + offset;  // the segment's first selected row
+      Selection s;
+      s.first_head = first_head;
+      s.head_count = head_count;
+      s.rate = rate;
+      s.segment_stride = length;
+      s.segments = 1;
+      const int64_t first_u = std::max<int64_t>(0, (lo - begin + rate - 1) / rate);
+      const int64_t end_u = std::max<int64_t>(0, (hi - begin + rate - 1) / rate);
+      s.first_position = begin + rate * first_u;
+      s.count = std::max<int64_t>(0, end_u - first_u);
+      return s;
+    };
+    RowCover cover(batch, heads, rows);
+    // covered[b]: the rows of batch row b the calls write (the same in each of their heads).
+    std::vector<std::set<int64_t>> covered(static_cast<size_t>(batch));
+    const bool leave_a_gap = draw(0, 1) == 0;
+    int64_t gap_row = -1;  // the batch row of the piece left out
+    for (int64_t segment = 0; segment < segments; ++segment) {
+      const int64_t lo = segment * length, hi = lo + length;
+      bool split = false;
+      for (const std::set<int64_t>& row_starts : starts) {
+        const auto it = row_starts.upper_bound(lo);
+        split = split || (it != row_starts.end() && *it < hi);
+      }
+      if (!split) {
+        const Selection s = selection(lo, hi, segment);
+        cover.add(s, -1);
+        for (std::set<int64_t>& rows_of_b : covered) {
+          for (int64_t row : rows_of(s)) rows_of_b.insert(row);
+        }
+        continue;
+      }
+      for (int64_t b = 0; b < batch; ++b) {
+        const std::set<int64_t>& row_starts = starts[static_cast<size_t>(b)];
+        std::vector<int64_t> bounds(row_starts.begin(), row_starts.end());
+        bounds.push_back(rows);
+        for (size_t d = 0; d + 1 < bounds.size(); ++d) {
+          const int64_t piece_lo = std::max(bounds[d], lo), piece_hi = std::min(bounds[d + 1], hi);
+          const Selection s = selection(piece_lo, piece_hi, segment);
+          if (piece_lo >= piece_hi || s.count == 0) continue;
+          if (leave_a_gap && gap_row < 0 && draw(0, 1) == 0) {
+            gap_row = b;  // this piece's rows stay unwritten
+            continue;
+          }
+          cover.add(s, b);
+          for (int64_t row : rows_of(s)) covered[static_cast<size_t>(b)].insert(row);
+        }
+      }
+    }
+    const Tensor t = ones({batch, rows, heads, 2}, TensorOptions(DType::kFloat32));
+    cover.zero_rest(t);
+    const std::vector<float> values = t.to_vector<float>();
+    for (int64_t b = 0; b < batch; ++b) {
+      for (int64_t h = 0; h < heads; ++h) {
+        SCOPED_TRACE("trial " + std::to_string(trial) + ", batch row " + std::to_string(b) +
+                     ", head " + std::to_string(h));
+        const bool mine = h >= first_head && h < first_head + head_count;
+        const std::set<int64_t>& written = covered[static_cast<size_t>(b)];
+        for (int64_t row = 0; row < rows; ++row) {
+          const bool is_written = mine && written.count(row) > 0;
+          const float value = values[static_cast<size_t>(((b * rows + row) * heads + h) * 2)];
+          // Rows no call writes are zeroed; in the batch rows without a gap the written rows
+          // are kept (one pair of rate <= 4 in a head: its rest in at most 5 fills).
+          if (!is_written) {
+            EXPECT_EQ(value, 0.0f) << "row " << row << " not zeroed";
+          } else if (b != gap_row) {
+            EXPECT_EQ(value, 1.0f) << "written row " << row;
+          }
+        }
+      }
+    }
+  }
 }
 
 }  // namespace
