@@ -130,6 +130,9 @@ struct UnitAcc {
 struct ForwardState {
   Tensor out, acc_out, lse;
   std::vector<UnitAcc> units;
+  // All heads: a pair whose local calls write every row of every head (a rate-1 pair), whose
+  // partial is copied into acc_out and lse instead of merged into zeros; -1 where none does.
+  int covering_pair = -1;
 };
 
 UnitAcc& unit_acc(const RankPlan& plan, ForwardState& state, int unit, DType q_dtype) {
@@ -162,6 +165,19 @@ void zero_unwritten_out(const RankPlan& plan, Tensor out) {
   written.zero_rest(out);
 }
 
+// All heads: the first pair whose local calls write every row of every head in every batch
+// row (ForwardState::covering_pair), or -1.
+int covering_pair(const RankPlan& plan, const Tensor& acc_out) {
+  for (int pair = 0; pair < plan.num_pairs; ++pair) {
+    RowCover written(acc_out.size(0), plan.layout.heads, plan.layout.rows_per_rank);
+    for (const LocalCall& call : plan.local_calls) {
+      if (call.pair == pair) written.add(call.q, call.batch_row);
+    }
+    if (written.covers_everything()) return pair;
+  }
+  return -1;
+}
+
 // The calls on this rank's own keys, in place.
 void local_forward(AttentionRunner& runner, const RankPlan& plan, const Tensor& q, const Tensor& k,
                    const Tensor& v, ForwardState& state) {
@@ -186,12 +202,25 @@ void local_forward(AttentionRunner& runner, const RankPlan& plan, const Tensor& 
   }
   // All heads: each pair's partial in q's dtype (what every kernel, cuDNN included, writes;
   // rounded once), merged through the LSE into the float32 accumulator. The merge reads a
-  // partial only in rows its calls wrote (finite lse), so only the lse is reset per pair.
+  // partial only in rows its calls wrote (finite lse), so only the lse is reset per pair. A
+  // pair that writes every row goes first and is copied: merging it into an empty
+  // accumulator would give its partial and lse exactly.
   Tensor part = empty(state.acc_out.shape(), options_like(q)), part_lse = empty_like(state.lse);
+  std::vector<int> order;
+  if (state.covering_pair >= 0) order.push_back(state.covering_pair);
   for (int pair = 0; pair < plan.num_pairs; ++pair) {
-    part_lse.fill_(kEmptyLse);
+    if (pair != state.covering_pair) order.push_back(pair);
+  }
+  for (int pair : order) {
+    const bool first_covers = pair == state.covering_pair;
+    if (!first_covers) part_lse.fill_(kEmptyLse);
     run_calls([pair](const LocalCall& call) { return call.pair == pair; }, part, part_lse);
-    attention_merge_(state.acc_out, state.lse, part, part_lse);
+    if (first_covers) {
+      state.acc_out.copy_(part);
+      state.lse.copy_(part_lse);
+    } else {
+      attention_merge_(state.acc_out, state.lse, part, part_lse);
+    }
   }
 }
 
@@ -280,7 +309,9 @@ RankAttention fixed_forward(AttentionRunner& runner, const RankPlan& plan, const
   const Shape out_shape{l.batch, l.rows_per_rank, l.heads, l.head_dim};
   state.lse = full({l.batch, l.heads, l.rows_per_rank}, kEmptyLse, acc_opts);
   if (plan.merged) {
-    state.acc_out = zeros(out_shape, acc_opts);
+    state.acc_out = empty(out_shape, acc_opts);
+    state.covering_pair = covering_pair(plan, state.acc_out);
+    if (state.covering_pair < 0) state.acc_out.zero_();
   } else {
     state.out = empty(out_shape, options_like(q));
     zero_unwritten_out(plan, state.out);

@@ -67,7 +67,7 @@ RowCover::RowCover(int64_t batch, int64_t heads, int64_t rows)
     : heads_(static_cast<size_t>(batch), std::vector<HeadRows>(static_cast<size_t>(heads))),
       head_count_(heads),
       rows_(rows) {
-  RD_CHECK(batch >= 1 && heads >= 1, kInternal, "RowCover: a buffer of ", batch, " batch rows and ",
+  RD_CHECK(batch >= 0 && heads >= 0, kInternal, "RowCover: a buffer of ", batch, " batch rows and ",
            heads, " heads");
 }
 
@@ -143,6 +143,15 @@ std::vector<RowRun> RowCover::rest(int64_t head, int64_t batch_row) const {
   return rest;
 }
 
+bool RowCover::covers_everything() const {
+  for (size_t row = 0; row < heads_.size(); ++row) {
+    for (int64_t h = 0; h < head_count_; ++h) {
+      if (!rest(h, static_cast<int64_t>(row)).empty()) return false;
+    }
+  }
+  return true;
+}
+
 void RowCover::zero_heads(const Tensor& t, const std::vector<std::vector<RowRun>>& rests) {
   const auto heads = static_cast<int64_t>(rests.size());
   for (int64_t first = 0; first < heads;) {
@@ -163,6 +172,7 @@ void RowCover::zero_rest(const Tensor& t) const {
   RD_CHECK(t.dim() == 4 && t.size(0) == batch && t.size(1) == rows_ && t.size(2) == heads,
            kInternal, "RowCover: a buffer of ", batch, " batch rows, ", rows_, " rows and ", heads,
            " heads, got shape ", shape_str(t.shape()));
+  if (batch == 0 || heads == 0) return;
   std::vector<std::vector<std::vector<RowRun>>> rests(static_cast<size_t>(batch));
   bool rows_alike = true;  // every batch row's rests those of the first
   for (int64_t row = 0; row < batch; ++row) {

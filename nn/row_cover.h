@@ -30,6 +30,9 @@ class RowCover {
   // Zeroes t ([B, rows, heads, D]) everywhere but the recorded rows.
   void zero_rest(const Tensor& t) const;
 
+  // Whether the recorded rows are every row of every head in every batch row.
+  bool covers_everything() const;
+
   // The runs of rows of `head` in batch row `batch_row` that zero_rest zeroes
   // (in order of their first row).
   std::vector<RowRun> rest(int64_t head, int64_t batch_row = 0) const;

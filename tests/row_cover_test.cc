@@ -142,6 +142,7 @@ TEST(RowCover, ZeroRestWritesZerosExactlyInTheRest) {
     }
   }
   EXPECT_TRUE(cover.rest(0).empty());  // rate 1 over every row: nothing to zero
+  EXPECT_FALSE(cover.covers_everything());
   EXPECT_EQ(rows_of(cover.rest(1)).size(), rows / 2);
   // Rows 3, 7, 11 and 19, 23 (the short last segment of 8 from 16): rate 4
   // from 3.
@@ -245,6 +246,40 @@ TEST(RowCover, DocumentPiecesCoverTheirBatchRowOnly) {
       }
     }
   }
+}
+
+// covers_everything: true exactly when every row of every head of every batch row is
+// recorded (a rate-1 pair over all heads, whole or as document pieces of each batch row).
+TEST(RowCover, CoversEverythingOnlyWhenNoRowIsLeft) {
+  const int64_t rows = 24, heads = 3;
+  RowCover whole(2, heads, rows);
+  EXPECT_FALSE(whole.covers_everything());
+  for (const Selection& s : pair_calls(rows, 8, 1, 0, 0, heads)) whole.add(s);
+  EXPECT_TRUE(whole.covers_everything());
+  // Document pieces: batch row 0 in pieces [0, 5) [5, 24), row 1 in [0, 24) but head 2's
+  // rows 20-23 left out.
+  RowCover pieces(2, heads, rows);
+  auto piece = [&](int64_t first, int64_t count, int64_t first_head, int64_t head_count) {
+    Selection s;
+    s.first_head = first_head;
+    s.head_count = head_count;
+    s.first_position = first;
+    s.segment_stride = rows;
+    s.segments = 1;
+    s.count = count;
+    return s;
+  };
+  pieces.add(piece(0, 5, 0, heads), 0);
+  pieces.add(piece(5, 19, 0, heads), 0);
+  pieces.add(piece(0, 24, 0, 2), 1);
+  pieces.add(piece(0, 20, 2, 1), 1);
+  EXPECT_FALSE(pieces.covers_everything());
+  pieces.add(piece(20, 4, 2, 1), 1);
+  EXPECT_TRUE(pieces.covers_everything());
+  // A rate-2 pair covers half the rows.
+  RowCover half(1, 1, rows);
+  for (const Selection& s : pair_calls(rows, 8, 2, 0, 0, 1)) half.add(s);
+  EXPECT_FALSE(half.covers_everything());
 }
 
 }  // namespace
