@@ -37,6 +37,21 @@ std::set<int64_t> rows_of(const std::vector<RowRun>& runs) {
   return rows;
 }
 
+// One segment's selection: `count` rows every `rate` from `first` in heads [first_head,
+// first_head + head_count).
+Selection one_segment(int64_t first_head, int64_t head_count, int64_t first, int64_t rate,
+                      int64_t count) {
+  Selection s;
+  s.first_head = first_head;
+  s.head_count = head_count;
+  s.first_position = first;
+  s.rate = rate;
+  s.segment_stride = rate * std::max<int64_t>(count, 1);
+  s.segments = 1;
+  s.count = count;
+  return s;
+}
+
 // A pair's selection of `rows` rows: segments of `length`, every `rate`-th row from
 // `offset` (offset < rate and length), in heads [first_head, first_head + heads); the last
 // segment may be cut short (then it is a call of its own, as the planner makes it). Where
@@ -174,17 +189,10 @@ TEST(RowCover, DocumentPiecesCoverTheirBatchRowOnly) {
     }
     auto selection = [&](int64_t lo, int64_t hi, int64_t segment) {
       const int64_t begin = segment * length + offset;  // the segment's first selected row
-      Selection s;
-      s.first_head = first_head;
-      s.head_count = head_count;
-      s.rate = rate;
-      s.segment_stride = length;
-      s.segments = 1;
       const int64_t first_u = std::max<int64_t>(0, (lo - begin + rate - 1) / rate);
       const int64_t end_u = std::max<int64_t>(0, (hi - begin + rate - 1) / rate);
-      s.first_position = begin + rate * first_u;
-      s.count = std::max<int64_t>(0, end_u - first_u);
-      return s;
+      return one_segment(first_head, head_count, begin + rate * first_u, rate,
+                         std::max<int64_t>(0, end_u - first_u));
     };
     RowCover cover(batch, heads, rows);
     // covered[b]: the rows of batch row b the calls write (the same in each of their heads).
@@ -260,14 +268,7 @@ TEST(RowCover, CoversEverythingOnlyWhenNoRowIsLeft) {
   // rows 20-23 left out.
   RowCover pieces(2, heads, rows);
   auto piece = [&](int64_t first, int64_t count, int64_t first_head, int64_t head_count) {
-    Selection s;
-    s.first_head = first_head;
-    s.head_count = head_count;
-    s.first_position = first;
-    s.segment_stride = rows;
-    s.segments = 1;
-    s.count = count;
-    return s;
+    return one_segment(first_head, head_count, first, 1, count);
   };
   pieces.add(piece(0, 5, 0, heads), 0);
   pieces.add(piece(5, 19, 0, heads), 0);
