@@ -11,7 +11,7 @@
 #                                                  A B on one GPU;
 #                                                  ARGS are added rd_train flags
 #   tools/gpu_before_after.sh trace GPUS ARGS...   the new rd_train under the CUPTI tracer
-# With OLD_ENV set (e.g. OLD_ENV=RD_CUDNN_KERNEL_CACHE=0), the old side is the pack's own
+# With OLD_ENV set (e.g. OLD_ENV=RD_ATTENTION_PATH=flash), the old side is the pack's own
 # binary run under that environment: a runtime switch's A/B needs no second build.
 # Logs and JSON go to $OUT (or build/before_after).
 set -uo pipefail
