@@ -81,14 +81,10 @@ void RowCover::add_runs(HeadRows& head, const std::vector<RowRun>& runs) {
       head.runs.clear();
       return;
     }
-    // A segment's document pieces arrive in order of their rows: a run most
-    // often continues the last one.
-    if (!head.runs.empty() && continues(head.runs.back(), run)) {
-      head.runs.back().count += run.count;
-    } else {
-      head.runs.push_back(run);
-    }
+    head.runs.push_back(run);
   }
+  // A segment's document pieces add a run each: joined once there are many, they are
+  // the pair's one run per segment (or fewer) again.
   if (head.runs.size() > kMaxRuns) join_runs(head.runs);
   if (head.runs.size() > kMaxRuns) {
     head.irregular = true;

@@ -39,7 +39,7 @@ class RowCover {
 
  private:
   struct HeadRows {
-    std::vector<RowRun> runs;  // joined where one continues another
+    std::vector<RowRun> runs;  // joined where one continues another once there are many
     bool irregular = false;    // not runs of one stride and residue: zeroed whole
   };
   static void add_runs(HeadRows& head, const std::vector<RowRun>& runs);
