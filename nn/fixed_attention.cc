@@ -335,6 +335,46 @@ RankAttention fixed_forward(AttentionRunner& runner, const RankPlan& plan, const
 
 namespace {
 
+// Empty tensors laid out exactly like `views`: the same shapes, strides and offsets from one
+// another, in one buffer per storage the views share (q, k and v of one packed projection
+// take one buffer of the projection's size). None where a view has a negative stride or the
+// buffers would hold more than `max_elements`.
+std::vector<Tensor> laid_out_like(const std::vector<Tensor>& views, int64_t max_elements) {
+  struct Extent {
+    const Storage* storage;
+    int64_t begin, end;
+    Tensor buffer;
+  };
+  std::vector<Extent> extents;
+  for (const Tensor& t : views) {
+    int64_t end = t.offset() + 1;
+    for (int64_t d = 0; d < t.dim(); ++d) {
+      if (t.stride(d) < 0 || t.size(d) < 1) return {};
+      end += (t.size(d) - 1) * t.stride(d);
+    }
+    auto it = std::find_if(extents.begin(), extents.end(),
+                           [&](const Extent& e) { return e.storage == t.storage().get(); });
+    if (it == extents.end()) {
+      extents.push_back({t.storage().get(), t.offset(), end, Tensor()});
+    } else {
+      it->begin = std::min(it->begin, t.offset());
+      it->end = std::max(it->end, end);
+    }
+  }
+  int64_t elements = 0;
+  for (const Extent& e : extents) elements += e.end - e.begin;
+  if (elements > max_elements) return {};
+  for (Extent& e : extents) e.buffer = empty({e.end - e.begin}, options_like(views.front()));
+  std::vector<Tensor> laid;
+  for (const Tensor& t : views) {
+    const Extent& e = *std::find_if(extents.begin(), extents.end(), [&](const Extent& x) {
+      return x.storage == t.storage().get();
+    });
+    laid.push_back(e.buffer.as_strided(t.shape(), t.strides(), t.offset() - e.begin));
+  }
+  return laid;
+}
+
 // Which local calls (head groups) may store their dK/dV rather than add them, in the order
 // they run: a call of pair p stores into key/value heads that no call of another pair wrote
 // before it. Calls of one pair write disjoint rows of a head (its segments, row pieces and
@@ -408,12 +448,18 @@ class FixedBackward {
     std::vector<Stores> stored = single_stores(singles, stores);
     zero_unstored(groups, singles, stored);
     for (const PieceGroupRun& group : groups) {
+      if (!group.direct) {
+        laid_budget_ = std::max(laid_budget_, compact_scratch_elements(region_of(*group.calls, k)));
+      }
+    }
+    for (const PieceGroupRun& group : groups) {
       if (run_piece_group(group, k, v)) continue;
       for (const LocalCall* call : *group.calls) {
         singles.push_back(call);
         stored.push_back(single_stores({call}, stores).front());
       }
     }
+    laid_.clear();  // not held through the exchange's calls, which size their own
     for (size_t i = 0; i < singles.size(); ++i) {
       for (const LocalCall& piece :
            backward_pieces(*singles[i], plan_.layout, runner_.backward_piece_elements())) {
@@ -532,26 +578,65 @@ class FixedBackward {
       }
     }
     if (scratch_refused_) return false;
-    // Through scratch: the group re-based to its own query heads and rows and its own key
-    // heads and rows, so that scratch (and the copies of k and v full heads need) is sized
-    // by the group, not by the tensors it lies in (views of a wider projection).
-    const LocalCall& first = *group.front();
-    const Heads q_heads = query_heads(first.q);
-    const Heads k_heads = run_of(first.k.first_head, first.k.head_stride, first.k.head_count);
-    RowRun q_rows = written_rows(group, &LocalCall::q, q_.size(1));
-    RowRun k_rows = written_rows(group, &LocalCall::k, k.size(1));
-    if (q_rows.stride != k_rows.stride) {  // one step for both sides' pieces
-      q_rows = RowRun{0, 1, q_.size(1)};
-      k_rows = RowRun{0, 1, k.size(1)};
+    // Through scratch, the group re-based to its region.
+    const GroupRegion r = region_of(group, k);
+    const UnitCalls unit_view = rebased_calls(group, r.q_heads, r.q_rows, r.k_heads, r.k_rows);
+    const UnitInputs in{
+        unit_rows(q_, r.q_heads, r.q_rows),   unit_rows(out_, r.q_heads, r.q_rows),
+        unit_stat(lse_, r.q_heads, r.q_rows), unit_rows(grad_out_, r.q_heads, r.q_rows),
+        unit_rows(k, r.k_heads, r.k_rows),    unit_rows(v, r.k_heads, r.k_rows)};
+    GradScratch laid;
+    const std::vector<Tensor>& like = laid_like(k, v);
+    if (!like.empty()) {
+      laid = {unit_rows(like[0], r.q_heads, r.q_rows), unit_rows(like[1], r.k_heads, r.k_rows),
+              unit_rows(like[2], r.k_heads, r.k_rows)};
     }
-    const UnitCalls unit_view = rebased_calls(group, q_heads, q_rows, k_heads, k_rows);
-    const UnitInputs in{unit_rows(q_, q_heads, q_rows),   unit_rows(out_, q_heads, q_rows),
-                        unit_stat(lse_, q_heads, q_rows), unit_rows(grad_out_, q_heads, q_rows),
-                        unit_rows(k, k_heads, k_rows),    unit_rows(v, k_heads, k_rows)};
-    const Tensor grad_q = unit_rows(grads_.qkv[0], q_heads, q_rows);
-    return via_scratch(pointers_to(unit_view.rebased), in, run.store_q ? grad_q : Tensor(), grad_q,
-                       unit_rows(grads_.qkv[1], k_heads, k_rows),
-                       unit_rows(grads_.qkv[2], k_heads, k_rows));
+    const Tensor grad_q = unit_rows(grads_.qkv[0], r.q_heads, r.q_rows);
+    return via_scratch(pointers_to(unit_view.rebased), in, laid, run.store_q ? grad_q : Tensor(),
+                       grad_q, unit_rows(grads_.qkv[1], r.k_heads, r.k_rows),
+                       unit_rows(grads_.qkv[2], r.k_heads, r.k_rows));
+  }
+
+  // Where a group over pieces lies once re-based to its own query heads and rows and its own
+  // key heads and rows, so that its scratch is sized by the group, not by the tensors it lies
+  // in (views of a wider projection).
+  struct GroupRegion {
+    Heads q_heads, k_heads;
+    RowRun q_rows, k_rows;
+  };
+
+  GroupRegion region_of(const std::vector<const LocalCall*>& group, const Tensor& k) const {
+    const LocalCall& first = *group.front();
+    GroupRegion r{query_heads(first.q),
+                  run_of(first.k.first_head, first.k.head_stride, first.k.head_count),
+                  written_rows(group, &LocalCall::q, q_.size(1)),
+                  written_rows(group, &LocalCall::k, k.size(1))};
+    if (r.q_rows.stride != r.k_rows.stride) {  // one step for both sides' pieces
+      r.q_rows = RowRun{0, 1, q_.size(1)};
+      r.k_rows = RowRun{0, 1, k.size(1)};
+    }
+    return r;
+  }
+
+  // What via_scratch allocates for a group in compact scratch: dQ, dK and dV, and the copies
+  // of k and v that full heads need.
+  int64_t compact_scratch_elements(const GroupRegion& r) const {
+    const int64_t per_row = q_.size(0) * q_.size(3);
+    const int64_t kv = r.k_heads.count * r.k_rows.count * per_row;
+    return r.q_heads.count * r.q_rows.count * per_row + 4 * kv;
+  }
+
+  // Scratch gradients laid out exactly like q, k and v (laid_out_like), made on first use in
+  // this pass where they take no more memory than the largest group's compact scratch
+  // (laid_budget_; all heads: the rate-1 pair's group spans every row and head): cuDNN's
+  // ragged backward with full heads then runs on k and v as they lie instead of on copies.
+  // Empty where they would take more.
+  const std::vector<Tensor>& laid_like(const Tensor& k, const Tensor& v) {
+    if (!laid_tried_) {
+      laid_tried_ = true;
+      laid_ = laid_out_like({q_, k, v}, laid_budget_);
+    }
+    return laid_;
   }
 
   // The inputs of a group over pieces run through scratch, in its re-based coordinates: q,
@@ -560,23 +645,39 @@ class FixedBackward {
     Tensor q, out, lse, grad_out, k, v;
   };
 
-  // Runs `group` (re-based to `in`) into zeroed compact scratch in q's dtype, then adds the
-  // scratch into grad_q, grad_k and grad_v (shaped like in.q and in.k), or stores dQ into
-  // `store_q` where defined. cuDNN's ragged backward with full heads writes dK/dV where k
-  // and v lie, so k and v run from compact copies there. False, with nothing added, where no
-  // kernel takes the group; then no later group of this pass tries.
-  bool via_scratch(const std::vector<const LocalCall*>& group, UnitInputs in, const Tensor& store_q,
-                   const Tensor& grad_q, const Tensor& grad_k, const Tensor& grad_v) {
-    if (group.front()->q.head_repeat == 1) {
-      // Strides exactly those of the zeros below (is_contiguous() allows any stride on a
-      // size-1 dim, which would give k and its gradient different graph layouts).
-      for (Tensor* t : {&in.k, &in.v}) {
-        if (t->strides() != contiguous_strides(t->shape())) *t = t->clone();
+  // Scratch gradients of a group in q's dtype, shaped and laid out like its q, k and v.
+  struct GradScratch {
+    Tensor q, k, v;
+  };
+
+  // Runs `group` (re-based to `in`) into zeroed scratch in q's dtype, then adds the scratch
+  // into grad_q, grad_k and grad_v (shaped like in.q and in.k), or stores dQ into `store_q`
+  // where defined. The scratch is `laid` where defined (laid out like in.q, in.k, in.v), else
+  // compact; cuDNN's ragged backward with full heads writes dK/dV where k and v lie, so k and
+  // v then run from compact copies. False, with nothing added, where no kernel takes the
+  // group; then no later group of this pass tries.
+  bool via_scratch(const std::vector<const LocalCall*>& group, UnitInputs in,
+                   const GradScratch& laid, const Tensor& store_q, const Tensor& grad_q,
+                   const Tensor& grad_k, const Tensor& grad_v) {
+    GradScratch scratch = laid;
+    if (scratch.k.defined()) {
+      if (!store_q.defined()) scratch.q.zero_();
+      scratch.k.zero_();
+      scratch.v.zero_();
+    } else {
+      if (group.front()->q.head_repeat == 1) {
+        // Strides exactly those of the zeros below (is_contiguous() allows any stride on a
+        // size-1 dim, which would give k and its gradient different graph layouts).
+        for (Tensor* t : {&in.k, &in.v}) {
+          if (t->strides() != contiguous_strides(t->shape())) *t = t->clone();
+        }
       }
+      const TensorOptions opts = options_like(q_);
+      scratch = {store_q.defined() ? Tensor() : zeros(in.q.shape(), opts),
+                 zeros(in.k.shape(), opts), zeros(in.v.shape(), opts)};
     }
-    const TensorOptions opts = options_like(q_);
-    const Tensor dq = store_q.defined() ? store_q : zeros(in.q.shape(), opts);
-    const Tensor dk = zeros(in.k.shape(), opts), dv = zeros(in.v.shape(), opts);
+    const Tensor dq = store_q.defined() ? store_q : scratch.q;
+    const Tensor &dk = scratch.k, &dv = scratch.v;
     if (!backward_piece_group(runner_, group, in.q, in.k, in.v, in.out, in.lse, in.grad_out, dq, dk,
                               dv)) {
       // No kernel takes calls over pieces in this pass (a forced flash or math path, dropout):
@@ -633,7 +734,7 @@ class FixedBackward {
                         unit_rows(grad_out_, u.heads, rows),
                         keys.first,
                         keys.second};
-    return via_scratch(group, in, Tensor(), unit_dq(unit, rows), grad_k, grad_v);
+    return via_scratch(group, in, GradScratch{}, Tensor(), unit_dq(unit, rows), grad_k, grad_v);
   }
 
   // The query heads of a selection in one run (group_piece_calls' grouped-query blocks).
@@ -724,6 +825,9 @@ class FixedBackward {
   const GradBuffers& grads_;
   std::vector<std::pair<int, Tensor>> unit_dq_;
   bool scratch_refused_ = false;  // a group's call over pieces into scratch found no kernel
+  int64_t laid_budget_ = 0;       // elements: the largest compact scratch of this pass's groups
+  bool laid_tried_ = false;
+  std::vector<Tensor> laid_;  // laid_like's q, k and v, or empty
 };
 
 }  // namespace

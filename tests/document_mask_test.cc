@@ -119,12 +119,15 @@ INSTANTIATE_TEST_SUITE_P(
 // One call with documents and the backward of a loss reading out (and lse, with
 // `loss_reads_lse`), on `device` in `dtype`; inputs drawn in float64 and rounded to bfloat16,
 // so that every run sees the same values. Returns out, lse and the three gradients in
-// float64 on the host; `path_used`, when given, receives the path the call reported.
+// float64 on the host; `path_used`, when given, receives the path the call reported. With
+// `packed`, q, k and v are views of one [B, N, 3H, D] tensor, as a module's projection gives
+// them (the same values).
 std::vector<Tensor> run_with_documents(const DilatedAttentionOptions& o,
                                        const std::vector<std::vector<int64_t>>& documents,
                                        DType dtype, Device device, bool loss_reads_lse = true,
                                        nn::AttentionPath* path_used = nullptr,
-                                       nn::AttentionCallCounts* counts = nullptr) {
+                                       nn::AttentionCallCounts* counts = nullptr,
+                                       bool packed = false) {
   Generator gen(33);
   const Shape shape{2, 64, 4, 16};
   auto draw = [&](const Shape& s) {
@@ -137,7 +140,16 @@ std::vector<Tensor> run_with_documents(const DilatedAttentionOptions& o,
   Tensor q = draw(shape), k = draw(shape), v = draw(shape);
   const Tensor w_out = draw(shape);
   const Tensor w_lse = draw({2, 4, 64}).to(DType::kFloat64);
-  for (Tensor* t : {&q, &k, &v}) t->set_requires_grad(true);
+  Tensor qkv;
+  if (packed) {
+    qkv = cat({q, k, v}, 2);
+    qkv.set_requires_grad(true);
+    q = qkv.narrow(2, 0, 4);
+    k = qkv.narrow(2, 4, 4);
+    v = qkv.narrow(2, 8, 4);
+  } else {
+    for (Tensor* t : {&q, &k, &v}) t->set_requires_grad(true);
+  }
   nn::AttentionCallContext context;
   context.document_starts = &documents;
   context.counts = counts;
@@ -148,6 +160,11 @@ std::vector<Tensor> run_with_documents(const DilatedAttentionOptions& o,
   const Tensor out_term = sum(mul(r.out.to(DType::kFloat64), w_out.to(DType::kFloat64)));
   (loss_reads_lse ? add(out_term, sum(mul(finite_lse, w_lse))) : out_term).backward();
   auto host = [](const Tensor& t) { return t.detach().to(Device::cpu()).to(DType::kFloat64); };
+  if (packed) {
+    const Tensor grad = qkv.grad();
+    return {host(r.out), host(r.lse), host(grad.narrow(2, 0, 4)), host(grad.narrow(2, 4, 4)),
+            host(grad.narrow(2, 8, 4))};
+  }
   return {host(r.out), host(r.lse), host(q.grad()), host(k.grad()), host(v.grad())};
 }
 
@@ -197,6 +214,34 @@ TEST(DocumentMaskCuda, EveryPathMatchesTheCpu) {
           }
         }
       }
+    }
+  }
+}
+
+// q, k and v as views of one packed projection (a module's layout) under cuDNN: its backward
+// over pieces then runs into scratch laid out like that projection (all heads), not on copies
+// of k and v; the gradients are the float64 CPU call's on the same values.
+TEST(DocumentMaskCuda, PackedProjectionViewsMatchTheCpu) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  const std::vector<std::vector<int64_t>> documents = {{0, 5, 13, 14, 30}, {0, 20, 21, 50, 63}};
+  const char* names[] = {"out", "lse", "grad_q", "grad_k", "grad_v"};
+  const double unit = std::ldexp(1.0, -8);
+  const double tolerances[] = {8 * unit, 8 * unit, 32 * unit, 32 * unit, 32 * unit};
+  for (const HeadMixing mixing : {HeadMixing::kHeadGroups, HeadMixing::kAllHeads}) {
+    for (const bool causal : {false, true}) {
+      SCOPED_TRACE(std::string(mixing == HeadMixing::kAllHeads ? "all heads" : "head groups") +
+                   (causal ? ", causal" : ""));
+      DilatedAttentionOptions o = options_for(mixing, OffsetRule::kRotating, causal);
+      o.segment_lengths = {16, 32, 64};
+      const std::vector<Tensor> want =
+          run_with_documents(o, documents, DType::kFloat64, Device::cpu(), false);
+      nn::AttentionCallCounts counts;
+      const std::vector<Tensor> got = run_with_documents(
+          o, documents, DType::kBFloat16, Device::cuda(0), false, nullptr, &counts, true);
+      for (size_t i = 0; i < got.size(); ++i) {
+        test::expect_tensors_close(names[i], got[i], want[i], tolerances[i]);
+      }
+      EXPECT_GT(counts.backward.over_pieces, 0);
     }
   }
 }
