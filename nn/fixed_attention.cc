@@ -446,14 +446,16 @@ class FixedBackward {
       }
     }
     std::vector<Stores> stored = single_stores(singles, stores);
-    zero_unstored(groups, singles, stored);
     for (const PieceGroupRun& group : groups) {
       if (!group.direct) {
         laid_budget_ = std::max(laid_budget_, compact_scratch_elements(region_of(*group.calls, k)));
       }
     }
+    const bool region_stores = store_first_covering_group(groups, k);
+    if (!region_stores) zero_unstored(groups, singles, stored);
     for (const PieceGroupRun& group : groups) {
       if (run_piece_group(group, k, v)) continue;
+      if (group.stores_region) grads_.zero();  // it stored nothing: the calls add to zeros
       for (const LocalCall* call : *group.calls) {
         singles.push_back(call);
         stored.push_back(single_stores({call}, stores).front());
@@ -522,7 +524,31 @@ class FixedBackward {
   struct PieceGroupRun {
     const std::vector<const LocalCall*>* calls = nullptr;
     bool store_q = false, direct = false;
+    bool stores_region = false;  // through scratch, stored over its whole region (first)
   };
+
+  // Lets a group through scratch whose region is every row and head of q, k and v (all heads:
+  // the rate-1 pair's document pieces) run first and store its scratch into the gradient
+  // buffers (a conversion) instead of adding it to zeros: the buffers' zero fill and that
+  // group's add go. Its scratch holds zeros where its pieces write nothing, which the other
+  // calls then add to. True where such a group was found (and moved to the front).
+  bool store_first_covering_group(std::vector<PieceGroupRun>& groups, const Tensor& k) const {
+    auto covers = [&](const Heads& heads, const RowRun& rows, const Tensor& t) {
+      return heads.first == 0 && heads.stride == 1 && heads.count == t.size(2) && rows.first == 0 &&
+             rows.stride == 1 && rows.count == t.size(1);
+    };
+    for (size_t i = 0; i < groups.size(); ++i) {
+      if (groups[i].direct || groups[i].store_q) continue;
+      const GroupRegion r = region_of(*groups[i].calls, k);
+      if (covers(r.q_heads, r.q_rows, q_) && covers(r.k_heads, r.k_rows, k)) {
+        groups[i].stores_region = true;
+        std::rotate(groups.begin(), groups.begin() + static_cast<std::ptrdiff_t>(i),
+                    groups.begin() + static_cast<std::ptrdiff_t>(i) + 1);
+        return true;
+      }
+    }
+    return false;
+  }
 
   PieceGroupRun plan_piece_group(const std::vector<const LocalCall*>& group, const Tensor& k,
                                  const Tensor& v, KeyGradStores& stores) {
@@ -593,8 +619,9 @@ class FixedBackward {
     }
     const Tensor grad_q = unit_rows(grads_.qkv[0], r.q_heads, r.q_rows);
     return via_scratch(pointers_to(unit_view.rebased), in, laid, run.store_q ? grad_q : Tensor(),
-                       grad_q, unit_rows(grads_.qkv[1], r.k_heads, r.k_rows),
-                       unit_rows(grads_.qkv[2], r.k_heads, r.k_rows));
+                       {grad_q, unit_rows(grads_.qkv[1], r.k_heads, r.k_rows),
+                        unit_rows(grads_.qkv[2], r.k_heads, r.k_rows)},
+                       run.stores_region);
   }
 
   // Where a group over pieces lies once re-based to its own query heads and rows and its own
@@ -651,14 +678,14 @@ class FixedBackward {
   };
 
   // Runs `group` (re-based to `in`) into zeroed scratch in q's dtype, then adds the scratch
-  // into grad_q, grad_k and grad_v (shaped like in.q and in.k), or stores dQ into `store_q`
-  // where defined. The scratch is `laid` where defined (laid out like in.q, in.k, in.v), else
-  // compact; cuDNN's ragged backward with full heads writes dK/dV where k and v lie, so k and
-  // v then run from compact copies. False, with nothing added, where no kernel takes the
-  // group; then no later group of this pass tries.
+  // into `grads` (dQ, dK, dV shaped like in.q and in.k), or stores it there with `store`; dQ
+  // goes straight into `store_q` where defined. The scratch is `laid` where defined (laid out
+  // like in.q, in.k, in.v), else compact; cuDNN's ragged backward with full heads writes
+  // dK/dV where k and v lie, so k and v then run from compact copies. False, with nothing
+  // added, where no kernel takes the group; then no later group of this pass tries.
   bool via_scratch(const std::vector<const LocalCall*>& group, UnitInputs in,
-                   const GradScratch& laid, const Tensor& store_q, const Tensor& grad_q,
-                   const Tensor& grad_k, const Tensor& grad_v) {
+                   const GradScratch& laid, const Tensor& store_q, const GradScratch& grads,
+                   bool store = false) {
     GradScratch scratch = laid;
     if (scratch.k.defined()) {
       if (!store_q.defined()) scratch.q.zero_();
@@ -685,9 +712,16 @@ class FixedBackward {
       scratch_refused_ = true;
       return false;
     }
-    if (!store_q.defined()) add_into(grad_q, dq);
-    add_into(grad_k, dk);
-    add_into(grad_v, dv);
+    auto into = [store](const Tensor& grad, const Tensor& part) {
+      if (store) {
+        Tensor(grad).copy_(part);
+      } else {
+        add_into(grad, part);
+      }
+    };
+    if (!store_q.defined()) into(grads.q, dq);
+    into(grads.k, dk);
+    into(grads.v, dv);
     return true;
   }
 
@@ -734,7 +768,7 @@ class FixedBackward {
                         unit_rows(grad_out_, u.heads, rows),
                         keys.first,
                         keys.second};
-    return via_scratch(group, in, GradScratch{}, Tensor(), unit_dq(unit, rows), grad_k, grad_v);
+    return via_scratch(group, in, GradScratch{}, Tensor(), {unit_dq(unit, rows), grad_k, grad_v});
   }
 
   // The query heads of a selection in one run (group_piece_calls' grouped-query blocks).
