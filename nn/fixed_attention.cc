@@ -178,6 +178,76 @@ int covering_pair(const RankPlan& plan, const Tensor& acc_out) {
   return -1;
 }
 
+// A region of a [B, rows, H, D] tensor: heads and rows (unit_rows, unit_stat).
+struct Region {
+  Heads heads;
+  RowRun rows;
+};
+
+// The query heads of a selection as one run, or none (count 0) where they are not one.
+Heads query_head_run(const Selection& q) {
+  std::vector<int64_t> heads;
+  for (int64_t a = 0; a < q.head_count; ++a) {
+    for (int64_t b = 0; b < q.head_repeat; ++b) {
+      heads.push_back(q.first_head + q.head_stride * a + q.repeat_stride * b);
+    }
+  }
+  std::sort(heads.begin(), heads.end());
+  const int64_t stride = heads.size() > 1 ? heads[1] - heads[0] : 1;
+  for (size_t i = 1; i < heads.size(); ++i) {
+    if (stride < 1 || heads[i] - heads[i - 1] != stride) return Heads{};
+  }
+  return Heads{heads.front(), stride, static_cast<int64_t>(heads.size())};
+}
+
+// All heads: the regions of the accumulator a pair's local calls write, one per set of query
+// heads: the rows of its calls' residue (first_position mod rate), or every row where a call
+// is not on one. The pair's merge runs over these alone (its partial holds 1/r of the rows;
+// merged over every row, most of the merge went to finding the rows to skip). Every row and
+// head as one region where the sets overlap but on rows of distinct residues.
+std::vector<Region> merge_regions(const RankPlan& plan, int pair) {
+  const int64_t rows = plan.layout.rows_per_rank;
+  const std::vector<Region> whole = {{Heads{0, 1, plan.layout.heads}, RowRun{0, 1, rows}}};
+  std::vector<Region> regions;
+  for (const LocalCall& call : plan.local_calls) {
+    if (call.pair != pair || call.q.empty()) continue;
+    const Selection& q = call.q;
+    Region region{query_head_run(q), RowRun{0, 1, rows}};
+    if (region.heads.count == 0) return whole;
+    if (q.rate > 1 && (q.segments == 1 || q.segment_stride % q.rate == 0)) {
+      const int64_t first = q.first_position % q.rate;
+      region.rows = RowRun{first, q.rate, (rows - first + q.rate - 1) / q.rate};
+    }
+    auto same = [&](const Region& r) {
+      return r.heads.first == region.heads.first && r.heads.stride == region.heads.stride &&
+             r.heads.count == region.heads.count && r.rows.first == region.rows.first &&
+             r.rows.stride == region.rows.stride;
+    };
+    if (region.rows.count > 0 && std::none_of(regions.begin(), regions.end(), same)) {
+      regions.push_back(region);
+    }
+  }
+  auto shares_a_head = [](const Heads& x, const Heads& y) {
+    for (int64_t a = 0; a < x.count; ++a) {
+      const int64_t head = x.first + x.stride * a;
+      if (head >= y.first && (head - y.first) % y.stride == 0 &&
+          (head - y.first) / y.stride < y.count) {
+        return true;
+      }
+    }
+    return false;
+  };
+  for (size_t i = 0; i < regions.size(); ++i) {
+    for (size_t j = i + 1; j < regions.size(); ++j) {
+      const Region &x = regions[i], &y = regions[j];
+      const bool distinct_residues =
+          x.rows.stride == y.rows.stride && x.rows.stride > 1 && x.rows.first != y.rows.first;
+      if (shares_a_head(x.heads, y.heads) && !distinct_residues) return whole;
+    }
+  }
+  return regions;
+}
+
 // The calls on this rank's own keys, in place.
 void local_forward(AttentionRunner& runner, const RankPlan& plan, const Tensor& q, const Tensor& k,
                    const Tensor& v, ForwardState& state) {
@@ -218,8 +288,12 @@ void local_forward(AttentionRunner& runner, const RankPlan& plan, const Tensor& 
     if (first_covers) {
       state.acc_out.copy_(part);
       state.lse.copy_(part_lse);
-    } else {
-      attention_merge_(state.acc_out, state.lse, part, part_lse);
+      continue;
+    }
+    for (const Region& r : merge_regions(plan, pair)) {
+      attention_merge_(unit_rows(state.acc_out, r.heads, r.rows),
+                       unit_stat(state.lse, r.heads, r.rows), unit_rows(part, r.heads, r.rows),
+                       unit_stat(part_lse, r.heads, r.rows));
     }
   }
 }
