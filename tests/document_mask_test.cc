@@ -168,6 +168,22 @@ std::vector<Tensor> run_with_documents(const DilatedAttentionOptions& o,
   return {host(r.out), host(r.lse), host(q.grad()), host(k.grad()), host(v.grad())};
 }
 
+// The GPU cases' documents: crossing segments of every pair, one of a single position, one at
+// the end.
+const std::vector<std::vector<int64_t>> kGpuDocuments = {{0, 5, 13, 14, 30}, {0, 20, 21, 50, 63}};
+
+// A GPU call's out, lse and three gradients against the CPU's on the same bf16 values, to
+// bf16's rounding (8 units of 2^-8 for out and lse, 32 for the gradients).
+void expect_bf16_close(const std::vector<Tensor>& got, const std::vector<Tensor>& want) {
+  const char* names[] = {"out", "lse", "grad_q", "grad_k", "grad_v"};
+  const double unit = std::ldexp(1.0, -8);
+  const double tolerances[] = {8 * unit, 8 * unit, 32 * unit, 32 * unit, 32 * unit};
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    test::expect_tensors_close(names[i], got[i], want[i], tolerances[i]);
+  }
+}
+
 // On the GPU every path (math, flash, cuDNN) with documents, causal or not, both mixings,
 // gives the float64 CPU call's out, lse and gradients on the same bf16 values, to bf16's
 // rounding (the CPU call is checked against the independent reference above), with a loss
@@ -177,11 +193,7 @@ std::vector<Tensor> run_with_documents(const DilatedAttentionOptions& o,
 // backward call (pieces or boundary-free segments) leaves cuDNN.
 TEST(DocumentMaskCuda, EveryPathMatchesTheCpu) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
-  // Documents crossing segments of every pair, one of a single position, one at the end.
-  const std::vector<std::vector<int64_t>> documents = {{0, 5, 13, 14, 30}, {0, 20, 21, 50, 63}};
-  const char* names[] = {"out", "lse", "grad_q", "grad_k", "grad_v"};
-  const double unit = std::ldexp(1.0, -8);
-  const double tolerances[] = {8 * unit, 8 * unit, 32 * unit, 32 * unit, 32 * unit};
+  const std::vector<std::vector<int64_t>>& documents = kGpuDocuments;
   for (const HeadMixing mixing : {HeadMixing::kHeadGroups, HeadMixing::kAllHeads}) {
     for (const bool causal : {false, true}) {
       for (const bool reads_lse : {true, false}) {
@@ -198,11 +210,9 @@ TEST(DocumentMaskCuda, EveryPathMatchesTheCpu) {
           o.path = path;
           nn::AttentionPath used = nn::AttentionPath::kAuto;
           nn::AttentionCallCounts counts;
-          const std::vector<Tensor> got = run_with_documents(
-              o, documents, DType::kBFloat16, Device::cuda(0), reads_lse, &used, &counts);
-          for (size_t i = 0; i < got.size(); ++i) {
-            test::expect_tensors_close(names[i], got[i], want[i], tolerances[i]);
-          }
+          expect_bf16_close(run_with_documents(o, documents, DType::kBFloat16, Device::cuda(0),
+                                               reads_lse, &used, &counts),
+                            want);
           if (path == nn::AttentionPath::kAuto) {
             EXPECT_EQ(used, nn::AttentionPath::kCudnn) << nn::path_name(used);
             // Without an lse gradient the backward has no reason to leave cuDNN either.
@@ -223,10 +233,6 @@ TEST(DocumentMaskCuda, EveryPathMatchesTheCpu) {
 // of k and v; the gradients are the float64 CPU call's on the same values.
 TEST(DocumentMaskCuda, PackedProjectionViewsMatchTheCpu) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
-  const std::vector<std::vector<int64_t>> documents = {{0, 5, 13, 14, 30}, {0, 20, 21, 50, 63}};
-  const char* names[] = {"out", "lse", "grad_q", "grad_k", "grad_v"};
-  const double unit = std::ldexp(1.0, -8);
-  const double tolerances[] = {8 * unit, 8 * unit, 32 * unit, 32 * unit, 32 * unit};
   for (const HeadMixing mixing : {HeadMixing::kHeadGroups, HeadMixing::kAllHeads}) {
     for (const bool causal : {false, true}) {
       SCOPED_TRACE(std::string(mixing == HeadMixing::kAllHeads ? "all heads" : "head groups") +
@@ -234,13 +240,11 @@ TEST(DocumentMaskCuda, PackedProjectionViewsMatchTheCpu) {
       DilatedAttentionOptions o = options_for(mixing, OffsetRule::kRotating, causal);
       o.segment_lengths = {16, 32, 64};
       const std::vector<Tensor> want =
-          run_with_documents(o, documents, DType::kFloat64, Device::cpu(), false);
+          run_with_documents(o, kGpuDocuments, DType::kFloat64, Device::cpu(), false);
       nn::AttentionCallCounts counts;
-      const std::vector<Tensor> got = run_with_documents(
-          o, documents, DType::kBFloat16, Device::cuda(0), false, nullptr, &counts, true);
-      for (size_t i = 0; i < got.size(); ++i) {
-        test::expect_tensors_close(names[i], got[i], want[i], tolerances[i]);
-      }
+      expect_bf16_close(run_with_documents(o, kGpuDocuments, DType::kBFloat16, Device::cuda(0),
+                                           false, nullptr, &counts, /*packed=*/true),
+                        want);
       EXPECT_GT(counts.backward.over_pieces, 0);
     }
   }
