@@ -594,6 +594,25 @@ void convert_row(benchmark::State& state, Ceilings& ceilings, DType from, DType 
   measure(state, work, [&] { out.copy_(x); });
 }
 
+// The same conversion between v of a packed [rows, 3, 12, 64] buffer and a dense
+// [rows, 12, 64] tensor (rows of whole vectors: the row loop): bf16 -> f32 reads the packed
+// side (a scratch gradient laid out like a packed projection stored into float32 gradient
+// buffers), f32 -> bf16 writes it. Bytes read + written.
+void convert_packed_row(benchmark::State& state, Ceilings& ceilings, DType from, DType to) {
+  const int64_t rows = kTensorBytes / (3 * 12 * 64 * 4);
+  const bool from_packed = rd::dtype_size(from) < rd::dtype_size(to);
+  auto make = [&](DType dtype, bool packed, uint64_t seed) {
+    return packed ? random_normal({rows, 3, 12, 64}, dtype, seed).select(1, 2)
+                  : random_normal({rows, 12, 64}, dtype, seed);
+  };
+  const Tensor x = make(from, from_packed, 3);
+  Tensor out = make(to, !from_packed, 4);
+  const Work work = bandwidth_work(ceilings, bytes_of(x) + bytes_of(out), kBandwidthTarget);
+  state.SetLabel(rd::str_cat(rd::dtype_name(from), " -> ", rd::dtype_name(to), ", ",
+                             from_packed ? "packed v -> dense" : "dense -> packed v"));
+  measure(state, work, [&] { out.copy_(x); });
+}
+
 // Every other row of 5 of 16 heads of D = 128 in a [1, rows, 16, 128] buffer: the rows a
 // dilated attention buffer zeroes where no call of a rate-2 pair writes (nn::RowCover), or a
 // dilated selection cuDNN's staging copies.
@@ -1053,6 +1072,14 @@ void add_all_rows(Ceilings& ceilings) {
   add_row(rd::str_cat("elementwise/convert/bf16_to_f32/", convert_n), ceilings,
           [](benchmark::State& s, Ceilings& c) {
             convert_row(s, c, DType::kBFloat16, DType::kFloat32);
+          });
+  add_row("elementwise/convert/bf16_to_f32/packed_v", ceilings,
+          [](benchmark::State& s, Ceilings& c) {
+            convert_packed_row(s, c, DType::kBFloat16, DType::kFloat32);
+          });
+  add_row("elementwise/convert/f32_to_bf16/packed_v", ceilings,
+          [](benchmark::State& s, Ceilings& c) {
+            convert_packed_row(s, c, DType::kFloat32, DType::kBFloat16);
           });
   for (const bool strided : {false, true}) {
     add_row(

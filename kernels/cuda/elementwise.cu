@@ -230,8 +230,9 @@ struct RowVectorBody {
 
 // As run_elementwise, but operands that are not contiguous yet hold whole vectors of their
 // rows (rows_of_vectors) take RowVectorBody instead of the per-element strided loop. Only
-// the gradient accumulations, fills and same-dtype copies use it (dilated selections),
-// keeping instantiations few.
+// the gradient accumulations, fills, same-dtype copies and float32 <-> 16-bit conversions use
+// it (dilated selections, scratch laid out like a packed projection), keeping instantiations
+// few.
 template <class Out, class... In, class Op>
 void run_rows(const Op& op, const StridedView& out,
               const std::array<const StridedView*, sizeof...(In)>& ins, cudaStream_t stream) {
@@ -617,19 +618,21 @@ struct ConvertOp {
 };
 
 // float32 <-> bfloat16 / float16 copies (mixed precision's common case) take the typed
-// elementwise loop: 16-byte accesses of the float side when contiguous and aligned. Other
-// pairs keep ConvertBody's run-time switch (one kernel per destination type, fewer
-// instantiations). Returns whether the copy was launched.
+// loops: 16-byte accesses of the float side when contiguous and aligned, or over rows of
+// whole vectors (run_rows: a scratch gradient laid out like a packed projection converted
+// into float32 buffers ran 1.6x slower per element). Other pairs keep ConvertBody's run-time
+// switch (one kernel per destination type, fewer instantiations). Returns whether the copy
+// was launched.
 bool copy_float_converted(const StridedView& out, const StridedView& in, cudaStream_t stream) {
   const DType to = out.dtype, from = in.dtype;
   if (to == DType::kBFloat16 && from == DType::kFloat32) {
-    run_elementwise<BFloat16, float>(ConvertOp<BFloat16, float>{}, out, {&in}, stream);
+    run_rows<BFloat16, float>(ConvertOp<BFloat16, float>{}, out, {&in}, stream);
   } else if (to == DType::kFloat32 && from == DType::kBFloat16) {
-    run_elementwise<float, BFloat16>(ConvertOp<float, BFloat16>{}, out, {&in}, stream);
+    run_rows<float, BFloat16>(ConvertOp<float, BFloat16>{}, out, {&in}, stream);
   } else if (to == DType::kFloat16 && from == DType::kFloat32) {
-    run_elementwise<Float16, float>(ConvertOp<Float16, float>{}, out, {&in}, stream);
+    run_rows<Float16, float>(ConvertOp<Float16, float>{}, out, {&in}, stream);
   } else if (to == DType::kFloat32 && from == DType::kFloat16) {
-    run_elementwise<float, Float16>(ConvertOp<float, Float16>{}, out, {&in}, stream);
+    run_rows<float, Float16>(ConvertOp<float, Float16>{}, out, {&in}, stream);
   } else {
     return false;
   }
