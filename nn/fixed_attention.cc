@@ -409,14 +409,51 @@ RankAttention fixed_forward(AttentionRunner& runner, const RankPlan& plan, const
 
 namespace {
 
+// Whether no two elements of `t` share memory: its dims of size > 1 ordered by stride, each
+// stride passes the extent of the dims inside it (a zero stride, as `expand` gives, fails).
+bool elements_distinct(const Tensor& t) {
+  std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size)
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    if (t.size(d) > 1) dims.push_back({t.stride(d), t.size(d)});
+  }
+  std::sort(dims.begin(), dims.end());
+  int64_t extent = 1;
+  for (const auto& [stride, size] : dims) {
+    if (stride < extent) return false;
+    extent = stride * (size - 1) + extent;
+  }
+  return true;
+}
+
+// Whether [B, N, H, D] views of one storage share no element in the form of a packed
+// projection's q, k and v: the same strides, each a band of heads within the same rows, the
+// bands apart. Any other sharing (the same tensor passed twice) counts as overlapping.
+bool disjoint_bands(std::vector<const Tensor*> views) {
+  const Tensor& front = *views.front();
+  const int64_t pitch = front.stride(1);
+  std::sort(views.begin(), views.end(),
+            [](const Tensor* x, const Tensor* y) { return x->offset() < y->offset(); });
+  int64_t band_end = views.front()->offset();
+  for (const Tensor* t : views) {
+    if (t->dim() != 4 || t->strides() != front.strides() || t->size(0) != front.size(0) ||
+        t->size(1) != front.size(1) || t->offset() < band_end) {
+      return false;
+    }
+    band_end = t->offset() + (t->size(2) - 1) * t->stride(2) + (t->size(3) - 1) * t->stride(3) + 1;
+  }
+  return band_end - views.front()->offset() <= pitch;
+}
+
 // Empty tensors laid out exactly like `views`: the same shapes, strides and offsets from one
 // another, in one buffer per storage the views share (q, k and v of one packed projection
-// take one buffer of the projection's size). None where a view has a negative stride or the
-// buffers would hold more than `max_elements`.
+// take one buffer of the projection's size). None where a view has a negative stride or
+// repeats elements, where views of one storage overlap (disjoint_bands), or where the
+// buffers would hold more than `max_elements`: scratch laid out so would alias.
 std::vector<Tensor> laid_out_like(const std::vector<Tensor>& views, int64_t max_elements) {
   struct Extent {
     const Storage* storage;
     int64_t begin, end;
+    std::vector<const Tensor*> views;
     Tensor buffer;
   };
   std::vector<Extent> extents;
@@ -426,17 +463,22 @@ std::vector<Tensor> laid_out_like(const std::vector<Tensor>& views, int64_t max_
       if (t.stride(d) < 0 || t.size(d) < 1) return {};
       end += (t.size(d) - 1) * t.stride(d);
     }
+    if (!elements_distinct(t)) return {};
     auto it = std::find_if(extents.begin(), extents.end(),
                            [&](const Extent& e) { return e.storage == t.storage().get(); });
     if (it == extents.end()) {
-      extents.push_back({t.storage().get(), t.offset(), end, Tensor()});
+      extents.push_back({t.storage().get(), t.offset(), end, {&t}, Tensor()});
     } else {
       it->begin = std::min(it->begin, t.offset());
       it->end = std::max(it->end, end);
+      it->views.push_back(&t);
     }
   }
   int64_t elements = 0;
-  for (const Extent& e : extents) elements += e.end - e.begin;
+  for (const Extent& e : extents) {
+    if (e.views.size() > 1 && !disjoint_bands(e.views)) return {};
+    elements += e.end - e.begin;
+  }
   if (elements > max_elements) return {};
   for (Extent& e : extents) e.buffer = empty({e.end - e.begin}, options_like(views.front()));
   std::vector<Tensor> laid;
@@ -522,7 +564,9 @@ class FixedBackward {
     std::vector<Stores> stored = single_stores(singles, stores);
     for (const PieceGroupRun& group : groups) {
       if (!group.direct) {
-        laid_budget_ = std::max(laid_budget_, compact_scratch_elements(region_of(*group.calls, k)));
+        laid_budget_ = std::max(
+            laid_budget_, compact_scratch_elements(region_of(*group.calls, k), group.store_q));
+        laid_has_q_ = laid_has_q_ || !group.store_q;
       }
     }
     const bool region_stores = store_first_covering_group(groups, k);
@@ -687,9 +731,9 @@ class FixedBackward {
         unit_rows(k, r.k_heads, r.k_rows),    unit_rows(v, r.k_heads, r.k_rows)};
     GradScratch laid;
     const std::vector<Tensor>& like = laid_like(k, v);
-    if (!like.empty()) {
-      laid = {unit_rows(like[0], r.q_heads, r.q_rows), unit_rows(like[1], r.k_heads, r.k_rows),
-              unit_rows(like[2], r.k_heads, r.k_rows)};
+    if (!like.empty() && (run.store_q || like[0].defined())) {
+      laid = {like[0].defined() ? unit_rows(like[0], r.q_heads, r.q_rows) : Tensor(),
+              unit_rows(like[1], r.k_heads, r.k_rows), unit_rows(like[2], r.k_heads, r.k_rows)};
     }
     const Tensor grad_q = unit_rows(grads_.qkv[0], r.q_heads, r.q_rows);
     return via_scratch(pointers_to(unit_view.rebased), in, laid, run.store_q ? grad_q : Tensor(),
@@ -719,12 +763,12 @@ class FixedBackward {
     return r;
   }
 
-  // What via_scratch allocates for a group in compact scratch: dQ, dK and dV, and the copies
-  // of k and v that full heads need.
-  int64_t compact_scratch_elements(const GroupRegion& r) const {
+  // What via_scratch allocates for a group in compact scratch: dQ (unless stored in place),
+  // dK and dV, and the copies of k and v that full heads need.
+  int64_t compact_scratch_elements(const GroupRegion& r, bool store_q) const {
     const int64_t per_row = q_.size(0) * q_.size(3);
     const int64_t kv = r.k_heads.count * r.k_rows.count * per_row;
-    return r.q_heads.count * r.q_rows.count * per_row + 4 * kv;
+    return (store_q ? 0 : r.q_heads.count * r.q_rows.count * per_row) + 4 * kv;
   }
 
   // Scratch gradients laid out exactly like q, k and v (laid_out_like), made on first use in
@@ -732,10 +776,14 @@ class FixedBackward {
   // (laid_budget_; all heads: the rate-1 pair's group spans every row and head): cuDNN's
   // ragged backward with full heads then runs on k and v as they lie instead of on copies.
   // Empty where they would take more.
+  // q's part only where a group needs a dQ scratch (laid_has_q_); the q it returns is then
+  // undefined.
   const std::vector<Tensor>& laid_like(const Tensor& k, const Tensor& v) {
     if (!laid_tried_) {
       laid_tried_ = true;
-      laid_ = laid_out_like({q_, k, v}, laid_budget_);
+      laid_ = laid_out_like(laid_has_q_ ? std::vector<Tensor>{q_, k, v} : std::vector<Tensor>{k, v},
+                            laid_budget_);
+      if (!laid_.empty() && !laid_has_q_) laid_.insert(laid_.begin(), Tensor());
     }
     return laid_;
   }
@@ -935,7 +983,8 @@ class FixedBackward {
   bool scratch_refused_ = false;  // a group's call over pieces into scratch found no kernel
   int64_t laid_budget_ = 0;       // elements: the largest compact scratch of this pass's groups
   bool laid_tried_ = false;
-  std::vector<Tensor> laid_;  // laid_like's q, k and v, or empty
+  bool laid_has_q_ = false;   // a group through scratch needs a dQ scratch
+  std::vector<Tensor> laid_;  // laid_like's q (or undefined), k and v, or empty
 };
 
 }  // namespace

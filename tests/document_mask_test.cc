@@ -116,20 +116,27 @@ INSTANTIATE_TEST_SUITE_P(
                        ::testing::Bool()),
     mode_name);
 
+// How run_with_documents passes q, k and v: three tensors; views of one [B, N, H + 2 H_kv, D]
+// tensor, as a module's projection gives them; or one tensor three times (kv_heads = H).
+struct DocumentInputs {
+  enum class Layout { kSeparate, kPacked, kAliased } layout = Layout::kSeparate;
+  int64_t kv_heads = 4;
+};
+
 // One call with documents and the backward of a loss reading out (and lse, with
 // `loss_reads_lse`), on `device` in `dtype`; inputs drawn in float64 and rounded to bfloat16,
-// so that every run sees the same values. Returns out, lse and the three gradients in
-// float64 on the host; `path_used`, when given, receives the path the call reported. With
-// `packed`, q, k and v are views of one [B, N, 3H, D] tensor, as a module's projection gives
-// them (the same values).
+// so that every run sees the same values (H = 4; k and v of `inputs.kv_heads`). Returns out,
+// lse and the three gradients in float64 on the host (aliased inputs: their one gradient
+// three times); `path_used`, when given, receives the path the call reported.
 std::vector<Tensor> run_with_documents(const DilatedAttentionOptions& o,
                                        const std::vector<std::vector<int64_t>>& documents,
                                        DType dtype, Device device, bool loss_reads_lse = true,
                                        nn::AttentionPath* path_used = nullptr,
                                        nn::AttentionCallCounts* counts = nullptr,
-                                       bool packed = false) {
+                                       DocumentInputs inputs = {}) {
+  using Layout = DocumentInputs::Layout;
   Generator gen(33);
-  const Shape shape{2, 64, 4, 16};
+  const Shape shape{2, 64, 4, 16}, kv_shape{2, 64, inputs.kv_heads, 16};
   auto draw = [&](const Shape& s) {
     return randn(s, gen, TensorOptions(DType::kFloat64))
         .to(DType::kBFloat16)
@@ -137,16 +144,19 @@ std::vector<Tensor> run_with_documents(const DilatedAttentionOptions& o,
         .to(device)
         .detach();
   };
-  Tensor q = draw(shape), k = draw(shape), v = draw(shape);
+  Tensor q = draw(shape), k = draw(kv_shape), v = draw(kv_shape);
   const Tensor w_out = draw(shape);
   const Tensor w_lse = draw({2, 4, 64}).to(DType::kFloat64);
   Tensor qkv;
-  if (packed) {
+  if (inputs.layout == Layout::kPacked) {
     qkv = cat({q, k, v}, 2);
     qkv.set_requires_grad(true);
     q = qkv.narrow(2, 0, 4);
-    k = qkv.narrow(2, 4, 4);
-    v = qkv.narrow(2, 8, 4);
+    k = qkv.narrow(2, 4, inputs.kv_heads);
+    v = qkv.narrow(2, 4 + inputs.kv_heads, inputs.kv_heads);
+  } else if (inputs.layout == Layout::kAliased) {
+    q.set_requires_grad(true);
+    k = v = q;
   } else {
     for (Tensor* t : {&q, &k, &v}) t->set_requires_grad(true);
   }
@@ -160,10 +170,11 @@ std::vector<Tensor> run_with_documents(const DilatedAttentionOptions& o,
   const Tensor out_term = sum(mul(r.out.to(DType::kFloat64), w_out.to(DType::kFloat64)));
   (loss_reads_lse ? add(out_term, sum(mul(finite_lse, w_lse))) : out_term).backward();
   auto host = [](const Tensor& t) { return t.detach().to(Device::cpu()).to(DType::kFloat64); };
-  if (packed) {
+  if (inputs.layout == Layout::kPacked) {
     const Tensor grad = qkv.grad();
-    return {host(r.out), host(r.lse), host(grad.narrow(2, 0, 4)), host(grad.narrow(2, 4, 4)),
-            host(grad.narrow(2, 8, 4))};
+    return {host(r.out), host(r.lse), host(grad.narrow(2, 0, 4)),
+            host(grad.narrow(2, 4, inputs.kv_heads)),
+            host(grad.narrow(2, 4 + inputs.kv_heads, inputs.kv_heads))};
   }
   return {host(r.out), host(r.lse), host(q.grad()), host(k.grad()), host(v.grad())};
 }
@@ -228,24 +239,35 @@ TEST(DocumentMaskCuda, EveryPathMatchesTheCpu) {
   }
 }
 
-// q, k and v as views of one packed projection (a module's layout) under cuDNN: its backward
-// over pieces then runs into scratch laid out like that projection (all heads), not on copies
-// of k and v; the gradients are the float64 CPU call's on the same values.
-TEST(DocumentMaskCuda, PackedProjectionViewsMatchTheCpu) {
+// q, k and v as views of one packed projection (a module's layout, full heads and grouped
+// queries), as one tensor passed three times, and grouped queries apart, under cuDNN: its
+// backward over pieces runs into scratch laid out like the projection (all heads) where that
+// cannot alias, else into compact scratch; the gradients are the float64 CPU call's on the
+// same values.
+TEST(DocumentMaskCuda, PackedAndAliasedInputsMatchTheCpu) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
-  for (const HeadMixing mixing : {HeadMixing::kHeadGroups, HeadMixing::kAllHeads}) {
-    for (const bool causal : {false, true}) {
-      SCOPED_TRACE(std::string(mixing == HeadMixing::kAllHeads ? "all heads" : "head groups") +
-                   (causal ? ", causal" : ""));
-      DilatedAttentionOptions o = options_for(mixing, OffsetRule::kRotating, causal);
-      o.segment_lengths = {16, 32, 64};
-      const std::vector<Tensor> want =
-          run_with_documents(o, kGpuDocuments, DType::kFloat64, Device::cpu(), false);
-      nn::AttentionCallCounts counts;
-      expect_bf16_close(run_with_documents(o, kGpuDocuments, DType::kBFloat16, Device::cuda(0),
-                                           false, nullptr, &counts, /*packed=*/true),
-                        want);
-      EXPECT_GT(counts.backward.over_pieces, 0);
+  using Layout = DocumentInputs::Layout;
+  const std::pair<const char*, DocumentInputs> cases[] = {
+      {"packed", {Layout::kPacked, 4}},
+      {"packed, H_kv = 2", {Layout::kPacked, 2}},
+      {"aliased", {Layout::kAliased, 4}},
+      {"separate, H_kv = 2", {Layout::kSeparate, 2}}};
+  for (const auto& [name, inputs] : cases) {
+    for (const HeadMixing mixing : {HeadMixing::kHeadGroups, HeadMixing::kAllHeads}) {
+      for (const bool causal : {false, true}) {
+        SCOPED_TRACE(std::string(name) +
+                     (mixing == HeadMixing::kAllHeads ? ", all heads" : ", head groups") +
+                     (causal ? ", causal" : ""));
+        DilatedAttentionOptions o = options_for(mixing, OffsetRule::kRotating, causal);
+        o.segment_lengths = {16, 32, 64};
+        const std::vector<Tensor> want = run_with_documents(
+            o, kGpuDocuments, DType::kFloat64, Device::cpu(), false, nullptr, nullptr, inputs);
+        nn::AttentionCallCounts counts;
+        expect_bf16_close(run_with_documents(o, kGpuDocuments, DType::kBFloat16, Device::cuda(0),
+                                             false, nullptr, &counts, inputs),
+                          want);
+        EXPECT_GT(counts.backward.over_pieces, 0);
+      }
     }
   }
 }
