@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "ringdilated/kernels/view_checks.h"
 #include "ringdilated/nn/key_exchange.h"
 #include "ringdilated/nn/piece_calls.h"
 #include "ringdilated/nn/row_cover.h"
@@ -184,20 +185,21 @@ struct Region {
   RowRun rows;
 };
 
-// The query heads of a selection as one run, or none (count 0) where they are not one.
+// Heads first + stride * a, a < count; a single head's stride is 1 (in_unit divides by it).
+Heads run_of(int64_t first, int64_t stride, int64_t count) {
+  return Heads{first, count == 1 ? 1 : stride, count};
+}
+
+// The query heads of a selection as one run (grouped-query blocks: head_repeat heads
+// repeat_stride apart per key/value head, the blocks one after another), or none (count 0)
+// where they are not one.
 Heads query_head_run(const Selection& q) {
-  std::vector<int64_t> heads;
-  for (int64_t a = 0; a < q.head_count; ++a) {
-    for (int64_t b = 0; b < q.head_repeat; ++b) {
-      heads.push_back(q.first_head + q.head_stride * a + q.repeat_stride * b);
-    }
+  if (q.head_repeat == 1) return run_of(q.first_head, q.head_stride, q.head_count);
+  if (q.repeat_stride < 1 ||
+      (q.head_count > 1 && q.head_stride != q.repeat_stride * q.head_repeat)) {
+    return Heads{};
   }
-  std::sort(heads.begin(), heads.end());
-  const int64_t stride = heads.size() > 1 ? heads[1] - heads[0] : 1;
-  for (size_t i = 1; i < heads.size(); ++i) {
-    if (stride < 1 || heads[i] - heads[i - 1] != stride) return Heads{};
-  }
-  return Heads{heads.front(), stride, static_cast<int64_t>(heads.size())};
+  return run_of(q.first_head, q.repeat_stride, q.head_count * q.head_repeat);
 }
 
 // All heads: the regions of the accumulator a pair's local calls write, one per set of query
@@ -409,22 +411,6 @@ RankAttention fixed_forward(AttentionRunner& runner, const RankPlan& plan, const
 
 namespace {
 
-// Whether no two elements of `t` share memory: its dims of size > 1 ordered by stride, each
-// stride passes the extent of the dims inside it (a zero stride, as `expand` gives, fails).
-bool elements_distinct(const Tensor& t) {
-  std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size)
-  for (int64_t d = 0; d < t.dim(); ++d) {
-    if (t.size(d) > 1) dims.push_back({t.stride(d), t.size(d)});
-  }
-  std::sort(dims.begin(), dims.end());
-  int64_t extent = 1;
-  for (const auto& [stride, size] : dims) {
-    if (stride < extent) return false;
-    extent = stride * (size - 1) + extent;
-  }
-  return true;
-}
-
 // Whether [B, N, H, D] views of one storage share no element in the form of a packed
 // projection's q, k and v: the same strides, each a band of heads within the same rows, the
 // bands apart. Any other sharing (the same tensor passed twice) counts as overlapping.
@@ -463,7 +449,7 @@ std::vector<Tensor> laid_out_like(const std::vector<Tensor>& views, int64_t max_
       if (t.stride(d) < 0 || t.size(d) < 1) return {};
       end += (t.size(d) - 1) * t.stride(d);
     }
-    if (!elements_distinct(t)) return {};
+    if (!kernels::has_distinct_elements(kernel_view(t))) return {};
     auto it = std::find_if(extents.begin(), extents.end(),
                            [&](const Extent& e) { return e.storage == t.storage().get(); });
     if (it == extents.end()) {
@@ -564,8 +550,8 @@ class FixedBackward {
     std::vector<Stores> stored = single_stores(singles, stores);
     for (const PieceGroupRun& group : groups) {
       if (!group.direct) {
-        laid_budget_ = std::max(
-            laid_budget_, compact_scratch_elements(region_of(*group.calls, k), group.store_q));
+        laid_budget_ =
+            std::max(laid_budget_, compact_scratch_elements(group.region, group.store_q));
         laid_has_q_ = laid_has_q_ || !group.store_q;
       }
     }
@@ -639,10 +625,19 @@ class FixedBackward {
   // writes its key/value heads first (KeyGradStores) and a kernel takes the buffers as they
   // lie. What is not stored (all heads: every pair adds into float32 gradients) goes through
   // zeroed scratch in q's dtype, added after.
+  // Where a group over pieces lies once re-based to its own query heads and rows and its own
+  // key heads and rows, so that its scratch is sized by the group, not by the tensors it lies
+  // in (views of a wider projection).
+  struct GroupRegion {
+    Heads q_heads, k_heads;
+    RowRun q_rows, k_rows;
+  };
+
   struct PieceGroupRun {
     const std::vector<const LocalCall*>* calls = nullptr;
     bool store_q = false, direct = false;
     bool stores_region = false;  // through scratch, stored over its whole region (first)
+    GroupRegion region;          // where not direct (region_of)
   };
 
   // Lets a group through scratch whose region is every row and head of q, k and v (all heads:
@@ -657,7 +652,7 @@ class FixedBackward {
     };
     for (size_t i = 0; i < groups.size(); ++i) {
       if (groups[i].direct || groups[i].store_q) continue;
-      const GroupRegion r = region_of(*groups[i].calls, k);
+      const GroupRegion& r = groups[i].region;
       if (covers(r.q_heads, r.q_rows, q_) && covers(r.k_heads, r.k_rows, k)) {
         groups[i].stores_region = true;
         std::rotate(groups.begin(), groups.begin() + static_cast<std::ptrdiff_t>(i),
@@ -679,6 +674,7 @@ class FixedBackward {
     run.direct = run.store_q && store_kv &&
                  backward_piece_group_supported(runner_, group, q_, k, v, out_, lse_, grad_out_,
                                                 grads_.qkv[0], grads_.qkv[1], grads_.qkv[2]);
+    if (!run.direct) run.region = region_of(group, k);
     return run;
   }
 
@@ -723,7 +719,8 @@ class FixedBackward {
     }
     if (scratch_refused_) return false;
     // Through scratch, the group re-based to its region.
-    const GroupRegion r = region_of(group, k);
+    // A direct group a kernel refused when run has no region yet.
+    const GroupRegion r = run.direct ? region_of(group, k) : run.region;
     const UnitCalls unit_view = rebased_calls(group, r.q_heads, r.q_rows, r.k_heads, r.k_rows);
     const UnitInputs in{
         unit_rows(q_, r.q_heads, r.q_rows),   unit_rows(out_, r.q_heads, r.q_rows),
@@ -742,17 +739,9 @@ class FixedBackward {
                        run.stores_region);
   }
 
-  // Where a group over pieces lies once re-based to its own query heads and rows and its own
-  // key heads and rows, so that its scratch is sized by the group, not by the tensors it lies
-  // in (views of a wider projection).
-  struct GroupRegion {
-    Heads q_heads, k_heads;
-    RowRun q_rows, k_rows;
-  };
-
   GroupRegion region_of(const std::vector<const LocalCall*>& group, const Tensor& k) const {
     const LocalCall& first = *group.front();
-    GroupRegion r{query_heads(first.q),
+    GroupRegion r{query_head_run(first.q),
                   run_of(first.k.first_head, first.k.head_stride, first.k.head_count),
                   written_rows(group, &LocalCall::q, q_.size(1)),
                   written_rows(group, &LocalCall::k, k.size(1))};
@@ -891,16 +880,6 @@ class FixedBackward {
                         keys.first,
                         keys.second};
     return via_scratch(group, in, GradScratch{}, Tensor(), {unit_dq(unit, rows), grad_k, grad_v});
-  }
-
-  // The query heads of a selection in one run (group_piece_calls' grouped-query blocks).
-  static Heads query_heads(const Selection& q) {
-    return q.head_repeat == 1 ? run_of(q.first_head, q.head_stride, q.head_count)
-                              : run_of(q.first_head, q.repeat_stride, q.head_count * q.head_repeat);
-  }
-  // Heads first + stride * a, a < count; a single head's stride is 1 (in_unit divides by it).
-  static Heads run_of(int64_t first, int64_t stride, int64_t count) {
-    return Heads{first, count == 1 ? 1 : stride, count};
   }
 
   // The rows of a block (of `block_rows`) that a group's calls write through selection
