@@ -90,10 +90,18 @@ struct AttentionParams {
 // 0, plus batch_row times its batch stride (the views are [B, H, 1, D], lse [B, H, 1]). One
 // call instead of one per piece; only cuDNN runs it (ragged offsets), the other kernels
 // report it unsupported and the caller runs each piece alone.
+// Pieces may also start at heads of their own (several head sets of one pair in one call):
+// where q_head and k_head are given (both or neither), piece p's query-side views start
+// q_head[p] heads after their data and its key-side views k_head[p] heads after theirs, a
+// head being (head stride / q_head_step) elements, (head stride / k_head_step) on the key
+// side, just as rows count in units of (row stride / step).
 struct AttentionPieces {
   int64_t step = 1;
   std::vector<int64_t> batch_row, q_position, q_rows, k_position, k_rows;
+  int64_t q_head_step = 1, k_head_step = 1;
+  std::vector<int64_t> q_head, k_head;  // empty: every piece at its views' first head
   int64_t count() const { return static_cast<int64_t>(batch_row.size()); }
+  bool has_heads() const { return !q_head.empty(); }
 };
 
 // Why a kernel other than cuDNN refuses a call over pieces.

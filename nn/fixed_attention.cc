@@ -549,18 +549,18 @@ class FixedBackward {
     }
     std::vector<Stores> stored = single_stores(singles, stores);
     for (const PieceGroupRun& group : groups) {
-      if (!group.direct) {
-        laid_budget_ =
-            std::max(laid_budget_, compact_scratch_elements(group.region, group.store_q));
+      for (const HeadSetCalls& set : group.sets) {
+        laid_budget_ = std::max(laid_budget_, compact_scratch_elements(set.region, group.store_q));
         laid_has_q_ = laid_has_q_ || !group.store_q;
       }
     }
     const bool region_stores = store_first_covering_group(groups, k);
     if (!region_stores) zero_unstored(groups, singles, stored);
-    for (const PieceGroupRun& group : groups) {
-      if (run_piece_group(group, k, v)) continue;
+    for (PieceGroupRun& group : groups) {
+      const std::vector<const LocalCall*> left = run_piece_group(group, k, v);
+      if (left.empty()) continue;
       if (group.stores_region) grads_.zero();  // it stored nothing: the calls add to zeros
-      for (const LocalCall* call : *group.calls) {
+      for (const LocalCall* call : left) {
         singles.push_back(call);
         stored.push_back(single_stores({call}, stores).front());
       }
@@ -633,12 +633,40 @@ class FixedBackward {
     RowRun q_rows, k_rows;
   };
 
+  // The calls of one head set of a group (with full heads a group holds all its pair's head
+  // sets of one head count) and their region.
+  struct HeadSetCalls {
+    std::vector<const LocalCall*> calls;
+    GroupRegion region;
+  };
+
   struct PieceGroupRun {
     const std::vector<const LocalCall*>* calls = nullptr;
     bool store_q = false, direct = false;
-    bool stores_region = false;  // through scratch, stored over its whole region (first)
-    GroupRegion region;          // where not direct (region_of)
+    bool stores_region = false;      // through scratch, stored over its whole region (first)
+    std::vector<HeadSetCalls> sets;  // where not direct
   };
+
+  // A group's calls by head set, in the order the sets first appear; with their regions where
+  // `k` is given.
+  std::vector<HeadSetCalls> head_sets_of(const std::vector<const LocalCall*>& group,
+                                         const Tensor* k) const {
+    std::vector<HeadSetCalls> sets;
+    for (const LocalCall* call : group) {
+      auto it = std::find_if(sets.begin(), sets.end(), [&](const HeadSetCalls& set) {
+        return set.calls.front()->head_set == call->head_set;
+      });
+      if (it == sets.end()) {
+        sets.push_back({{call}, {}});
+      } else {
+        it->calls.push_back(call);
+      }
+    }
+    if (k != nullptr) {
+      for (HeadSetCalls& set : sets) set.region = region_of(set.calls, *k);
+    }
+    return sets;
+  }
 
   // Lets a group through scratch whose region is every row and head of q, k and v (all heads:
   // the rate-1 pair's document pieces) run first and store its scratch into the gradient
@@ -651,8 +679,8 @@ class FixedBackward {
              rows.stride == 1 && rows.count == t.size(1);
     };
     for (size_t i = 0; i < groups.size(); ++i) {
-      if (groups[i].direct || groups[i].store_q) continue;
-      const GroupRegion& r = groups[i].region;
+      if (groups[i].direct || groups[i].store_q || groups[i].sets.size() != 1) continue;
+      const GroupRegion& r = groups[i].sets.front().region;
       if (covers(r.q_heads, r.q_rows, q_) && covers(r.k_heads, r.k_rows, k)) {
         groups[i].stores_region = true;
         std::rotate(groups.begin(), groups.begin() + static_cast<std::ptrdiff_t>(i),
@@ -668,13 +696,19 @@ class FixedBackward {
     PieceGroupRun run;
     run.calls = &group;
     run.store_q = !plan_.merged && grads_.qkv[0].dtype() == q_.dtype();
-    // The calls of a group share their pair and heads: one answer (and record) for all.
-    const bool store_kv =
-        !plan_.merged && stores.may_store(*group.front()) && grads_.qkv[1].dtype() == q_.dtype();
+    // The calls of a head set share their pair and heads: one answer (and record) per set.
+    // Every set records its writes, whatever the dtypes say.
+    bool store_kv = !plan_.merged;
+    if (store_kv) {
+      for (const HeadSetCalls& set : head_sets_of(group, nullptr)) {
+        store_kv = stores.may_store(*set.calls.front()) && store_kv;
+      }
+    }
+    store_kv = store_kv && grads_.qkv[1].dtype() == q_.dtype();
     run.direct = run.store_q && store_kv &&
                  backward_piece_group_supported(runner_, group, q_, k, v, out_, lse_, grad_out_,
                                                 grads_.qkv[0], grads_.qkv[1], grads_.qkv[2]);
-    if (!run.direct) run.region = region_of(group, k);
+    if (!run.direct) run.sets = head_sets_of(group, &k);
     return run;
   }
 
@@ -700,14 +734,17 @@ class FixedBackward {
     kv_rows.zero_rest(grads_.qkv[2]);
   }
 
-  // Runs a group of plan_piece_group as one call over pieces, directly into the gradients or
-  // through scratch. False, with nothing run, where no kernel takes the group.
-  bool run_piece_group(const PieceGroupRun& run, const Tensor& k, const Tensor& v) {
+  // Runs a group of plan_piece_group as calls over pieces, directly into the gradients or
+  // through scratch: through scratch laid out like q, k and v its head sets run as one call,
+  // through compact scratch one call each. Returns the calls no kernel took, to run one by
+  // one (none added anything).
+  std::vector<const LocalCall*> run_piece_group(PieceGroupRun& run, const Tensor& k,
+                                                const Tensor& v) {
     const std::vector<const LocalCall*>& group = *run.calls;
     if (run.direct) {
       if (backward_piece_group(runner_, group, q_, k, v, out_, lse_, grad_out_, grads_.qkv[0],
                                grads_.qkv[1], grads_.qkv[2])) {
-        return true;
+        return {};
       }
       // The kernel that said it takes the group refused it when run (a graph cuDNN could not
       // build): the dK/dV rows left unzeroed for it to store are zeroed for the adds below.
@@ -716,19 +753,67 @@ class FixedBackward {
           select_bnhd(rows_of(grad, call->batch_row), without_repeat(call->k)).zero_();
         }
       }
+      run.sets = head_sets_of(group, &k);
     }
-    if (scratch_refused_) return false;
-    // Through scratch, the group re-based to its region.
-    // A direct group a kernel refused when run has no region yet.
-    const GroupRegion r = run.direct ? region_of(group, k) : run.region;
-    const UnitCalls unit_view = rebased_calls(group, r.q_heads, r.q_rows, r.k_heads, r.k_rows);
+    if (scratch_refused_) return group;
+    const std::vector<Tensor>& like = laid_like(k, v);
+    const bool laid = !like.empty() && (run.store_q || like[0].defined());
+    if (laid && run.sets.size() > 1) {
+      return sets_via_laid_scratch(run, k, v, like) ? std::vector<const LocalCall*>{} : group;
+    }
+    std::vector<const LocalCall*> left;
+    for (const HeadSetCalls& set : run.sets) {
+      if (!scratch_refused_ && set_via_scratch(set, run, k, v, laid)) continue;
+      left.insert(left.end(), set.calls.begin(), set.calls.end());
+    }
+    return left;
+  }
+
+  // A group's head sets as one call over pieces on q, k and v as they lie, into the scratch
+  // laid out like them (`like`): each set's region zeroed first, added (run.store_q: but dQ,
+  // stored in place) after. False, with nothing added, where no kernel takes the group.
+  bool sets_via_laid_scratch(const PieceGroupRun& run, const Tensor& k, const Tensor& v,
+                             const std::vector<Tensor>& like) {
+    for (const HeadSetCalls& set : run.sets) {
+      const GroupRegion& r = set.region;
+      if (!run.store_q) unit_rows(like[0], r.q_heads, r.q_rows).zero_();
+      unit_rows(like[1], r.k_heads, r.k_rows).zero_();
+      unit_rows(like[2], r.k_heads, r.k_rows).zero_();
+    }
+    const Tensor& dq = run.store_q ? grads_.qkv[0] : like[0];
+    if (!backward_piece_group(runner_, *run.calls, q_, k, v, out_, lse_, grad_out_, dq, like[1],
+                              like[2])) {
+      scratch_refused_ = true;
+      return false;
+    }
+    for (const HeadSetCalls& set : run.sets) {
+      const GroupRegion& r = set.region;
+      if (!run.store_q) {
+        add_into(unit_rows(grads_.qkv[0], r.q_heads, r.q_rows),
+                 unit_rows(like[0], r.q_heads, r.q_rows));
+      }
+      for (int i : {1, 2}) {
+        add_into(unit_rows(grads_.qkv[i], r.k_heads, r.k_rows),
+                 unit_rows(like[i], r.k_heads, r.k_rows));
+      }
+    }
+    return true;
+  }
+
+  // One head set of a group through scratch (laid out like q, k and v where `laid`, else
+  // compact), the set re-based to its region. False, with nothing added, where no kernel
+  // takes it.
+  bool set_via_scratch(const HeadSetCalls& set, const PieceGroupRun& run, const Tensor& k,
+                       const Tensor& v, bool laid_scratch) {
+    const GroupRegion& r = set.region;
+    const UnitCalls unit_view = rebased_calls(set.calls, r.q_heads, r.q_rows, r.k_heads, r.k_rows);
     const UnitInputs in{
         unit_rows(q_, r.q_heads, r.q_rows),   unit_rows(out_, r.q_heads, r.q_rows),
         unit_stat(lse_, r.q_heads, r.q_rows), unit_rows(grad_out_, r.q_heads, r.q_rows),
         unit_rows(k, r.k_heads, r.k_rows),    unit_rows(v, r.k_heads, r.k_rows)};
     GradScratch laid;
-    const std::vector<Tensor>& like = laid_like(k, v);
-    if (!like.empty() && (run.store_q || like[0].defined())) {
+    if (laid_scratch) {
+      const std::vector<Tensor>& like = laid_like(k, v);
       laid = {like[0].defined() ? unit_rows(like[0], r.q_heads, r.q_rows) : Tensor(),
               unit_rows(like[1], r.k_heads, r.k_rows), unit_rows(like[2], r.k_heads, r.k_rows)};
     }

@@ -18,9 +18,10 @@ struct PieceGroups {
   std::vector<std::vector<const LocalCall*>> groups;  // each tried as one call over pieces
 };
 
-// The calls of `calls` that `wanted` accepts: document-piece calls of one pair, head set,
-// heads, dilation and mask grouped (grouped-query blocks too where their query heads are one
-// run), the rest single.
+// The calls of `calls` that `wanted` accepts: document-piece calls of one pair, dilation and
+// mask grouped, with full heads those of all the pair's head sets of one head count and
+// stride (each piece then at its own heads), grouped-query blocks per head set and heads
+// (where their query heads are one run), the rest single.
 PieceGroups group_piece_calls(const std::vector<LocalCall>& calls,
                               const std::function<bool(const LocalCall&)>& wanted);
 

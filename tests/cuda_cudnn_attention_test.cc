@@ -664,6 +664,189 @@ INSTANTIATE_TEST_SUITE_P(
         PieceShape{8, 1, 1, true, 2, 12, 3, 3, 0, false, true, true}),
     piece_shape_name);
 
+// ---------------------------------------------------------------------------------------
+// Pieces at heads of their own (AttentionPieces::q_head): the head sets of one dilation pair
+// (each its own offset, hence its own rows) as one call, against float64 per piece and head.
+// Full heads; every piece's heads are `count` heads `step` apart from its set's first.
+
+struct HeadSetShape {
+  int64_t heads, rate, count, step;  // sets: heads / count of them, first heads 0 .. sets - 1
+  bool causal;
+};
+
+std::string head_set_name(const ::testing::TestParamInfo<HeadSetShape>& info) {
+  const HeadSetShape& s = info.param;
+  return str_cat("H", s.heads, "_r", s.rate, "_sets_of", s.count, "_step", s.step,
+                 s.causal ? "_causal" : "");
+}
+
+class CudnnHeadSetPieces : public CudnnAttentionTest,
+                           public ::testing::WithParamInterface<HeadSetShape> {};
+
+TEST_P(CudnnHeadSetPieces, MatchFloat64PerPieceAndHead) {
+  const HeadSetShape shape = GetParam();
+  constexpr int64_t kBatch = 2, kRows = 120, kDim = 64;
+  const int64_t sets = shape.heads / shape.count, len = shape.rate * kRows;
+  ASSERT_EQ(sets * shape.count, shape.heads);
+  const TensorOptions on_gpu = TensorOptions(DType::kBFloat16).with_device(Device::cuda(0));
+  Generator gen(static_cast<uint64_t>(shape.heads * 10 + shape.rate));
+  auto draw = [&](const Shape& dims) {
+    return randn(dims, gen, TensorOptions(DType::kFloat64))
+        .to(DType::kBFloat16)
+        .to(Device::cuda(0));
+  };
+  const Shape bnhd{kBatch, len, shape.heads, kDim};
+  const Tensor q = draw(bnhd), k = draw(bnhd), v = draw(bnhd), grad_out = draw(bnhd);
+  const Tensor out = full(bnhd, 7.0, on_gpu);
+  const Tensor lse = full({kBatch, shape.heads, len}, 7.0,
+                          TensorOptions(DType::kFloat32).with_device(Device::cuda(0)));
+  const Tensor grad_q = full(bnhd, 7.0, on_gpu), grad_k = full(bnhd, 7.0, on_gpu),
+               grad_v = full(bnhd, 7.0, on_gpu);
+
+  // Set s reads the rows of offset s mod rate; its pieces are runs of random lengths.
+  std::mt19937_64 lengths(static_cast<uint64_t>(shape.heads + shape.rate));
+  kernels::AttentionPieces pieces;
+  pieces.step = shape.rate;
+  pieces.q_head_step = pieces.k_head_step = shape.step;
+  auto offset_of = [&](int64_t set) { return set % shape.rate; };
+  for (int64_t b = 0; b < kBatch; ++b) {
+    for (int64_t set = 0; set < sets; ++set) {
+      for (int64_t at = 0; at < kRows;) {
+        const int64_t rows =
+            std::min<int64_t>(kRows - at, 1 + static_cast<int64_t>(lengths() % 50));
+        pieces.batch_row.push_back(b);
+        pieces.q_position.push_back(offset_of(set) + shape.rate * at);
+        pieces.k_position.push_back(offset_of(set) + shape.rate * at);
+        pieces.q_rows.push_back(rows);
+        pieces.k_rows.push_back(rows);
+        pieces.q_head.push_back(set);
+        pieces.k_head.push_back(set);
+        at += rows + (lengths() % 4 == 0 ? 1 : 0);
+      }
+    }
+  }
+  // The heads of piece p: its set's first head + step * j, j < count.
+  auto piece_heads = [&](size_t p) {
+    std::vector<int64_t> heads;
+    for (int64_t j = 0; j < shape.count; ++j) heads.push_back(pieces.q_head[p] + shape.step * j);
+    return heads;
+  };
+  // The rows the call overwrites: NaN, so that a row left unwritten shows.
+  for (size_t p = 0; p < pieces.batch_row.size(); ++p) {
+    for (int64_t h : piece_heads(p)) {
+      for (const Tensor& grad : {grad_q, grad_k, grad_v}) {
+        const Shape& st = grad.strides();
+        Tensor(grad)
+            .as_strided({pieces.q_rows[p], kDim}, {shape.rate * st[1], 1},
+                        pieces.batch_row[p] * st[0] + pieces.q_position[p] * st[1] + h * st[2])
+            .fill_(std::numeric_limits<double>::quiet_NaN());
+      }
+    }
+  }
+  // [B, count, 1, D] views from head 0 (lse [B, count, 1]).
+  auto view = [&](const Tensor& t) {
+    const Shape& st = t.strides();
+    return make_view(kernel_view(t).data, t.dtype(), {kBatch, shape.count, 1, kDim},
+                     {st[0], shape.step * st[2], shape.rate * st[1], 1}, 0);
+  };
+  AttentionForwardArgs fwd;
+  fwd.q = view(q);
+  fwd.k = view(k);
+  fwd.v = view(v);
+  fwd.out = view(out);
+  fwd.lse = make_view(kernel_view(lse).data, DType::kFloat32, {kBatch, shape.count, 1},
+                      {shape.heads * len, shape.step * len, shape.rate}, 0);
+  fwd.params.scale = 1.0 / std::sqrt(static_cast<double>(kDim));
+  fwd.params.causal = shape.causal;
+  fwd.pieces = &pieces;
+  std::string why;
+  ASSERT_TRUE(backend().attention_supports(AttentionKernel::kCudnn, fwd, nullptr, &why)) << why;
+  backend().attention_forward(AttentionKernel::kCudnn, fwd);
+  AttentionBackwardArgs bwd = nn::backward_of(fwd);
+  bwd.grad_out = view(grad_out);
+  bwd.grad_q = view(grad_q);
+  bwd.grad_k = view(grad_k);
+  bwd.grad_v = view(grad_v);
+  bwd.overwrite_grads = true;
+  ASSERT_TRUE(backend().attention_supports(AttentionKernel::kCudnn, fwd, &bwd, &why)) << why;
+  auto start_of = [](const Tensor& grad) {
+    HostTensor start = host_of(grad);
+    for (double& value : start.values) value = std::isnan(value) ? 0.0 : value;
+    return start;
+  };
+  PieceReference ref;
+  ref.grad_q = start_of(grad_q);
+  ref.grad_k = start_of(grad_k);
+  ref.grad_v = start_of(grad_v);
+  backend().attention_backward(AttentionKernel::kCudnn, bwd);
+  synchronize(Device::cuda(0));
+
+  ref.q = host_of(q);
+  ref.k = host_of(k);
+  ref.v = host_of(v);
+  ref.grad_out = host_of(grad_out);
+  ref.out = HostTensor{std::vector<double>(ref.q.values.size(), 7.0), bnhd};
+  ref.lse = HostTensor{std::vector<double>(static_cast<size_t>(kBatch * shape.heads * len), 7.0),
+                       {kBatch, shape.heads, len, 1}};
+  ref.rate = shape.rate;
+  ref.causal = shape.causal;
+  ref.q_count = 1;
+  for (size_t p = 0; p < pieces.batch_row.size(); ++p) {
+    ref.offset = offset_of(pieces.q_head[p]);
+    for (int64_t h : piece_heads(p)) {
+      ref.q_first = ref.kv_first = h;
+      ref.piece(pieces.batch_row[p], (pieces.q_position[p] - ref.offset) / shape.rate,
+                pieces.q_rows[p]);
+    }
+  }
+  const double unit = std::ldexp(1.0, -8);  // bfloat16's rounding
+  expect_all_near("out", out, ref.out, 8 * unit);
+  expect_all_near("lse", lse, ref.lse, 8 * unit);
+  expect_all_near("grad_q", grad_q, ref.grad_q, 16 * unit);
+  expect_all_near("grad_k", grad_k, ref.grad_k, 16 * unit);
+  expect_all_near("grad_v", grad_v, ref.grad_v, 16 * unit);
+}
+
+// All heads at rate 4 over 4 heads (one head per set), rate 2 over 4 heads (sets {0, 2} and
+// {1, 3}), and 8 heads at rate 4 in sets of 2 heads 4 apart.
+INSTANTIATE_TEST_SUITE_P(Shapes, CudnnHeadSetPieces,
+                         ::testing::Values(HeadSetShape{4, 4, 1, 1, false},
+                                           HeadSetShape{4, 4, 1, 1, true},
+                                           HeadSetShape{4, 2, 2, 2, false},
+                                           HeadSetShape{4, 2, 2, 2, true},
+                                           HeadSetShape{8, 4, 2, 4, false}),
+                         head_set_name);
+
+// Head tables of the wrong size, or head steps that do not divide the head strides, are
+// refused with the reason.
+TEST_F(CudnnAttentionTest, PiecesWithBadHeadTablesAreRefused) {
+  AttentionForwardArgs fwd;
+  fwd.q = device_view(DType::kBFloat16, 2 * 16 * 4 * 64, {1, 2, 1, 64},
+                      {16 * 4 * 64, 2 * 64, 4 * 64, 1});
+  fwd.k = fwd.q;
+  fwd.v = fwd.q;
+  fwd.out = device_view(DType::kBFloat16, 2 * 16 * 4 * 64, {1, 2, 1, 64},
+                        {16 * 4 * 64, 2 * 64, 4 * 64, 1});
+  fwd.lse = device_view(DType::kFloat32, 4 * 16, {1, 2, 1}, {4 * 16, 2 * 16, 1});
+  fwd.params.scale = 0.125;
+  kernels::AttentionPieces pieces;
+  pieces.batch_row = {0, 0};
+  pieces.q_position = pieces.k_position = {0, 0};
+  pieces.q_rows = pieces.k_rows = {8, 8};
+  pieces.q_head = {0, 1};
+  pieces.k_head = {0};
+  pieces.q_head_step = pieces.k_head_step = 2;
+  fwd.pieces = &pieces;
+  std::string why;
+  EXPECT_FALSE(backend().attention_supports(AttentionKernel::kCudnn, fwd, nullptr, &why));
+  EXPECT_NE(why.find("head tables of 2 and 1 entries"), std::string::npos) << why;
+  pieces.k_head = {0, 1};
+  EXPECT_TRUE(backend().attention_supports(AttentionKernel::kCudnn, fwd, nullptr, &why)) << why;
+  pieces.q_head_step = pieces.k_head_step = 3;  // 128-element head strides
+  EXPECT_FALSE(backend().attention_supports(AttentionKernel::kCudnn, fwd, nullptr, &why));
+  EXPECT_NE(why.find("head steps 3 and 3"), std::string::npos) << why;
+}
+
 #endif  // RD_WITH_CUDA
 
 }  // namespace

@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <map>
+#include <set>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -343,18 +345,25 @@ TEST(DocumentMaskRingCuda, PiecesRunAsCallsOverPiecesOnEveryRank) {
 // The zigzag layout with documents that span three or more pieces, and a loss that does not
 // read the lse (so the backward runs over pieces on other ranks' keys too): a rank's two query
 // pieces read the same key rows of another rank within one document, which must not share
-// one call over pieces (split_shared_keys). Gradients equal one GPU's.
+// one call over pieces (split_shared_keys). The rate-1 pair's pieces on a rank's own rows run
+// first and store their scratch over every row of both pieces; with rotating offsets a pair's
+// head sets run as one call. Gradients equal one GPU's.
 TEST(DocumentMaskRingCuda, ZigzagPiecesSharingRemoteKeysMatchOneGpu) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   const nn::DocumentStarts documents = {{0, 400}, {0, 37, 450}};
-  for (const bool causal : {true, false}) {
-    DilatedAttentionOptions o = options_for(HeadMixing::kAllHeads, OffsetRule::kConstant, causal);
+  for (const auto [causal, rule] : {std::pair{true, OffsetRule::kConstant},
+                                    {false, OffsetRule::kConstant},
+                                    {true, OffsetRule::kRotating},
+                                    {false, OffsetRule::kRotating}}) {
+    DilatedAttentionOptions o = options_for(HeadMixing::kAllHeads, rule, causal);
     o.segment_lengths = {128, 256, 512};
     const test::FullSequence f =
         test::single_device(o, DType::kBFloat16, 45, Device::cuda(0), test::RingDims{2, 512, 8, 64},
                             documents, /*loss_reads_lse=*/false);
     for (const int P : {2, 4}) {
-      SCOPED_TRACE(std::string(causal ? "causal" : "not causal") + ", P = " + std::to_string(P));
+      SCOPED_TRACE(std::string(causal ? "causal" : "not causal") +
+                   (rule == OffsetRule::kRotating ? ", rotating" : ", constant") +
+                   ", P = " + std::to_string(P));
       test::expect_ranks_match(
           test::run_in_process_ranks(f, o, P, nn::DistStrategy::kRing, nn::SequenceLayout::kZigzag),
           f, test::gpu_ring_tolerance(DType::kBFloat16));
@@ -613,6 +622,68 @@ TEST(PieceCalls, GroupByPairHeadSetAndHeads) {
   EXPECT_EQ(apart.groups.front().front()->q.head_stride, 2);
   ASSERT_EQ(apart.singles.size(), 1u);
   EXPECT_EQ(apart.singles.front()->q.head_stride, 3);
+}
+
+// With full heads the document pieces of every head set of a pair with one head count and
+// stride form one group (one call over pieces, each piece at its own heads): all heads with
+// rotating offsets at rate 2 over 6 heads, sets {0, 2, 4} and {1, 3, 5}, one group. Distinct
+// head sets of a group never share a head (their pieces store distinct gradient rows).
+// Grouped-query head sets, which may share key/value heads, stay a group each.
+TEST(PieceCalls, FullHeadsGroupTheHeadSetsOfAPair) {
+  const DilatedAttentionOptions o =
+      options_for(HeadMixing::kAllHeads, OffsetRule::kRotating, false);
+  // `group` query heads per key/value head.
+  auto plan = [&](int64_t group) {
+    std::vector<nn::LocalCall> calls;
+    for (const nn::BlockCall& c :
+         nn::plan_block_calls(o, kN, kH, {0, kN}, {0, kN}, group, &kDocuments)) {
+      nn::LocalCall local;
+      static_cast<nn::BlockCall&>(local) = c;
+      calls.push_back(local);
+    }
+    return calls;
+  };
+  const std::vector<nn::LocalCall> full = plan(1);
+  const nn::PieceGroups groups =
+      nn::group_piece_calls(full, [](const nn::LocalCall&) { return true; });
+  int merged = 0;
+  size_t grouped = 0;
+  for (const std::vector<const nn::LocalCall*>& group : groups.groups) {
+    std::map<int, std::set<int64_t>> heads_of_set;
+    for (const nn::LocalCall* c : group) {
+      EXPECT_EQ(c->pair, group.front()->pair);
+      EXPECT_EQ(c->q.rate, group.front()->q.rate);
+      EXPECT_EQ(c->q.head_count, group.front()->q.head_count);
+      for (int64_t h = 0; h < c->q.head_count; ++h) {
+        heads_of_set[c->head_set].insert(c->q.first_head + c->q.head_stride * h);
+      }
+    }
+    std::set<int64_t> seen;
+    for (const auto& [set, heads] : heads_of_set) {
+      for (int64_t h : heads) EXPECT_TRUE(seen.insert(h).second) << "head " << h << " in two sets";
+    }
+    if (heads_of_set.size() > 1) {
+      ++merged;
+      for (const nn::LocalCall* c : group) {
+        EXPECT_EQ(c->q.first_head, c->k.first_head);
+        EXPECT_EQ(c->q.head_count, c->k.head_count);
+        EXPECT_EQ(c->k.head_repeat, 1);
+      }
+    }
+    if (group.front()->q.rate == 2) EXPECT_EQ(heads_of_set.size(), 2u);
+    grouped += group.size();
+  }
+  EXPECT_GT(merged, 0);
+  EXPECT_EQ(grouped + groups.singles.size(), full.size());
+  const std::vector<nn::LocalCall> shared = plan(3);
+  const nn::PieceGroups gqa =
+      nn::group_piece_calls(shared, [](const nn::LocalCall&) { return true; });
+  for (const std::vector<const nn::LocalCall*>& group : gqa.groups) {
+    for (const nn::LocalCall* c : group) {
+      EXPECT_EQ(c->head_set, group.front()->head_set);
+      EXPECT_TRUE(nn::same_heads(c->q, group.front()->q));
+    }
+  }
 }
 
 // The CPU has no kernel for a call over pieces: it says so, and refuses to run one.

@@ -302,7 +302,8 @@ TEST(GroupedQueryDecode, EveryStepEqualsTheFullForwardsRow) {
 // cuDNN run the backward too (it has no lse gradient); with documents its calls then run
 // over pieces (one ragged call per pair and heads, storing or adding dK/dV by the same rule).
 // Documents must not change kAuto's path: their pieces take cuDNN (one call over pieces)
-// wherever the call without them does, not one flash call per piece.
+// wherever the call without them does, not one flash call per piece. Forced flash with such a
+// loss plans the groups and then runs their calls one by one (flash takes no calls over pieces).
 TEST(GroupedQueryCuda, EveryPathMatchesTheCpu) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   const std::vector<std::pair<GqaShape, int>> shapes = {
@@ -311,9 +312,10 @@ TEST(GroupedQueryCuda, EveryPathMatchesTheCpu) {
   using nn::AttentionPath;
   // (path, loss reads lse, q/k/v views of one projection)
   const std::vector<std::tuple<AttentionPath, bool, bool>> paths = {
-      {AttentionPath::kMath, true, false},  {AttentionPath::kFlash, true, false},
-      {AttentionPath::kCudnn, true, false}, {AttentionPath::kCudnn, false, false},
-      {AttentionPath::kAuto, false, false}, {AttentionPath::kCudnn, false, true}};
+      {AttentionPath::kMath, true, false},   {AttentionPath::kFlash, true, false},
+      {AttentionPath::kFlash, false, false}, {AttentionPath::kCudnn, true, false},
+      {AttentionPath::kCudnn, false, false}, {AttentionPath::kAuto, false, false},
+      {AttentionPath::kCudnn, false, true}};
   std::map<std::pair<size_t, HeadMixing>, AttentionPath> auto_path_without_documents;
   for (const nn::DocumentStarts* docs :
        {static_cast<const nn::DocumentStarts*>(nullptr), &documents}) {

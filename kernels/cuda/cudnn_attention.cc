@@ -448,8 +448,12 @@ std::pair<int64_t, int64_t> piece_span(const AttentionPieces& p, const PieceTens
   const StridedView& v = t.view;
   const bool q_role = t.role == 'q';
   const int64_t row_stride = v.strides[2] / p.step;
-  const int64_t begin =
+  int64_t begin =
       p.batch_row[i] * v.strides[0] + (q_role ? p.q_position[i] : p.k_position[i]) * row_stride;
+  if (p.has_heads()) {
+    begin += q_role ? p.q_head[i] * (v.strides[1] / p.q_head_step)
+                    : p.k_head[i] * (v.strides[1] / p.k_head_step);
+  }
   const int64_t rows = q_role ? p.q_rows[i] : p.k_rows[i];
   return {begin, begin + (rows - 1) * v.strides[2] + (v.shape[1] - 1) * v.strides[1] +
                      (v.ndim == 4 ? v.shape[3] : 1)};
@@ -468,8 +472,21 @@ std::string pieces_problem(const AttentionPieces& pieces, const AttentionParams&
                            const std::vector<PieceTensor>& tensors) {
   const size_t n = pieces.batch_row.size();
   if (n == 0 || pieces.q_position.size() != n || pieces.q_rows.size() != n ||
-      pieces.k_position.size() != n || pieces.k_rows.size() != n || pieces.step < 1) {
-    return str_cat("pieces: ", n, " pieces with tables of unequal sizes or step ", pieces.step);
+      pieces.k_position.size() != n || pieces.k_rows.size() != n || pieces.step < 1 ||
+      pieces.q_head_step < 1 || pieces.k_head_step < 1) {
+    return str_cat("pieces: ", n, " pieces with tables of unequal sizes or step ", pieces.step,
+                   " (head steps ", pieces.q_head_step, " and ", pieces.k_head_step, ")");
+  }
+  if (pieces.has_heads() || !pieces.k_head.empty()) {
+    if (pieces.q_head.size() != n || pieces.k_head.size() != n) {
+      return str_cat("pieces: head tables of ", pieces.q_head.size(), " and ", pieces.k_head.size(),
+                     " entries for ", n, " pieces");
+    }
+    for (size_t p = 0; p < n; ++p) {
+      if (pieces.q_head[p] < 0 || pieces.k_head[p] < 0) {
+        return str_cat("piece ", p, " starts before its views' first head");
+      }
+    }
   }
   for (size_t p = 0; p < n; ++p) {
     if (pieces.q_rows[p] < 1 || pieces.k_rows[p] < 1 || pieces.q_position[p] < 0 ||
@@ -497,12 +514,15 @@ std::string pieces_problem(const AttentionPieces& pieces, const AttentionParams&
     constexpr int seq_dim = 2;  // [B, H, rows, D] and [B, H, rows]
     const int64_t heads = t.role == 'q' ? q_heads : kv_heads;
     if ((view.ndim != 4 && view.ndim != 3) || view.shape[seq_dim] != 1 || view.shape[1] != heads ||
-        view.strides[seq_dim] % pieces.step != 0 || view.strides[0] < 0 || view.strides[1] < 0 ||
-        view.strides[seq_dim] <= 0) {
+        view.strides[seq_dim] % pieces.step != 0 ||
+        (pieces.has_heads() &&
+         view.strides[1] % (t.role == 'q' ? pieces.q_head_step : pieces.k_head_step) != 0) ||
+        view.strides[0] < 0 || view.strides[1] < 0 || view.strides[seq_dim] <= 0) {
       return str_cat("a view of the pieces is ", shape_of(t.view),
                      " (pieces need [B, H, 1, D] views, or grouped-query [B, hc, repeat, 1, D] "
                      "ones with the query heads in one run, row strides a multiple of the step ",
-                     pieces.step, ")");
+                     pieces.step, ", head strides of the head steps ", pieces.q_head_step, " and ",
+                     pieces.k_head_step, ")");
     }
     // Pieces run in runs that int32 offsets reach from their lowest start; one piece must fit.
     for (size_t p = 0; p < n; ++p) {
@@ -1234,6 +1254,12 @@ AttentionPieces slice(const AttentionPieces& p, size_t first, size_t end) {
   s.q_rows = part(p.q_rows);
   s.k_position = part(p.k_position);
   s.k_rows = part(p.k_rows);
+  s.q_head_step = p.q_head_step;
+  s.k_head_step = p.k_head_step;
+  if (p.has_heads()) {
+    s.q_head = part(p.q_head);
+    s.k_head = part(p.k_head);
+  }
   return s;
 }
 
