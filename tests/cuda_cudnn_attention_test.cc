@@ -350,6 +350,14 @@ HostTensor host_of(const Tensor& t) {
   return {t.to(Device::cpu()).to(DType::kFloat64).contiguous().to_vector<double>(), t.shape()};
 }
 
+// A gradient's starting values for a reference to add to: as they are where the call must
+// not write, 0 in the rows it overwrites (poisoned with NaN before the call).
+HostTensor start_of(const Tensor& grad) {
+  HostTensor start = host_of(grad);
+  for (double& value : start.values) value = std::isnan(value) ? 0.0 : value;
+  return start;
+}
+
 // Forward and backward of one piece (selected rows [first, first + rows) of batch row b,
 // selected row u at position offset + rate * u), every
 // query head h reading key/value head h / group, in float64: out, lse and the gradients
@@ -613,13 +621,6 @@ TEST_P(CudnnGroupedPieces, MatchFloat64PerPiece) {
     return;
   }
   ASSERT_TRUE(backend().attention_supports(AttentionKernel::kCudnn, fwd, &bwd, &why)) << why;
-  // The gradients' starting values for the reference to add to: 7 where the call must not
-  // write, 0 in the rows it overwrites (NaN now).
-  auto start_of = [](const Tensor& grad) {
-    HostTensor start = host_of(grad);
-    for (double& value : start.values) value = std::isnan(value) ? 0.0 : value;
-    return start;
-  };
   const HostTensor start_q = start_of(t.grad_q), start_k = start_of(t.grad_k),
                    start_v = start_of(t.grad_v);
   backend().attention_backward(AttentionKernel::kCudnn, bwd);
@@ -769,11 +770,6 @@ TEST_P(CudnnHeadSetPieces, MatchFloat64PerPieceAndHead) {
   bwd.grad_v = view(grad_v);
   bwd.overwrite_grads = true;
   ASSERT_TRUE(backend().attention_supports(AttentionKernel::kCudnn, fwd, &bwd, &why)) << why;
-  auto start_of = [](const Tensor& grad) {
-    HostTensor start = host_of(grad);
-    for (double& value : start.values) value = std::isnan(value) ? 0.0 : value;
-    return start;
-  };
   PieceReference ref;
   ref.grad_q = start_of(grad_q);
   ref.grad_k = start_of(grad_k);
